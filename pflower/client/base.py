@@ -1,0 +1,158 @@
+"""PersonalClient: the NumPyClient every algorithm's client derives from.
+
+The base class runs the shared protocol of DESIGN.md §4; an algorithm overrides only the hooks
+that hold its mathematics:
+
+- :meth:`start_model`: the weights local training starts from (default: the global model);
+- :meth:`regularizer`: an extra loss term during local training (default: none);
+- :meth:`remember`: what to keep in ``context.state`` after training (default: nothing);
+- :meth:`upload`: what to send back (default: the trained weights);
+- :meth:`personalize`: the deployable model at stage L1 (default: the global model).
+
+``fit`` trains and evaluates stage L2 (the trained model); ``evaluate`` evaluates stage L1 (the
+personalized model built from the server's latest message). Both report accuracy and loss on the
+client's own test split and on the global test set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Generic, TypeVar
+
+import numpy as np
+import torch
+from flwr.client import NumPyClient
+from flwr.common import NDArrays, Scalar
+from torch import nn
+
+from pflower.client.state import ClientState
+from pflower.client.training import (
+    Regularizer,
+    TrainSettings,
+    evaluate,
+    get_weights,
+    set_weights,
+    train,
+)
+from pflower.experiment import ClientData, Experiment
+from pflower.strategies.registry import AlgorithmOptions
+
+OptionsT = TypeVar("OptionsT", bound=AlgorithmOptions)
+
+
+class PersonalClient(NumPyClient, Generic[OptionsT]):
+    """The shared client protocol; subclasses override the hooks listed in the module docstring."""
+
+    def __init__(
+        self,
+        options: OptionsT,
+        experiment: Experiment,
+        data: ClientData,
+        model: nn.Module,
+        state: ClientState,
+    ) -> None:
+        self.options = options
+        self.experiment = experiment
+        self.data = data
+        self.model = model
+        self.state = state
+
+    @property
+    def partition_id(self) -> int:
+        return self.data.partition_id
+
+    # ----------------------------------------------------------------- hooks for algorithms
+    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """Weights local training starts from in this round."""
+        return global_weights
+
+    def regularizer(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> Regularizer | None:
+        """An extra loss term for local training, or None."""
+        return None
+
+    def remember(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> None:
+        """Store what the next round needs in ``self.state``."""
+
+    def upload(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> NDArrays:
+        """The arrays sent to the server after training."""
+        return trained
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """The client's deployable model (stage L1) given the server's latest model."""
+        return global_weights
+
+    def fit_metrics(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Algorithm-specific scalars reported with the fit result."""
+        return {}
+
+    # ------------------------------------------------------------------- shared machinery
+    def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
+        return self.experiment.train_settings(server_round(config))
+
+    def local_train(
+        self,
+        settings: TrainSettings,
+        config: dict[str, Scalar],
+        regularizer: Regularizer | None = None,
+    ) -> float:
+        """Train ``self.model`` on the client's train split; data order seeded per round/client."""
+        seed = np.random.SeedSequence(
+            [self.experiment.cfg.seed, server_round(config), self.partition_id]
+        ).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(seed))
+        return train(
+            self.model, self.data.train, self.data.prepare, settings, generator, regularizer
+        )
+
+    def stage_metrics(self) -> dict[str, Scalar]:
+        """Accuracy and loss of ``self.model`` on the local and on the global test set."""
+        batch_size = self.experiment.cfg.eval.batch_size
+        local = evaluate(self.model, self.data.test, self.data.prepare, batch_size)
+        global_ = evaluate(self.model, self.data.global_test, self.experiment.prepare(), batch_size)
+        return {
+            "acc_local": local.accuracy,
+            "loss_local": local.loss,
+            "acc_global": global_.accuracy,
+            "loss_global": global_.loss,
+            "num_test": local.num_examples,
+        }
+
+    # ------------------------------------------------------------------ Flower interface
+    def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        """Tell the server which partition this node holds (it keys per-client memory by it)."""
+        return {"partition_id": self.partition_id, "num_train": len(self.data.train)}
+
+    def fit(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        set_weights(self.model, self.start_model(parameters, config))
+        train_loss = self.local_train(
+            self.train_settings(config), config, self.regularizer(parameters, config)
+        )
+        trained = get_weights(self.model)
+        self.remember(trained, parameters, config)
+        metrics: dict[str, Scalar] = {
+            "partition_id": self.partition_id,
+            "train_loss": train_loss,
+            **self.fit_metrics(config),
+        }
+        if self.experiment.is_eval_round(server_round(config)):
+            metrics.update(self.stage_metrics())
+        return self.upload(trained, parameters, config), len(self.data.train), metrics
+
+    def evaluate(
+        self, parameters: NDArrays, config: dict[str, Scalar]
+    ) -> tuple[float, int, dict[str, Scalar]]:
+        set_weights(self.model, self.personalize(parameters, config))
+        metrics: dict[str, Scalar] = {"partition_id": self.partition_id, **self.stage_metrics()}
+        return float(metrics["loss_local"]), int(metrics["num_test"]), metrics
+
+
+def server_round(config: dict[str, Any]) -> int:
+    """The round number the server put in a message's config."""
+    return int(config["server-round"])

@@ -1,0 +1,148 @@
+"""The local training and evaluation loops every algorithm shares.
+
+Batches are drawn by indexing in-memory tensors (no per-sample ``Dataset.__getitem__``, no
+DataLoader workers), so a client's round costs about what a bare PyTorch loop over the same batches
+costs. Algorithms change the loop only through a loss term (``regularizer``) or a hook after each
+optimizer step (``after_step``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.common import NDArrays
+from torch import nn
+
+from pflower.datasets.base import ImageSplit
+
+Prepare = Callable[[torch.Tensor], torch.Tensor]
+"""Turns a batch of stored images into model input (normalization, per-client feature shift)."""
+
+Regularizer = Callable[[nn.Module], torch.Tensor]
+"""An extra loss term of the model's parameters (e.g. FedProx's proximal term)."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """How one client trains in one round (from ``cfg.train`` and the round number)."""
+
+    epochs: int
+    steps: int | None
+    batch_size: int
+    optimizer: str
+    lr: float
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+
+    def make_optimizer(self, parameters: Iterator[nn.Parameter]) -> torch.optim.Optimizer:
+        """A fresh optimizer (its state is reset every round, as in the papers)."""
+        if self.optimizer == "adam":
+            return torch.optim.Adam(parameters, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(
+            parameters, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
+        )
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Mean loss and accuracy of a model on a split."""
+
+    loss: float
+    accuracy: float
+    num_examples: int
+
+
+def get_weights(model: nn.Module) -> NDArrays:
+    """All parameters and buffers of ``model`` as numpy arrays, in ``state_dict`` order."""
+    return [tensor.detach().cpu().numpy().copy() for tensor in model.state_dict().values()]
+
+
+def set_weights(model: nn.Module, weights: NDArrays) -> None:
+    """Load ``weights`` (in ``state_dict`` order) into ``model``, checking count and shapes."""
+    state = model.state_dict()
+    if len(weights) != len(state):
+        raise ValueError(f"expected {len(state)} arrays for this model, got {len(weights)}")
+    new_state = {}
+    for (name, current), array in zip(state.items(), weights, strict=True):
+        if tuple(array.shape) != tuple(current.shape):
+            raise ValueError(
+                f"array for '{name}' has shape {tuple(array.shape)}, "
+                f"the model expects {tuple(current.shape)}"
+            )
+        new_state[name] = torch.from_numpy(np.asarray(array)).to(current.dtype)
+    model.load_state_dict(new_state, strict=True)
+
+
+def batch_indices(
+    num_samples: int,
+    batch_size: int,
+    generator: torch.Generator,
+    epochs: int,
+    steps: int | None = None,
+) -> Iterator[torch.Tensor]:
+    """Shuffled mini-batch indices: ``epochs`` passes, or exactly ``steps`` batches if given.
+
+    The last batch of a pass may be smaller (drop_last=False: tiny clients still train).
+    """
+    if num_samples == 0:
+        return
+    produced = 0
+    passes = 0
+    while (steps is not None and produced < steps) or (steps is None and passes < epochs):
+        order = torch.randperm(num_samples, generator=generator)
+        for start in range(0, num_samples, batch_size):
+            if steps is not None and produced >= steps:
+                return
+            yield order[start : start + batch_size]
+            produced += 1
+        passes += 1
+
+
+def train(
+    model: nn.Module,
+    data: ImageSplit,
+    prepare: Prepare,
+    settings: TrainSettings,
+    generator: torch.Generator,
+    regularizer: Regularizer | None = None,
+    after_step: Callable[[nn.Module], None] | None = None,
+) -> float:
+    """Train ``model`` in place with cross-entropy; returns the mean training loss."""
+    model.train()
+    optimizer = settings.make_optimizer(model.parameters())
+    criterion = nn.CrossEntropyLoss()
+    total_loss, batches = 0.0, 0
+    for index in batch_indices(
+        len(data), settings.batch_size, generator, settings.epochs, settings.steps
+    ):
+        optimizer.zero_grad(set_to_none=True)
+        loss = criterion(model(prepare(data.images[index])), data.labels[index])
+        total_loss += float(loss.detach())
+        if regularizer is not None:
+            loss = loss + regularizer(model)
+        loss.backward()
+        optimizer.step()
+        if after_step is not None:
+            after_step(model)
+        batches += 1
+    return total_loss / max(batches, 1)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ImageSplit, prepare: Prepare, batch_size: int) -> EvalResult:
+    """Mean cross-entropy and accuracy of ``model`` on ``data`` (eval mode, no gradients)."""
+    if len(data) == 0:
+        return EvalResult(loss=float("nan"), accuracy=float("nan"), num_examples=0)
+    model.eval()
+    loss_sum, correct = 0.0, 0
+    for start in range(0, len(data), batch_size):
+        logits = model(prepare(data.images[start : start + batch_size]))
+        labels = data.labels[start : start + batch_size]
+        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
+        correct += int((logits.argmax(dim=1) == labels).sum())
+    return EvalResult(
+        loss=loss_sum / len(data), accuracy=correct / len(data), num_examples=len(data)
+    )

@@ -1,0 +1,78 @@
+"""Dataset loaders by config name, and the cached entry point the rest of pflower calls.
+
+A ``conf/dataset/<name>.yaml`` block is ``{name: <registered name>, <option>: <value>, ...}``; its
+options are the keyword arguments of the loader registered under that name, so the registry
+rejects a misspelt option with the list of valid ones. Every loader returns an
+:class:`ImageDataset` with the official train/test split in stored dtype and its default
+normalization (overridable with ``mean``/``std``).
+
+============== ============================================== =====================
+name           source                                         loader
+============== ============================================== =====================
+digits         scikit-learn's bundled 8x8 digits              :func:`load_digits`
+synthetic      seeded class prototypes plus noise             :func:`load_synthetic`
+mnist          original IDX .gz files                         :func:`load_mnist`
+fmnist         original IDX .gz files                         :func:`load_fmnist`
+cifar10        cifar-10-batches-py pickles                    :func:`load_cifar10`
+cifar100       cifar-100-python pickles (fine labels)         :func:`load_cifar100`
+svhn           train_32x32.mat / test_32x32.mat               :func:`load_svhn`
+celeba_gender  img_align_celeba + attribute/partition lists   :func:`load_celeba_gender`
+============== ============================================== =====================
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
+
+from pflower.datasets.base import ImageDataset
+from pflower.datasets.celeba import load_celeba_gender
+from pflower.datasets.cifar import load_cifar10, load_cifar100
+from pflower.datasets.digits import load_digits
+from pflower.datasets.idx import load_fmnist, load_mnist
+from pflower.datasets.svhn import load_svhn
+from pflower.datasets.synthetic import load_synthetic
+from pflower.registry import ConfigError, Registry
+
+DATASETS: Registry[ImageDataset] = Registry("dataset")
+DATASETS.register("digits")(load_digits)
+DATASETS.register("synthetic")(load_synthetic)
+DATASETS.register("mnist")(load_mnist)
+DATASETS.register("fmnist")(load_fmnist)
+DATASETS.register("cifar10")(load_cifar10)
+DATASETS.register("cifar100")(load_cifar100)
+DATASETS.register("svhn")(load_svhn)
+DATASETS.register("celeba_gender")(load_celeba_gender)
+
+_CACHE_SIZE = 4
+"""Datasets kept per process; a run uses one, sweeps in one process rarely more than a few."""
+
+
+def load_dataset(name: str, options: Mapping[str, Any]) -> ImageDataset:
+    """The dataset registered as ``name`` built with ``options``, cached per process.
+
+    Clients call this on every Flower message, so equal arguments return the same object
+    (do not modify its tensors in place). List values, e.g. Hydra ``ListConfig``, become tuples.
+
+    Raises:
+        ConfigError: unknown name, unknown option, or an invalid option value.
+        DatasetNotFoundError: the dataset's files are missing.
+        CorruptDatasetError: a file has the wrong checksum or format.
+    """
+    frozen = tuple(sorted((str(key), _freeze(key, value)) for key, value in options.items()))
+    return _load_cached(name, frozen)
+
+
+@functools.lru_cache(maxsize=_CACHE_SIZE)
+def _load_cached(name: str, options: tuple[tuple[str, Hashable], ...]) -> ImageDataset:
+    return DATASETS.build(name, dict(options))
+
+
+def _freeze(key: Any, value: Any) -> Hashable:
+    """A hashable copy of an option value: sequences become tuples."""
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes):
+        return tuple(_freeze(key, item) for item in value)
+    if isinstance(value, Hashable):
+        return value
+    raise ConfigError(f"dataset option '{key}' must be a number, string or list, got {value!r}")

@@ -1,0 +1,47 @@
+"""Partition schemes by config name: how a pool of labelled samples is shared among clients.
+
+A ``conf/partition/<scheme>.yaml`` block is ``{name: <scheme>, <option>: <value>, ...}``; the
+client count and the seed come from the run (``num_clients``, ``seed``). Every scheme is a Flower
+Datasets :class:`~flwr_datasets.partitioner.Partitioner` (see :mod:`.base`), registered in
+:data:`PARTITIONERS`. Modules by family:
+
+- :mod:`.uniform` — ``iid``, ``stratified_iid``
+- :mod:`.label_skew` — ``pathological``, ``shards``, ``dirichlet``, ``ls``, ``class_groups``,
+  ``q_label_skew``, ``dir_label_skew``, ``pflib_pathological``, ``pflib_practical``
+- :mod:`.quantity_skew` — ``qs``, ``lsqs``, ``dir_quantity_skew``, ``hybrid_skew``
+- :mod:`.feature_skew` — ``quality_skew``, ``feature_skew``, ``attribute_groups``
+- :mod:`.fixed_size` — ``diversifed_pathological``, ``diversifed_dirichlet``,
+  ``diversifed_practical`` (these also draw the clients' test shares)
+
+Shared machinery: :mod:`.allocation` (whole-sample rounding, count-matrix schemes) and
+:mod:`.sinkhorn`.
+"""
+
+from pflower.datasets.partitioners import (  # noqa: F401  (importing registers the schemes)
+    feature_skew,
+    fixed_size,
+    label_skew,
+    quantity_skew,
+    uniform,
+)
+from pflower.datasets.partitioners.base import (
+    PARTITIONERS,
+    IndexPartitioner,
+    InputNoiseScheme,
+    Partition,
+    TestAwarePartitioner,
+    build_partitioner,
+    partition_labels,
+    to_hf_dataset,
+)
+
+__all__ = [
+    "PARTITIONERS",
+    "IndexPartitioner",
+    "InputNoiseScheme",
+    "Partition",
+    "TestAwarePartitioner",
+    "build_partitioner",
+    "partition_labels",
+    "to_hf_dataset",
+]

@@ -1,0 +1,411 @@
+"""Label-skew schemes: each client sees a different mix of classes.
+
+===================== ========================================================================
+name                  scheme (spec)
+===================== ========================================================================
+``pathological``      ``classes_per_client`` classes per client (fliu.md §4.2): ``balanced``
+                      (every class held equally often, duplicates repaired) or ``random``
+                      (independent draws; Flower Datasets' :class:`PathologicalPartitioner`)
+``shards``            McMahan et al.'s sorted shards (Flower Datasets' :class:`ShardPartitioner`)
+``dirichlet``         per-class Dir(alpha) proportions with a minimum client size and retries
+                      (Flower Datasets' :class:`DirichletPartitioner`; fedmpr.md §3.2)
+``ls``                FLIU label skew: Dirichlet rows, Sinkhorn to equal sizes (fliu.md §4.3)
+``class_groups``      disjoint contiguous class groups, FedMPR's high shift (fedmpr.md §3.1-3.2)
+``q_label_skew``      FLAME "#label = q" shards (flame.md §4.1)
+``dir_label_skew``    FLAME "Dir(beta)" label imbalance, disjoint or as in its code (flame.md §4.2)
+``pflib_pathological`` PFLlib's pathological split with class budgets (fedala.md §4)
+``pflib_practical``   PFLlib's practical Dir(beta) split with balancing (fedala.md §4)
+===================== ========================================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import numpy as np
+from flwr_datasets.partitioner import (
+    DirichletPartitioner,
+    PathologicalPartitioner,
+    Partitioner,
+    ShardPartitioner,
+)
+
+from pflower.datasets.partitioners.allocation import CountMatrixPartitioner
+from pflower.datasets.partitioners.base import (
+    LABEL,
+    PARTITIONERS,
+    IndexPartitioner,
+    check_concentration,
+    check_count,
+    check_num_partitions,
+    require,
+)
+from pflower.datasets.partitioners.sinkhorn import sinkhorn
+
+LOGGER = logging.getLogger(__name__)
+
+MAX_RETRIES = 10
+"""Redraws allowed by minimum-size rules, as in Flower Datasets' :class:`DirichletPartitioner`."""
+
+
+def check_classes_per_client(classes_per_client: int, num_classes: int) -> None:
+    """Refuse asking for more distinct classes per client than the data has."""
+    if classes_per_client > num_classes:
+        raise ValueError(
+            f"{classes_per_client} classes per client requested but the data has only "
+            f"{num_classes} classes; allowed: 1..{num_classes}"
+        )
+
+
+@PARTITIONERS.register("pathological")
+def pathological(
+    num_partitions: int,
+    seed: int,
+    classes_per_client: int = 2,
+    assignment: Literal["balanced", "random"] = "balanced",
+) -> Partitioner:
+    """``classes_per_client`` distinct classes per client (fliu.md §4.2, A4).
+
+    ``balanced`` (default): every class is held by ``K*k/L`` clients (see
+    :class:`BalancedPathologicalPartitioner`). ``random``: every client draws its classes
+    independently; each class is split evenly among the clients that drew it and classes nobody
+    drew are dropped (logged), the literal reading of the paper.
+    """
+    check_num_partitions(num_partitions)
+    check_count("classes_per_client", classes_per_client)
+    if assignment == "balanced":
+        return BalancedPathologicalPartitioner(num_partitions, seed, classes_per_client)
+    require(
+        assignment == "random",
+        f"pathological assignment must be 'balanced' or 'random', got {assignment!r}",
+    )
+    return PathologicalPartitioner(
+        num_partitions, LABEL, classes_per_client, class_assignment_mode="random", seed=seed
+    )
+
+
+class BalancedPathologicalPartitioner(CountMatrixPartitioner):
+    """FLIU PATH, balanced mode (fliu.md §4.2).
+
+    A list of ``K*k`` slots holds every class equally often (``K*k/L`` times; when that is not an
+    integer, randomly chosen classes get one slot more), is shuffled and cut into ``K`` clients of
+    ``k`` slots. A client holding a class twice swaps one of those slots with a random slot of
+    another client so that neither ends with a class twice, until no client holds a class twice.
+    Each class's samples are then split evenly among its holders.
+    """
+
+    def __init__(self, num_partitions: int, seed: int, classes_per_client: int) -> None:
+        super().__init__(num_partitions, seed)
+        self._classes_per_client = classes_per_client
+
+    def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        num_classes = len(class_counts)
+        check_classes_per_client(self._classes_per_client, num_classes)
+        slots = self._repaired_slots(num_classes, rng)
+        held = np.zeros((self.num_partitions, num_classes))
+        np.put_along_axis(held, slots, 1.0, axis=1)
+        holders = held.sum(axis=0)
+        if (holders == 0).any():
+            LOGGER.info("pathological: classes %s have no holder", np.flatnonzero(holders == 0))
+        return held * (class_counts / np.maximum(holders, 1.0))
+
+    def _repaired_slots(self, num_classes: int, rng: np.random.Generator) -> np.ndarray:
+        k, total = self._classes_per_client, self.num_partitions * self._classes_per_client
+        slots = np.repeat(np.arange(num_classes), total // num_classes)
+        extra = rng.choice(num_classes, total % num_classes, replace=False)
+        slots = rng.permutation(np.concatenate([slots, extra])).reshape(-1, k)
+        while (client := _first_with_duplicate(slots)) is not None:
+            _swap_duplicate(slots, client, rng)
+        return slots
+
+
+def _first_with_duplicate(slots: np.ndarray) -> int | None:
+    for client, row in enumerate(slots):
+        if len(set(row.tolist())) < len(row):
+            return client
+    return None
+
+
+def _swap_duplicate(slots: np.ndarray, client: int, rng: np.random.Generator) -> None:
+    """Swap one duplicated slot of ``client`` with a slot of another client, both left valid."""
+    row = slots[client].tolist()
+    position = next(i for i, label in enumerate(row) if row.index(label) != i)
+    duplicate = row[position]
+    candidates = [
+        (other, slot)
+        for other in range(len(slots))
+        if other != client and duplicate not in slots[other]
+        for slot in range(slots.shape[1])
+        if slots[other, slot] not in row
+    ]
+    if not candidates:
+        raise ValueError(
+            "cannot give every client distinct classes; use fewer classes per client"
+        )
+    other, slot = candidates[rng.integers(len(candidates))]
+    slots[client, position], slots[other, slot] = slots[other, slot], duplicate
+
+
+@PARTITIONERS.register("shards")
+def shards(
+    num_partitions: int, seed: int, shards_per_client: int = 2, shard_size: int | None = None
+) -> ShardPartitioner:
+    """Sort by label, cut into equal shards, give each client ``shards_per_client`` random shards.
+
+    McMahan et al. (2017); ``shard_size`` defaults to ``N / (K * shards_per_client)``, rounded
+    down, and leftover samples stay unassigned.
+    """
+    check_num_partitions(num_partitions)
+    check_count("shards_per_client", shards_per_client)
+    if shard_size is not None:
+        check_count("shard_size", shard_size)
+    return ShardPartitioner(
+        num_partitions, LABEL, shards_per_client, shard_size, shuffle=True, seed=seed
+    )
+
+
+@PARTITIONERS.register("dirichlet")
+def dirichlet(
+    num_partitions: int,
+    seed: int,
+    alpha: float = 0.5,
+    min_size: int = 10,
+    self_balancing: bool = False,
+) -> DirichletPartitioner:
+    """Per class, proportions over clients ~ Dir(alpha); redraw until every client has ``min_size``.
+
+    The classic label-skew partition (Hsu et al. 2019; fedmpr.md §3.2 for many clients). Flower
+    Datasets' implementation: samples cut at the cumulative proportions, at most
+    :data:`MAX_RETRIES` redraws, then a clear error.
+    """
+    check_num_partitions(num_partitions)
+    check_concentration("alpha", alpha)
+    check_count("min_size", min_size, minimum=0)
+    return DirichletPartitioner(
+        num_partitions, LABEL, float(alpha), min_size, self_balancing, shuffle=True, seed=seed
+    )
+
+
+@PARTITIONERS.register("ls")
+class LabelSkewPartitioner(CountMatrixPartitioner):
+    """FLIU label skew (fliu.md §4.3, A1): Dirichlet label mixes with equal client sizes.
+
+    Every row of ``P`` is drawn from Dir(alpha); Sinkhorn-Knopp scales ``P`` to row sums ``n/K``
+    and column sums ``N_l`` (the corrected marginals of A1); the counts are integerized without
+    losing a sample, so client sizes differ by at most one.
+    """
+
+    def __init__(self, num_partitions: int, seed: int, alpha: float = 1.0) -> None:
+        super().__init__(num_partitions, seed)
+        check_concentration("alpha", alpha)
+        self._alpha = alpha
+
+    def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        k = self.num_partitions
+        mixes = rng.dirichlet(np.full(len(class_counts), self._alpha), size=k)
+        return sinkhorn(mixes, np.full(k, class_counts.sum() / k), class_counts)
+
+
+@PARTITIONERS.register("class_groups")
+class ClassGroupsPartitioner(CountMatrixPartitioner):
+    """FedMPR high shift (fedmpr.md §3.1-3.2): the sorted classes cut into ``K`` contiguous groups.
+
+    Client ``k`` gets every sample of the classes of group ``k`` (``K = 2`` on 10 classes: 0-4 and
+    5-9; ``K = 10``: one class each). No class is shared. ``samples_per_class`` caps how many
+    samples of each class a client keeps (the paper's samples-per-client sweep).
+    """
+
+    def __init__(
+        self, num_partitions: int, seed: int, samples_per_class: int | None = None
+    ) -> None:
+        super().__init__(num_partitions, seed)
+        if samples_per_class is not None:
+            check_count("samples_per_class", samples_per_class)
+        self._samples_per_class = samples_per_class
+
+    def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        num_classes, k = len(class_counts), self.num_partitions
+        if k > num_classes:
+            raise ValueError(
+                f"{k} clients but only {num_classes} classes to group; allowed: "
+                f"at most {num_classes} clients (use 'dirichlet' for more clients)"
+            )
+        kept = class_counts.astype(np.float64)
+        if self._samples_per_class is not None:
+            kept = np.minimum(kept, self._samples_per_class)
+        allocation = np.zeros((k, num_classes))
+        for client, group in enumerate(np.array_split(np.arange(num_classes), k)):
+            allocation[client, group] = kept[group]
+        return allocation
+
+
+def q_label_shards(
+    labels: np.ndarray, num_clients: int, q: int, rng: np.random.Generator
+) -> list[np.ndarray]:
+    """FLAME's "#label = q" split (flame.md §4.1) of ``labels`` into ``num_clients`` shares.
+
+    Each class (positions in ascending order) is cut into ``ceil(q*m/C)`` contiguous shards; for
+    each client in turn the shard list is shuffled and the first ``q`` shards are taken. A client
+    may draw two shards of one class, so ``q`` bounds its number of labels; leftover shards stay
+    unassigned.
+    """
+    classes = np.unique(labels)
+    check_classes_per_client(q, len(classes))
+    per_class = math.ceil(q * num_clients / len(classes))
+    pool: list[np.ndarray] = []
+    for label in classes:
+        positions = np.flatnonzero(labels == label)
+        if len(positions) < per_class:
+            raise ValueError(
+                f"class {label} has {len(positions)} samples, fewer than the {per_class} shards "
+                f"per class that q={q} with {num_clients} clients needs"
+            )
+        pool.extend(np.array_split(positions, per_class))
+    shares = []
+    for _ in range(num_clients):
+        pool = [pool[i] for i in rng.permutation(len(pool))]
+        shares.append(np.concatenate(pool[:q]))
+        pool = pool[q:]
+    return shares
+
+
+@PARTITIONERS.register("q_label_skew")
+class QLabelSkewPartitioner(IndexPartitioner):
+    """FLAME quantity-based label imbalance "#label = q" (flame.md §4.1); see :func:`q_label_shards`."""
+
+    def __init__(self, num_partitions: int, seed: int, q: int = 2) -> None:
+        super().__init__(num_partitions, seed)
+        check_count("q", q)
+        self._q = q
+
+    def _partition(
+        self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
+    ) -> Sequence[np.ndarray]:
+        return q_label_shards(labels, self.num_partitions, self._q, rng)
+
+
+@PARTITIONERS.register("dir_label_skew")
+def dir_label_skew(
+    num_partitions: int, seed: int, beta: float = 0.5, disjoint: bool = True, min_size: int = 10
+) -> Partitioner:
+    """FLAME distribution-based label imbalance "Dir(beta)" (flame.md §4.2, §10.10).
+
+    ``disjoint: true`` (default, NIID-Bench practice): each class is permuted and cut at
+    cumulative Dir(beta) proportions (:func:`dirichlet`). ``disjoint: false`` (FLAME's code):
+    client ``i`` independently draws ``int(p_i * n_k)`` samples of class ``k`` without replacement,
+    so clients may share samples (:class:`OverlappingDirichletPartitioner`). Both redraw until every
+    client has ``min_size`` samples.
+    """
+    if disjoint:
+        return dirichlet(num_partitions, seed, beta, min_size)
+    return OverlappingDirichletPartitioner(num_partitions, seed, beta, min_size)
+
+
+class OverlappingDirichletPartitioner(IndexPartitioner):
+    """FLAME code's Dir(beta) label skew: per-client draws, samples may repeat across clients."""
+
+    def __init__(self, num_partitions: int, seed: int, beta: float, min_size: int) -> None:
+        super().__init__(num_partitions, seed)
+        check_concentration("beta", beta)
+        check_count("min_size", min_size, minimum=0)
+        self._beta = beta
+        self._min_size = min_size
+
+    def _partition(
+        self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
+    ) -> Sequence[np.ndarray]:
+        k = self.num_partitions
+        by_class = [np.flatnonzero(labels == label) for label in np.unique(labels)]
+        for _ in range(MAX_RETRIES + 1):
+            parts: list[list[np.ndarray]] = [[] for _ in range(k)]
+            for positions in by_class:
+                proportions = rng.dirichlet(np.full(k, self._beta))
+                for client, size in enumerate((proportions * len(positions)).astype(int)):
+                    parts[client].append(rng.choice(positions, size, replace=False))
+            shares = [np.concatenate(part) for part in parts]
+            if min(len(share) for share in shares) >= self._min_size:
+                return shares
+        raise ValueError(
+            f"no draw in {MAX_RETRIES + 1} gave every client min_size={self._min_size} samples; "
+            "lower min_size, raise beta or use fewer clients"
+        )
+
+
+@PARTITIONERS.register("pflib_pathological")
+class PflibPathologicalPartitioner(IndexPartitioner):
+    """PFLlib's pathological split with ``balance=False``, as used by FedALA (fedala.md §4).
+
+    Every client has a budget of ``classes_per_client`` classes. Classes are visited in order;
+    class ``l`` goes to the first ``int(K*c/L)`` clients (at least one) that still have budget, in
+    id order, which is why clients end up in groups sharing the same classes. The class's
+    samples, in pool order, are cut into consecutive blocks: every holder but the last gets a
+    random size in ``[max(per/10, least_samples/L), per)`` with ``per = n_l / holders``; the last
+    holder gets the rest. Classes left without a holder are dropped (logged).
+
+    Re-derived from the spec, not from PFLlib's (GPL) code. Deviation: the lower bound of a
+    random size is at least one sample and a size falls back to ``floor(per)`` when the range is
+    empty, where PFLlib would draw zero-size blocks or fail.
+    """
+
+    def __init__(
+        self, num_partitions: int, seed: int, classes_per_client: int = 2, least_samples: int = 40
+    ) -> None:
+        super().__init__(num_partitions, seed)
+        check_count("classes_per_client", classes_per_client)
+        check_count("least_samples", least_samples, minimum=0)
+        self._classes_per_client = classes_per_client
+        self._least_samples = least_samples
+
+    def _partition(
+        self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
+    ) -> Sequence[np.ndarray]:
+        classes = np.unique(labels)
+        check_classes_per_client(self._classes_per_client, len(classes))
+        k = self.num_partitions
+        budget = np.full(k, self._classes_per_client)
+        holders_per_class = max(1, int(k * self._classes_per_client / len(classes)))
+        parts: list[list[np.ndarray]] = [[] for _ in range(k)]
+        for label in classes:
+            holders = np.flatnonzero(budget > 0)[:holders_per_class]
+            if not len(holders):
+                LOGGER.info("pflib_pathological: class %s has no holder and is dropped", label)
+                continue
+            positions = np.flatnonzero(labels == label)
+            sizes = self._block_sizes(len(positions), len(holders), len(classes), rng)
+            for client, block in zip(holders, np.split(positions, np.cumsum(sizes)[:-1]), strict=True):
+                parts[client].append(block)
+            budget[holders] -= 1
+        return [np.concatenate(part) if part else np.zeros(0, np.int64) for part in parts]
+
+    def _block_sizes(
+        self, count: int, holders: int, num_classes: int, rng: np.random.Generator
+    ) -> np.ndarray:
+        per = count / holders
+        low = max(1, int(max(per / 10, self._least_samples / num_classes)))
+        high = int(per)
+        sizes = rng.integers(low, high, holders - 1) if high > low else np.full(holders - 1, high)
+        return np.append(sizes, count - sizes.sum())
+
+
+@PARTITIONERS.register("pflib_practical")
+def pflib_practical(
+    num_partitions: int, seed: int, beta: float = 0.1, least_samples: int = 40
+) -> DirichletPartitioner:
+    """PFLlib's practical Dir(beta) split, as used by FedALA (fedala.md §4).
+
+    Per class, proportions ~ Dir(beta); a client already holding more than ``N/K`` samples gets
+    proportion zero (balancing); the class is cut at the cumulative proportions; all is redrawn
+    until every client holds ``least_samples`` (= batch / (1 - 0.75) = 40 in the paper). This is
+    Flower Datasets' :class:`DirichletPartitioner` with ``self_balancing``. Deviations from PFLlib:
+    balancing zeroes clients *above* the average (PFLlib: at or above), and redraws stop after
+    :data:`MAX_RETRIES` with a clear error instead of looping forever.
+    """
+    check_num_partitions(num_partitions)
+    check_concentration("beta", beta)
+    check_count("least_samples", least_samples, minimum=0)
+    return DirichletPartitioner(
+        num_partitions, LABEL, float(beta), least_samples, self_balancing=True, seed=seed
+    )

@@ -1,0 +1,67 @@
+"""Schemes without label skew: random IID and stratified IID.
+
+- ``iid``: fliu.md §4.1 and flame.md §4.7 — shuffle, then cut into ``K`` nearly equal contiguous
+  parts (Flower Datasets' :class:`IidPartitioner` on a seeded shuffle of the rows).
+- ``stratified_iid``: FedMPR's low shift (fedmpr.md §3.1, §3.2, §3.5 LC) — every class split into
+  ``K`` equal disjoint parts; class counts per client differ by at most one, and so do sizes.
+"""
+
+from __future__ import annotations
+
+import datasets
+import numpy as np
+from flwr_datasets.partitioner import IidPartitioner
+
+from pflower.datasets.partitioners.allocation import CountMatrixPartitioner
+from pflower.datasets.partitioners.base import PARTITIONERS, check_count, check_num_partitions
+
+
+class ShuffledIidPartitioner(IidPartitioner):
+    """:class:`IidPartitioner` on the rows shuffled with ``seed`` (it alone cuts in row order)."""
+
+    def __init__(self, num_partitions: int, seed: int) -> None:
+        check_num_partitions(num_partitions)
+        super().__init__(num_partitions)
+        self._seed = seed
+        self._shuffled: datasets.Dataset | None = None
+
+    def load_partition(self, partition_id: int) -> datasets.Dataset:
+        """Client ``partition_id``'s contiguous block of the shuffled rows."""
+        if self.dataset.num_rows < self.num_partitions:
+            raise ValueError(
+                f"{self.num_partitions} clients but only {self.dataset.num_rows} samples: "
+                f"use at most {self.dataset.num_rows} clients"
+            )
+        if self._shuffled is None:
+            self._shuffled = self.dataset.shuffle(seed=self._seed)
+        return self._shuffled.shard(self.num_partitions, partition_id, contiguous=True)
+
+
+@PARTITIONERS.register("iid")
+def iid(num_partitions: int, seed: int) -> ShuffledIidPartitioner:
+    """Random equal split (fliu.md §4.1): sizes differ by at most one sample."""
+    return ShuffledIidPartitioner(num_partitions, seed)
+
+
+@PARTITIONERS.register("stratified_iid")
+class StratifiedIidPartitioner(CountMatrixPartitioner):
+    """Each class split evenly over all clients (fedmpr.md §3.1 low shift).
+
+    Args:
+        samples_per_class: if set, each client keeps at most this many samples of each class
+            (fedmpr.md §3.1's sweep over samples per client); the rest stay unassigned.
+    """
+
+    def __init__(
+        self, num_partitions: int, seed: int, samples_per_class: int | None = None
+    ) -> None:
+        super().__init__(num_partitions, seed)
+        if samples_per_class is not None:
+            check_count("samples_per_class", samples_per_class)
+        self._samples_per_class = samples_per_class
+
+    def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        share = class_counts / self.num_partitions
+        if self._samples_per_class is not None:
+            share = np.minimum(share, self._samples_per_class)
+        return np.tile(share, (self.num_partitions, 1))

@@ -1,0 +1,60 @@
+"""Per-client results -> the aggregate statistics of DESIGN.md §4.
+
+For each stage (L1, L2) and each per-client metric the summary holds the sample-weighted and the
+unweighted mean over clients, the standard deviation (ddof=0), the minimum, the mean of the worst
+10% of clients, and rho_eps (how many clients exceed each accuracy threshold). Fairness is the
+variance of the per-client local test loss.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+CLIENT_METRICS = ("acc_local", "acc_global", "loss_local", "loss_global")
+
+
+def bottom_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
+    """Mean of the lowest ``ceil(fraction * n)`` values (at least one)."""
+    ordered = np.sort(np.asarray(values, dtype=np.float64))
+    count = max(1, math.ceil(fraction * len(ordered)))
+    return float(ordered[:count].mean())
+
+
+def summarize_values(values: Sequence[float], weights: Sequence[float]) -> dict[str, float]:
+    """Weighted and unweighted mean, std (ddof=0), min, max and bottom-10% mean of ``values``."""
+    array = np.asarray(values, dtype=np.float64)
+    weight = np.asarray(weights, dtype=np.float64)
+    return {
+        "mean": float(array.mean()),
+        "weighted_mean": float(np.average(array, weights=weight)) if weight.sum() > 0 else math.nan,
+        "std": float(array.std()),
+        "min": float(array.min()),
+        "max": float(array.max()),
+        "bottom10_mean": bottom_fraction_mean(array),
+    }
+
+
+def rho(accuracies: Sequence[float], thresholds: Sequence[float]) -> dict[str, int]:
+    """rho_eps: the number of clients whose accuracy exceeds each threshold eps (strict ``>``)."""
+    array = np.asarray(accuracies, dtype=np.float64)
+    return {f"rho_{eps:g}": int((array > eps).sum()) for eps in thresholds}
+
+
+def summarize_stage(rows: Sequence[dict[str, Any]], thresholds: Sequence[float]) -> dict[str, Any]:
+    """Aggregate statistics of one stage's per-client rows (weights: local test-set sizes)."""
+    if not rows:
+        return {"num_clients": 0}
+    weights = [float(row.get("num_test", 1)) for row in rows]
+    summary: dict[str, Any] = {"num_clients": len(rows)}
+    for metric in CLIENT_METRICS:
+        values = [float(row[metric]) for row in rows if metric in row]
+        if len(values) == len(rows):
+            summary[metric] = summarize_values(values, weights)
+    summary.update(rho([row["acc_local"] for row in rows], thresholds))
+    losses = np.asarray([row["loss_local"] for row in rows], dtype=np.float64)
+    summary["fairness_loss_var"] = float(losses.var())
+    return summary

@@ -1,0 +1,74 @@
+"""Name -> factory registries that turn a config block into an object, with clear errors.
+
+Every configurable family (datasets, partitioners, models, strategies) is chosen the same way: a
+config block ``{name: <registered name>, <key>: <value>, ...}``. The registry checks the name and
+the keys against the factory's signature, so a typo fails with the list of what is allowed instead
+of a ``TypeError`` from deep inside a constructor.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A configuration value is wrong; the message says what is wrong and what is allowed."""
+
+
+class Registry(Generic[T]):
+    """A named collection of factories of one kind (e.g. all dataset loaders)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._factories: dict[str, Callable[..., T]] = {}
+
+    def register(self, name: str) -> Callable[[Callable[..., T]], Callable[..., T]]:
+        """Decorator: register ``factory`` under ``name``."""
+
+        def decorator(factory: Callable[..., T]) -> Callable[..., T]:
+            if name in self._factories:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._factories[name] = factory
+            return factory
+
+        return decorator
+
+    @property
+    def names(self) -> list[str]:
+        """All registered names, sorted."""
+        return sorted(self._factories)
+
+    def get(self, name: str) -> Callable[..., T]:
+        """The factory registered under ``name``."""
+        try:
+            return self._factories[name]
+        except KeyError:
+            raise ConfigError(
+                f"Unknown {self.kind} '{name}'. Valid names: {', '.join(self.names)}"
+            ) from None
+
+    def accepted_keys(self, name: str) -> list[str]:
+        """The keyword arguments the factory registered under ``name`` accepts."""
+        parameters = inspect.signature(self.get(name)).parameters.values()
+        return [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
+
+    def build(self, name: str, options: Mapping[str, Any], **context: Any) -> T:
+        """Call the factory with ``options`` (from config) plus ``context`` (from the caller).
+
+        Raises:
+            ConfigError: the name is unknown, or ``options`` holds a key the factory does not take.
+        """
+        factory = self.get(name)
+        accepted = self.accepted_keys(name)
+        unknown = sorted(set(options) - set(accepted))
+        if unknown:
+            settable = [key for key in accepted if key not in context]
+            raise ConfigError(
+                f"{self.kind} '{name}' does not take {', '.join(map(repr, unknown))}. "
+                f"Allowed keys: {', '.join(settable) or '(none)'}"
+            )
+        return factory(**dict(options), **context)

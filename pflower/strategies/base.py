@@ -1,0 +1,369 @@
+"""PersonalizedStrategy: the server half every algorithm derives from.
+
+It keeps Flower's FedAvg machinery (``Strategy`` hooks, parameters, legacy server loop) and adds
+what a personalized-FL experiment needs:
+
+- clients are known by the ``partition_id`` they report, never by node id, and sampled with a
+  seeded generator, so a run is reproducible and per-client memory survives node restarts;
+- per-client fit and evaluate instructions (:meth:`fit_config`, :meth:`client_parameters`);
+- a failure policy: failed clients are recorded; a round with too many failures, or none that
+  succeeded, stops the run with an error naming the clients and their exceptions;
+- updates with NaN/Inf or wrong shapes are rejected as failures;
+- stage G (the global model on the global test set, server side) and the recording of stages L1
+  and L2 per client.
+
+Algorithms override :meth:`aggregate` (the model update) and the per-client hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+import numpy as np
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    NDArrays,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.strategy import FedAvg
+
+from pflower.strategies.registry import AlgorithmOptions
+
+OptionsT = TypeVar("OptionsT", bound=AlgorithmOptions)
+
+GlobalEvaluator = Callable[[NDArrays], dict[str, float]]
+"""Evaluates a global model on the global test set; returns ``{"acc": ..., "loss": ...}``."""
+
+
+class RoundFailedError(RuntimeError):
+    """Too many clients of a round failed: the run stops rather than continue on too little."""
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Run-level settings the server needs (from the composed config)."""
+
+    num_clients: int
+    rounds: int
+    seed: int
+    fraction: float = 1.0
+    min_clients: int = 1
+    eval_every: int = 1
+    eval_fraction: float = 1.0
+    max_failed_fraction: float = 0.5
+
+    def is_eval_round(self, server_round: int) -> bool:
+        return server_round % self.eval_every == 0 or server_round == self.rounds
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """One client's fit result, keyed by its partition id."""
+
+    partition_id: int
+    weights: NDArrays
+    num_examples: int
+    metrics: dict[str, Scalar]
+
+
+class Recorder:
+    """Receives what the strategy observes; the server app writes it to disk (no-op here)."""
+
+    def client_stage(self, server_round: int, stage: str, rows: Sequence[dict[str, Any]]) -> None:
+        """Per-client metrics of stage ``L1`` or ``L2``."""
+
+    def global_stage(self, server_round: int, metrics: dict[str, float]) -> None:
+        """Metrics of the global model (stage ``G``)."""
+
+    def failures(self, server_round: int, phase: str, failed: dict[int | str, str]) -> None:
+        """Clients (partition id, or node id if unknown) that failed, with their errors."""
+
+    def round_done(self, server_round: int) -> None:
+        """All results of ``server_round`` are in."""
+
+    def finish(self) -> None:
+        """The last round is done."""
+
+
+class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
+    """Flower FedAvg machinery plus the personalized-FL protocol (see module docstring)."""
+
+    has_global_model: ClassVar[bool] = True
+    """Whether the algorithm keeps a global model (evaluated at stage G)."""
+
+    def __init__(
+        self,
+        options: OptionsT,
+        run: RunSettings,
+        initial_weights: NDArrays,
+        evaluate_global: GlobalEvaluator | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        super().__init__(
+            fraction_fit=run.fraction,
+            fraction_evaluate=run.eval_fraction,
+            min_fit_clients=min(run.min_clients, run.num_clients),
+            min_evaluate_clients=min(run.min_clients, run.num_clients),
+            min_available_clients=run.num_clients,
+            initial_parameters=ndarrays_to_parameters(initial_weights),
+            accept_failures=True,
+        )
+        self.options = options
+        self.run = run
+        self.evaluate_global = evaluate_global
+        self.recorder = recorder or Recorder()
+        self._rng = np.random.default_rng(run.seed)
+        self._partition_of: dict[str, int] = {}
+        self._num_train: dict[int, int] = {}
+        self._sent: dict[str, dict[str, int]] = {}
+
+    # ------------------------------------------------------------------ hooks for algorithms
+    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        """The config sent with client ``partition_id``'s fit instruction."""
+        return {"server-round": server_round}
+
+    def evaluate_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        """The config sent with client ``partition_id``'s evaluate instruction (stage L1)."""
+        return {"server-round": server_round}
+
+    def client_parameters(
+        self, server_round: int, partition_id: int, global_parameters: Parameters
+    ) -> Parameters:
+        """The model sent to client ``partition_id`` (default: the global model)."""
+        return global_parameters
+
+    def aggregate(
+        self, server_round: int, updates: list[ClientUpdate], current: NDArrays
+    ) -> NDArrays:
+        """The new global model from this round's updates (default: FedAvg)."""
+        return self.average(updates)
+
+    # --------------------------------------------------------------------- shared helpers
+    def average(self, updates: Sequence[ClientUpdate]) -> NDArrays:
+        """Mean of the updates' weights: sample-weighted or uniform (``options.aggregation``)."""
+        if self.options.aggregation == "uniform":
+            weights = np.ones(len(updates))
+        else:
+            weights = np.array([u.num_examples for u in updates], dtype=np.float64)
+        return weighted_mean([u.weights for u in updates], weights)
+
+    @property
+    def client_sizes(self) -> dict[int, int]:
+        """Training-set size of every connected client, by partition id (asked once per node)."""
+        return dict(self._num_train)
+
+    # -------------------------------------------------------------- Flower Strategy hooks
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        proxies = self._sample(client_manager, self.run.fraction)
+        self._sent[f"fit-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
+        return [
+            (
+                proxy,
+                FitIns(
+                    self.client_parameters(server_round, self._partition_of[proxy.cid], parameters),
+                    self.fit_config(server_round, self._partition_of[proxy.cid]),
+                ),
+            )
+            for proxy in proxies
+        ]
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        current = parameters_to_ndarrays(self.initial_parameters_or_current)
+        updates, rejected = self._collect_updates(results, current)
+        self._check_failures(server_round, "fit", updates, rejected, failures)
+        if self.run.is_eval_round(server_round):
+            self.recorder.client_stage(
+                server_round, "L2", [_stage_row(u.partition_id, u.metrics) for u in updates]
+            )
+        new_weights = self.aggregate(server_round, updates, current)
+        self._current = ndarrays_to_parameters(new_weights)
+        return self._current, {}
+
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
+        """Stage G: the global model on the global test set (server side)."""
+        if not self.has_global_model or self.evaluate_global is None:
+            return None
+        if server_round > 0 and not self.run.is_eval_round(server_round):
+            return None
+        metrics = self.evaluate_global(parameters_to_ndarrays(parameters))
+        self.recorder.global_stage(server_round, metrics)
+        return metrics["loss"], dict(metrics)
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        if not self.run.is_eval_round(server_round):
+            return []
+        proxies = self._sample(client_manager, self.run.eval_fraction)
+        self._sent[f"evaluate-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
+        return [
+            (
+                proxy,
+                EvaluateIns(
+                    self.client_parameters(server_round, self._partition_of[proxy.cid], parameters),
+                    self.evaluate_config(server_round, self._partition_of[proxy.cid]),
+                ),
+            )
+            for proxy in proxies
+        ]
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        rows = [_stage_row(self._partition_of[proxy.cid], res.metrics) for proxy, res in results]
+        returned = {self._partition_of[proxy.cid] for proxy, _ in results}
+        self._record_missing(server_round, "evaluate", returned, failures)
+        self.recorder.client_stage(server_round, "L1", sorted(rows, key=lambda r: r["client"]))
+        self.recorder.round_done(server_round)
+        if server_round == self.run.rounds:
+            self.recorder.finish()
+        if not rows:
+            return None, {}
+        return float(np.mean([r["loss_local"] for r in rows])), {}
+
+    # ------------------------------------------------------------------------- internals
+    @property
+    def initial_parameters_or_current(self) -> Parameters:
+        current = getattr(self, "_current", None)
+        if current is None:
+            assert self.initial_parameters is not None
+            return self.initial_parameters
+        return current
+
+    def _learn_partitions(self, client_manager: ClientManager) -> None:
+        """Ask newly connected nodes which partition they hold (once per node)."""
+        for cid, proxy in client_manager.all().items():
+            if cid not in self._partition_of:
+                props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=0)
+                partition_id = int(props.properties["partition_id"])
+                self._partition_of[cid] = partition_id
+                self._num_train[partition_id] = int(props.properties["num_train"])
+
+    def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+        """A seeded sample of connected clients, chosen by partition id (not by node id)."""
+        client_manager.wait_for(self.min_available_clients)
+        self._learn_partitions(client_manager)
+        proxies = sorted(client_manager.all().values(), key=lambda p: self._partition_of[p.cid])
+        count = max(int(len(proxies) * fraction), min(self.min_fit_clients, len(proxies)))
+        if count >= len(proxies):
+            return proxies
+        chosen = self._rng.choice(len(proxies), size=count, replace=False)
+        return [proxies[i] for i in sorted(chosen)]
+
+    def _collect_updates(
+        self, results: list[tuple[ClientProxy, FitRes]], current: NDArrays
+    ) -> tuple[list[ClientUpdate], dict[int, str]]:
+        """Valid updates sorted by partition id, and the rejected ones with the reason."""
+        updates, rejected = [], {}
+        for proxy, res in results:
+            pid = self._partition_of[proxy.cid]
+            weights = parameters_to_ndarrays(res.parameters)
+            problem = self.check_update(weights, current)
+            if problem:
+                rejected[pid] = problem
+            else:
+                updates.append(ClientUpdate(pid, weights, res.num_examples, dict(res.metrics)))
+        return sorted(updates, key=lambda u: u.partition_id), rejected
+
+    def check_update(self, weights: NDArrays, current: NDArrays) -> str | None:
+        """Why an uploaded model is unusable (wrong count/shapes, NaN/Inf), or None if fine."""
+        if len(weights) != len(current):
+            return f"sent {len(weights)} arrays, expected {len(current)}"
+        for index, (array, reference) in enumerate(zip(weights, current, strict=True)):
+            if array.shape != reference.shape:
+                return f"array {index} has shape {array.shape}, expected {reference.shape}"
+            if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
+                return f"array {index} contains NaN or Inf"
+        return None
+
+    def _check_failures(
+        self,
+        server_round: int,
+        phase: str,
+        updates: list[ClientUpdate],
+        rejected: dict[int, str],
+        failures: list[Any],
+    ) -> None:
+        returned = {u.partition_id for u in updates} | set(rejected)
+        failed = self._record_missing(server_round, phase, returned, failures)
+        failed.update(rejected)
+        if rejected:
+            self.recorder.failures(server_round, phase, dict(rejected))
+        sent = len(self._sent.get(f"{phase}-{server_round}", {}))
+        if not updates:
+            raise RoundFailedError(
+                f"Round {server_round}: all {sent} clients failed, nothing to aggregate.\n"
+                + _describe(failed)
+            )
+        if len(failed) > self.run.max_failed_fraction * sent:
+            raise RoundFailedError(
+                f"Round {server_round}: {len(failed)} of {sent} clients failed, more than "
+                f"failures.max_failed_fraction={self.run.max_failed_fraction}.\n"
+                + _describe(failed)
+            )
+
+    def _record_missing(
+        self, server_round: int, phase: str, returned: set[int], failures: list[Any]
+    ) -> dict[int | str, str]:
+        """Record clients that were sent work but returned nothing; returns them with errors."""
+        sent = self._sent.get(f"{phase}-{server_round}", {})
+        missing = sorted(pid for pid in sent.values() if pid not in returned)
+        errors = [_failure_text(f) for f in failures]
+        failed: dict[int | str, str] = {}
+        for index, pid in enumerate(missing):
+            failed[pid] = errors[index] if index < len(errors) else "no reply"
+        if failed:
+            self.recorder.failures(server_round, phase, failed)
+        return failed
+
+
+def weighted_mean(arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
+    """Elementwise ``sum_i w_i x_i / sum_i w_i`` over lists of arrays, in float64, cast back."""
+    total = float(np.sum(weights))
+    if total <= 0:
+        raise ValueError("aggregation weights must have a positive sum")
+    averaged = []
+    for layer in zip(*arrays, strict=True):
+        acc = np.zeros(layer[0].shape, dtype=np.float64)
+        for weight, array in zip(weights, layer, strict=True):
+            acc += (weight / total) * array
+        averaged.append(acc.astype(layer[0].dtype))
+    return averaged
+
+
+def _stage_row(partition_id: int, metrics: dict[str, Scalar]) -> dict[str, Any]:
+    return {"client": partition_id, **{k: v for k, v in metrics.items() if k != "partition_id"}}
+
+
+def _failure_text(failure: Any) -> str:
+    if isinstance(failure, BaseException):
+        return f"{type(failure).__name__}: {failure}"
+    _, res = failure
+    return f"status {res.status.code.name}: {res.status.message}"
+
+
+def _describe(failed: dict[int | str, str]) -> str:
+    return "\n".join(f"  client {pid}: {error}" for pid, error in failed.items())

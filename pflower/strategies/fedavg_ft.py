@@ -1,0 +1,52 @@
+"""FedAvg + fine-tuning (FedAvg-FT): FedAvg, personalized by a few local epochs before use.
+
+Training and aggregation are FedAvg's. The deployable model at stage L1 is the global model
+fine-tuned for ``finetune_epochs`` epochs on the client's train split, with the round's local
+optimizer settings; the fine-tuned weights are never uploaded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from flwr.common import NDArrays, Scalar
+
+from pflower.client.base import PersonalClient
+from pflower.client.training import get_weights, set_weights
+from pflower.registry import ConfigError
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+
+
+class FedAvgFTStrategy(PersonalizedStrategy["FedAvgFTOptions"]):
+    """Server side identical to FedAvg."""
+
+
+class FedAvgFTClient(PersonalClient["FedAvgFTOptions"]):
+    """Fine-tunes the global model locally before evaluating it at stage L1."""
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        set_weights(self.model, global_weights)
+        settings = replace(
+            self.train_settings(config), epochs=self.options.finetune_epochs, steps=None
+        )
+        self.local_train(settings, config)
+        return get_weights(self.model)
+
+
+@ALGORITHMS.register("fedavg_ft")
+@dataclass(frozen=True)
+class FedAvgFTOptions(AlgorithmOptions):
+    """Attributes:
+    finetune_epochs: local epochs of fine-tuning before evaluation (0 gives FedAvg).
+    """
+
+    strategy_class = FedAvgFTStrategy
+    client_class = FedAvgFTClient
+
+    finetune_epochs: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.finetune_epochs < 0:
+            raise ConfigError(f"strategy.finetune_epochs must be >= 0, got {self.finetune_epochs}")

@@ -1,0 +1,130 @@
+"""FLIU: Federated Learning with Individualized Updates (Hussaini, Theiß, Stein), spec fliu.md §2.
+
+FedAvg plus one client-side step. After the server averages the clients' trained models into Θ^t
+(uniformly by default, Alg. 1), client k replaces its model with
+
+    θ̃_k^t = γ_k · θ_k^t + (1 − γ_k) · Θ^t          (Eq. 3)
+
+where θ_k^t is its own trained model of round t. θ̃_k^t is evaluated at stage L1 and is the start
+model of round t+1. γ_k is fixed (FLIUxx: γ = xx/100) or, in adaptive mode, a step function of the
+client's relative data size n_k / (n/K) (Eq. 4, strict ">" checked top-down).
+
+γ = 0 is FedAvg with uniform aggregation, γ = 1 is local training (CLT).
+
+Wire protocol (§2.4): clients upload θ_k^t and n_k, never the mixed model. The server learns n and
+K from round-1 results and sends them in every later config, so clients can compute γ_k.
+The mix is recomputed wherever it is needed (evaluate at round t, fit at round t+1): evaluate never
+writes state, and nothing relies on evaluate having run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from flwr.common import NDArrays, Scalar
+
+from pflower.client.base import PersonalClient, server_round
+from pflower.registry import ConfigError
+from pflower.strategies.base import PersonalizedStrategy
+from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+
+LOCAL_MODEL = "fliu_local"
+META = "fliu_meta"
+
+ADAPTIVE_STEPS = ((10.0, 0.90), (5.0, 0.75), (1.0, 0.50), (0.5, 0.25))
+"""(size ratio n_k / m, γ) of Eq. 4, checked top-down with strict ">"; below all: γ = 0.10."""
+
+
+def adaptive_gamma(num_examples: int, total_examples: int, num_clients: int) -> float:
+    """γ_k of Eq. 4 from the client's training-set size n_k, n = Σ n_k and K."""
+    mean_size = total_examples / num_clients
+    for ratio, gamma in ADAPTIVE_STEPS:
+        if num_examples > ratio * mean_size:
+            return gamma
+    return 0.10
+
+
+def mix(gamma: float, local: NDArrays, global_: NDArrays) -> NDArrays:
+    """Eq. 3, elementwise on every array: γ·local + (1 − γ)·global."""
+    return [
+        (gamma * own + (1.0 - gamma) * glob).astype(glob.dtype)
+        for own, glob in zip(local, global_, strict=True)
+    ]
+
+
+class FLIUStrategy(PersonalizedStrategy["FLIUOptions"]):
+    """FedAvg server that also tells clients n = Σ n_k and K for the adaptive γ."""
+
+    def _population(self) -> dict[str, Scalar]:
+        sizes = self.client_sizes
+        if not sizes:
+            return {}
+        return {"n_total": sum(sizes.values()), "num_clients": len(sizes)}
+
+    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        return {**super().fit_config(server_round, partition_id), **self._population()}
+
+    def evaluate_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        return {**super().evaluate_config(server_round, partition_id), **self._population()}
+
+
+class FLIUClient(PersonalClient["FLIUOptions"]):
+    """Keeps θ_k^t (its last trained model) and mixes it with each new global model."""
+
+    def gamma(self, config: dict[str, Scalar]) -> float:
+        if self.options.gamma_mode == "fixed":
+            return self.options.gamma
+        return adaptive_gamma(
+            len(self.data.train), int(config["n_total"]), int(config["num_clients"])
+        )
+
+    def individualized(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """θ̃_k = γ_k θ_k + (1 − γ_k) Θ; before the client has trained, just Θ (round-1 Θ^0)."""
+        local = self.state.get_arrays(LOCAL_MODEL)
+        if local is None:
+            return global_weights
+        return mix(self.gamma(config), local, global_weights)
+
+    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.individualized(global_weights, config)
+
+    def remember(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> None:
+        self.state.put_arrays(LOCAL_MODEL, trained)
+        self.state.put_scalars(META, {"last_round": server_round(config)})
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.individualized(global_weights, config)
+
+    def fit_metrics(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
+        if self.options.gamma_mode == "fixed" or "n_total" in config:
+            return {"gamma": self.gamma(config)}
+        return {}
+
+
+@ALGORITHMS.register("fliu")
+@dataclass(frozen=True)
+class FLIUOptions(AlgorithmOptions):
+    """Attributes:
+    gamma_mode: ``adaptive`` (Eq. 4 from n_k) or ``fixed`` (``gamma`` for every client).
+    gamma: the fixed personalization factor γ in [0, 1] (FLIU10 = 0.1, ...).
+    aggregation: uniform 1/K as in Alg. 1 (default), or weighted by n_k (ablation, A7).
+    """
+
+    strategy_class = FLIUStrategy
+    client_class = FLIUClient
+
+    gamma_mode: Literal["adaptive", "fixed"] = "adaptive"
+    gamma: float = 0.5
+    aggregation: Literal["weighted", "uniform"] = "uniform"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.gamma_mode not in ("adaptive", "fixed"):
+            raise ConfigError(
+                f"strategy.gamma_mode must be 'adaptive' or 'fixed', got {self.gamma_mode!r}"
+            )
+        if not 0.0 <= self.gamma <= 1.0:
+            raise ConfigError(f"strategy.gamma must be in [0, 1], got {self.gamma}")

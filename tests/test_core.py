@@ -1,0 +1,256 @@
+"""The federated core: algorithm identities, state across rounds, failures, stage bookkeeping.
+
+These run the real server_fn/client_fn in one process (tests/inprocess.py) on the embedded digits
+data with a tiny CNN, so each experiment takes a few seconds.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pflower.client.app import client_fn
+from pflower.client.state import ClientState
+from pflower.strategies.base import RoundFailedError
+from pflower.strategies.fliu import adaptive_gamma, mix
+from tests.inprocess import run_inprocess
+
+BASE = [
+    "dataset=digits",
+    "partition=pathological",
+    "model=small_cnn",
+    "num_clients=4",
+    "rounds=3",
+    "train.local_epochs=1",
+    "train.batch_size=32",
+    "train.lr=0.05",
+]
+
+
+def stage_rows(rows: list[dict], stage: str, round_: int | None = None) -> list[dict]:
+    return sorted(
+        (r for r in rows if r["stage"] == stage and (round_ is None or r["round"] == round_)),
+        key=lambda r: (r["round"], r.get("client", -1)),
+    )
+
+
+def comparable(rows: list[dict]) -> list[tuple]:
+    keys = (
+        "round",
+        "stage",
+        "client",
+        "acc_local",
+        "loss_local",
+        "acc_global",
+        "loss_global",
+        "acc",
+        "loss",
+    )
+    return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in ("L1", "L2", "G")]
+
+
+def test_fliu_gamma0_equals_fedavg_with_uniform_weights(tmp_path: Path) -> None:
+    fliu, _ = run_inprocess(
+        [*BASE, "strategy=fliu", "strategy.gamma_mode=fixed", "strategy.gamma=0.0"], tmp_path / "a"
+    )
+    fedavg, _ = run_inprocess(
+        [*BASE, "strategy=fedavg", "strategy.aggregation=uniform"], tmp_path / "b"
+    )
+    assert comparable(fliu) == comparable(fedavg)
+    assert len(stage_rows(fliu, "L1")) == 3 * 4
+
+
+def test_fliu_gamma1_equals_local_training(tmp_path: Path) -> None:
+    fliu, _ = run_inprocess(
+        [*BASE, "strategy=fliu", "strategy.gamma_mode=fixed", "strategy.gamma=1.0"], tmp_path / "a"
+    )
+    local, _ = run_inprocess(
+        [*BASE, "strategy=local", "strategy.aggregation=uniform"], tmp_path / "b"
+    )
+    assert comparable(fliu) == comparable(local)
+
+
+def test_local_keeps_its_model_across_rounds(tmp_path: Path) -> None:
+    rows, contexts = run_inprocess([*BASE, "strategy=local"], tmp_path)
+    for context in contexts:
+        assert ClientState(context.state).get_arrays("local_model") is not None
+    # CLT has no personalization step: L1 evaluates exactly the model trained at L2.
+    for l1, l2 in zip(stage_rows(rows, "L1"), stage_rows(rows, "L2"), strict=True):
+        assert (l1["client"], l1["acc_local"], l1["loss_local"]) == (
+            l2["client"],
+            l2["acc_local"],
+            l2["loss_local"],
+        )
+    # Training continues from the stored model: local loss keeps falling round over round.
+    first = np.mean([r["loss_local"] for r in stage_rows(rows, "L2", 1)])
+    last = np.mean([r["loss_local"] for r in stage_rows(rows, "L2", 3)])
+    assert last < first
+
+
+def test_fliu_state_persists_and_mix_is_evaluated_at_l1(tmp_path: Path) -> None:
+    rows, contexts = run_inprocess(
+        [*BASE, "strategy=fliu", "strategy.gamma_mode=fixed", "strategy.gamma=0.5"], tmp_path
+    )
+    for context in contexts:
+        state = ClientState(context.state)
+        assert state.get_scalars("fliu_meta")["last_round"] == 3
+        assert state.get_arrays("fliu_local") is not None
+    gammas = {r["gamma"] for r in rows if r["stage"] == "L2"}
+    assert gammas == {0.5}
+    # L1 (the mix) differs from L2 (the trained model) and from the global model (G).
+    l1 = stage_rows(rows, "L1", 3)
+    l2 = stage_rows(rows, "L2", 3)
+    assert [r["loss_local"] for r in l1] != [r["loss_local"] for r in l2]
+
+
+def test_fedavg_l1_is_the_global_model(tmp_path: Path) -> None:
+    rows, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path)
+    for round_ in (1, 2, 3):
+        (g,) = stage_rows(rows, "G", round_)
+        for row in stage_rows(rows, "L1", round_):
+            assert row["acc_global"] == pytest.approx(g["acc"])
+            assert row["loss_global"] == pytest.approx(g["loss"], rel=1e-5)
+
+
+def test_fedprox_with_mu0_and_fedavg_ft_with_0_epochs_equal_fedavg(tmp_path: Path) -> None:
+    fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "a")
+    fedprox, _ = run_inprocess([*BASE, "strategy=fedprox", "strategy.mu=0.0"], tmp_path / "b")
+    finetune, _ = run_inprocess(
+        [*BASE, "strategy=fedavg_ft", "strategy.finetune_epochs=0"], tmp_path / "c"
+    )
+    assert comparable(fedprox) == comparable(fedavg)
+    assert comparable(finetune) == comparable(fedavg)
+
+
+def test_fedavg_ft_personalizes_at_l1(tmp_path: Path) -> None:
+    fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "a")
+    finetune, _ = run_inprocess(
+        [*BASE, "strategy=fedavg_ft", "strategy.finetune_epochs=2"], tmp_path / "b"
+    )
+    # Pathological clients hold 2 classes: fine-tuning on them raises local accuracy.
+    acc = lambda rows: np.mean([r["acc_local"] for r in stage_rows(rows, "L1", 3)])  # noqa: E731
+    assert acc(finetune) > acc(fedavg)
+    assert comparable(stage_rows(finetune, "G")) == comparable(stage_rows(fedavg, "G"))
+
+
+def test_adaptive_gamma_follows_eq4() -> None:
+    n, k = 1000, 10  # mean client size m = 100
+    assert adaptive_gamma(1001, n, k) == 0.90
+    assert adaptive_gamma(1000, n, k) == 0.75  # strict ">": exactly 10 m is not above 10 m
+    assert adaptive_gamma(501, n, k) == 0.75
+    assert adaptive_gamma(101, n, k) == 0.50
+    assert adaptive_gamma(100, n, k) == 0.25  # n_k = m gives 0.25 (A8)
+    assert adaptive_gamma(51, n, k) == 0.25
+    assert adaptive_gamma(50, n, k) == 0.10
+
+
+def test_mix_endpoints_are_exact() -> None:
+    rng = np.random.default_rng(0)
+    local = [rng.normal(size=(3, 4)).astype(np.float32)]
+    global_ = [rng.normal(size=(3, 4)).astype(np.float32)]
+    assert np.array_equal(mix(0.0, local, global_)[0], global_[0])
+    assert np.array_equal(mix(1.0, local, global_)[0], local[0])
+    np.testing.assert_allclose(
+        mix(0.25, local, global_)[0], 0.25 * local[0] + 0.75 * global_[0], rtol=1e-6
+    )
+
+
+def failing_client_fn(failing: set[int]):
+    def make(context):
+        if int(context.node_config["partition-id"]) in failing:
+            raise RuntimeError(
+                f"injected failure on partition {context.node_config['partition-id']}"
+            )
+        return client_fn(context)
+
+    return make
+
+
+def test_a_failed_client_is_tolerated_and_recorded(tmp_path: Path) -> None:
+    rows, _ = run_inprocess(
+        [*BASE, "strategy=fedavg", "rounds=2"], tmp_path, make_client=failing_client_fn({2})
+    )
+    failures = [r for r in rows if r["stage"] == "failure"]
+    assert {(r["round"], r["phase"], r["client"]) for r in failures} == {
+        (1, "fit", 2),
+        (1, "evaluate", 2),
+        (2, "fit", 2),
+        (2, "evaluate", 2),
+    }
+    assert all("injected failure on partition 2" in r["error"] for r in failures)
+    assert {r["client"] for r in stage_rows(rows, "L2")} == {0, 1, 3}
+
+
+def test_a_round_where_every_client_failed_stops_the_run(tmp_path: Path) -> None:
+    with pytest.raises(RoundFailedError, match="all 4 clients failed") as error:
+        run_inprocess(
+            [*BASE, "strategy=fedavg"], tmp_path, make_client=failing_client_fn({0, 1, 2, 3})
+        )
+    assert "injected failure on partition 3" in str(error.value)
+
+
+def test_too_many_failures_stop_the_run(tmp_path: Path) -> None:
+    with pytest.raises(RoundFailedError, match="3 of 4 clients failed"):
+        run_inprocess(
+            [*BASE, "strategy=fedavg", "failures.max_failed_fraction=0.5"],
+            tmp_path,
+            make_client=failing_client_fn({0, 1, 2}),
+        )
+
+
+def test_updates_with_nan_are_rejected(tmp_path: Path) -> None:
+    def poisoned(context):
+        client = client_fn(context)
+        if int(context.node_config["partition-id"]) != 1:
+            return client
+        original_fit = client.fit
+
+        def fit(ins):
+            res = original_fit(ins)
+            tensors = list(res.parameters.tensors)
+            from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+
+            arrays = parameters_to_ndarrays(res.parameters)
+            arrays[0] = np.full_like(arrays[0], np.nan)
+            res.parameters = ndarrays_to_parameters(arrays)
+            assert tensors
+            return res
+
+        client.fit = fit
+        return client
+
+    rows, _ = run_inprocess([*BASE, "strategy=fedavg", "rounds=1"], tmp_path, make_client=poisoned)
+    failures = [r for r in rows if r["stage"] == "failure"]
+    assert [(r["client"], r["error"]) for r in failures] == [(1, "array 0 contains NaN or Inf")]
+    (g,) = stage_rows(rows, "G", 1)
+    assert np.isfinite(g["loss"])
+
+
+def test_partial_participation_is_seeded(tmp_path: Path) -> None:
+    overrides = [*BASE, "strategy=fedavg", "fraction=0.5", "num_clients=6"]
+    first, _ = run_inprocess(overrides, tmp_path / "a")
+    second, _ = run_inprocess(overrides, tmp_path / "b")
+    trained = lambda rows: [(r["round"], r["client"]) for r in stage_rows(rows, "L2")]  # noqa: E731
+    assert trained(first) == trained(second)
+    assert len(trained(first)) == 3 * 3
+    assert len({c for _, c in trained(first)}) > 3  # different clients in different rounds
+
+
+def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
+    rows, _ = run_inprocess(
+        ["dataset=digits", "partition=pathological", "num_clients=10", "rounds=5", "strategy=fliu"],
+        tmp_path,
+    )
+    final_l1 = stage_rows(rows, "L1", 5)
+    assert len(final_l1) == 10
+    # Each client holds 2 classes: chance is 0.5 locally, 0.1 globally.
+    assert np.mean([r["acc_local"] for r in final_l1]) > 0.85
+    (g,) = stage_rows(rows, "G", 5)
+    assert g["acc"] > 0.3
+    summary = (tmp_path / "summary.json").read_text()
+    assert '"L1"' in summary and '"rho_0.9"' in summary
+    assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0
+    assert (tmp_path / "plots" / "clients.png").stat().st_size > 0
+    assert (tmp_path / "config.yaml").read_text().startswith("dataset:")
