@@ -158,12 +158,19 @@ def test_mix_endpoints_are_exact() -> None:
 
 
 def failing_client_fn(failing: set[int]):
+    """client_fn whose clients in ``failing`` raise in fit and evaluate (a crash while training)."""
+
     def make(context):
-        if int(context.node_config["partition-id"]) in failing:
-            raise RuntimeError(
-                f"injected failure on partition {context.node_config['partition-id']}"
-            )
-        return client_fn(context)
+        client = client_fn(context)
+        partition_id = int(context.node_config["partition-id"])
+        if partition_id in failing:
+
+            def crash(ins):
+                raise RuntimeError(f"injected failure on partition {partition_id}")
+
+            client.fit = crash
+            client.evaluate = crash
+        return client
 
     return make
 
@@ -240,15 +247,15 @@ def test_partial_participation_is_seeded(tmp_path: Path) -> None:
 
 def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     rows, _ = run_inprocess(
-        ["dataset=digits", "partition=pathological", "num_clients=10", "rounds=5", "strategy=fliu"],
+        ["dataset=digits", "partition=pathological", "num_clients=10", "strategy=fliu"],
         tmp_path,
     )
-    final_l1 = stage_rows(rows, "L1", 5)
+    final_l1 = stage_rows(rows, "L1", 10)
     assert len(final_l1) == 10
     # Each client holds 2 classes: chance is 0.5 locally, 0.1 globally.
     assert np.mean([r["acc_local"] for r in final_l1]) > 0.85
-    (g,) = stage_rows(rows, "G", 5)
-    assert g["acc"] > 0.3
+    (g,) = stage_rows(rows, "G", 10)
+    assert g["acc"] > 0.5
     summary = (tmp_path / "summary.json").read_text()
     assert '"L1"' in summary and '"rho_0.9"' in summary
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0

@@ -1,17 +1,42 @@
-"""CONTRACT (to be implemented): a dataset split among clients, as every other part sees it.
+"""A dataset split among clients, as every other part sees it, and the builder that makes it.
 
-`build_federation` is the single entry point the server, the clients, the partition report and the
-tests use. It must be deterministic in ``seed`` and cached per process (the simulation calls
-``client_fn`` once per message, so rebuilding would dominate the round time).
+:func:`build_federation` is the single entry point the server, the clients, the partition report
+and the tests use. It is a pure function of its arguments (same arguments, same federation), so a
+caller may cache it per process; the simulation calls ``client_fn`` once per message, and
+rebuilding there would dominate the round time.
+
+How a federation is built (``split`` keys in brackets, see :class:`SplitConfig`):
+
+1. The *pool* is the official train split followed by the official test split; every index below
+   points into it (test sample ``i`` is at ``len(train) + i``). The samples shared among clients
+   are the official train split (``pool: train``) or all of the pool (``pool: all``: FLAME,
+   FedALA), optionally a stratified fraction of them (``subsample_fraction``, for CPU runs; the
+   official test split is subsampled the same way where it is used).
+2. The partition scheme (``conf/partition``, :mod:`pflower.datasets.partitioners`) shares those
+   samples among ``num_clients`` clients.
+3. Each client's test share (``client_test``) is ``holdout`` (cut from its own share,
+   ``test_fraction``, ``stratify``), ``mirror`` (drawn from the official test split with the class
+   proportions of its train share, disjoint across clients: FLIU, FedMPR) or ``partitioner`` (drawn
+   by the scheme itself: DiversiFed).
+4. ``val_fraction`` carves a validation share out of each client's train share.
+5. The global test set (``global_test``) is the union of the client test shares (DESIGN default)
+   or the official test split (FedMPR).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
+import torch
 
 from pflower.datasets.base import ImageDataset, ImageSplit
+from pflower.datasets.partitioners import partition_labels
+from pflower.datasets.partitioners.allocation import deal_by_class, round_matrix, stratified_choice
+from pflower.registry import ConfigError
 
 
 @dataclass(frozen=True)
@@ -24,13 +49,62 @@ class ClientSplit:
 
 
 @dataclass(frozen=True)
+class InputNoise:
+    """Per-client Gaussian noise on normalized inputs: FLAME's quality skew (flame.md §4.3).
+
+    Client ``i`` adds noise of std ``std[i]`` (``sigma * i / K``; 0.0 = clean) to every normalized
+    image it trains or evaluates on, test included. With ``fixed=False`` (FLAME's code) the noise is
+    redrawn at every access; with ``fixed=True`` each sample's noise is drawn once, from a generator
+    seeded by ``(seed, pool index)``, and so is the same in every epoch and on every machine.
+    """
+
+    std: tuple[float, ...]
+    fixed: bool
+    seed: int
+
+    def apply(
+        self,
+        partition_id: int,
+        images: torch.Tensor,
+        indices: np.ndarray | torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """``images`` (a normalized batch of client ``partition_id``) plus that client's noise.
+
+        Args:
+            partition_id: the client.
+            images: normalized batch ``(B, C, H, W)``.
+            indices: pool indices of the batch's samples (used when ``fixed``).
+            generator: source of fresh noise when not ``fixed`` (default: torch's global one).
+        """
+        std = self.std[partition_id]
+        if std == 0.0:
+            return images
+        if self.fixed:
+            noise = torch.stack([self._sample_noise(int(i), images.shape[1:]) for i in indices])
+        else:
+            device = generator.device if generator is not None else images.device
+            noise = torch.randn(images.shape, generator=generator, device=device)
+        return images + std * noise.to(device=images.device, dtype=images.dtype)
+
+    def _sample_noise(self, index: int, shape: torch.Size) -> torch.Tensor:
+        state = np.random.SeedSequence([self.seed, index]).generate_state(1, np.uint64)[0]
+        return torch.randn(shape, generator=torch.Generator().manual_seed(int(state)))
+
+
+@dataclass(frozen=True)
 class Federation:
-    """A dataset, its pool (official train followed by official test) and each client's share."""
+    """A dataset, its pool (official train followed by official test) and each client's share.
+
+    ``input_noise`` is set when the partition scheme perturbs inputs per client (quality skew);
+    the client data path applies it to normalized batches, train and test.
+    """
 
     dataset: ImageDataset
     pool: ImageSplit
     clients: tuple[ClientSplit, ...]
     global_test: np.ndarray
+    input_noise: InputNoise | None = None
 
     @property
     def num_clients(self) -> int:
@@ -47,3 +121,255 @@ class Federation:
 
     def global_test_split(self) -> ImageSplit:
         return self.pool.subset(self.global_test)
+
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "pool": ("train", "all"),
+    "client_test": ("holdout", "mirror", "partitioner"),
+    "global_test": ("union", "official"),
+}
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """The ``conf/split/*.yaml`` block: where client test/validation shares come from.
+
+    Attributes:
+        pool: ``train`` shares the official train split; ``all`` shares train and test merged.
+        subsample_fraction: stratified fraction of the shared samples (and of the official test
+            split where it is used) kept before partitioning, for quick runs; 1.0 keeps all.
+        client_test: ``holdout``, ``mirror`` or ``partitioner`` (see the module docstring).
+        test_fraction: ``holdout`` only: share of each client's samples held out for its test.
+        stratify: ``holdout`` and validation: keep the client's class proportions in both parts.
+        val_fraction: share of each client's train share carved out for validation (0 = none).
+        global_test: ``union`` of client test shares, or the ``official`` test split.
+    """
+
+    pool: str = "train"
+    subsample_fraction: float = 1.0
+    client_test: str = "holdout"
+    test_fraction: float = 0.25
+    stratify: bool = True
+    val_fraction: float = 0.0
+    global_test: str = "union"
+
+    @classmethod
+    def from_mapping(cls, split: Mapping[str, Any]) -> SplitConfig:
+        """Validate a split block; unknown keys and bad values fail with what is allowed."""
+        allowed = [field.name for field in fields(cls)]
+        unknown = sorted(set(split) - set(allowed))
+        if unknown:
+            raise ConfigError(
+                f"split does not take {', '.join(map(repr, unknown))}. "
+                f"Allowed keys: {', '.join(allowed)}"
+            )
+        config = cls(**dict(split))
+        config._validate()
+        return config
+
+    def _validate(self) -> None:
+        if not isinstance(self.stratify, bool):
+            raise ConfigError(f"split.stratify must be true or false, got {self.stratify!r}")
+        for key in ("subsample_fraction", "test_fraction", "val_fraction"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ConfigError(f"split.{key} must be a number, got {value!r}")
+        for key, choices in _CHOICES.items():
+            if getattr(self, key) not in choices:
+                raise ConfigError(
+                    f"split.{key} must be one of {', '.join(choices)}, got {getattr(self, key)!r}"
+                )
+        if not 0.0 < self.subsample_fraction <= 1.0:
+            raise ConfigError(
+                f"split.subsample_fraction must be in (0, 1], got {self.subsample_fraction}"
+            )
+        for key in ("test_fraction", "val_fraction"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"split.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.client_test == "holdout" and self.test_fraction == 0.0:
+            raise ConfigError("split.test_fraction must be > 0 with client_test=holdout")
+        if self.pool == "all" and (self.client_test != "holdout" or self.global_test == "official"):
+            raise ConfigError(
+                "split.pool=all shares the official test split among clients, so it cannot also "
+                "supply client tests (client_test=mirror|partitioner) or the global test "
+                "(global_test=official); use pool=train or client_test=holdout, global_test=union"
+            )
+
+
+def build_federation(
+    dataset: ImageDataset,
+    num_clients: int,
+    seed: int,
+    partition: Mapping[str, Any],
+    split: Mapping[str, Any],
+) -> Federation:
+    """Share ``dataset`` among ``num_clients`` clients; pure and deterministic in its arguments.
+
+    Args:
+        dataset: the dataset with its official train/test split.
+        num_clients: the number of clients.
+        seed: drives the partition, the subsampling and the per-client splits.
+        partition: the ``conf/partition/*.yaml`` block, ``{name: <scheme>, <option>: ...}``.
+        split: the ``conf/split/*.yaml`` block (:class:`SplitConfig`).
+
+    Raises:
+        ConfigError: an invalid block, an impossible request, or a client left without
+            training or test samples (the message says which and what to change).
+    """
+    config = SplitConfig.from_mapping(split)
+    name = partition.get("name")
+    pool = _concat(dataset.train, dataset.test)
+    labels = pool.labels.numpy()
+    groups = None if pool.groups is None else pool.groups.numpy()
+    n_train = len(dataset.train)
+    seeds = np.random.SeedSequence(seed).spawn(3)
+    subsample_rng, test_rng, val_rng = (np.random.default_rng(s) for s in seeds)
+
+    shared = np.arange(n_train if config.pool == "train" else len(pool))
+    official_test = np.arange(n_train, len(pool))
+    if config.subsample_fraction < 1.0:
+        shared = _subsample(shared, labels, config.subsample_fraction, subsample_rng)
+        official_test = _subsample(official_test, labels, config.subsample_fraction, subsample_rng)
+
+    result = partition_labels(
+        partition,
+        num_clients,
+        seed,
+        labels[shared],
+        None if groups is None else groups[shared],
+        labels[official_test] if config.pool == "train" else None,
+    )
+    if (result.test is not None) != (config.client_test == "partitioner"):
+        raise ConfigError(
+            f"partition '{name}' draws its own client test shares; set split.client_test="
+            "partitioner (split=diversifed)"
+            if result.test is not None
+            else f"split.client_test=partitioner needs a scheme that draws client test shares "
+            f"(diversifed_*); '{name}' does not: use client_test=holdout or mirror"
+        )
+    trains = [test_rng.permutation(shared[share]) for share in result.train]
+
+    if config.client_test == "holdout":
+        pairs = [
+            _split_off(share, labels, config.test_fraction, config.stratify, test_rng, "test")
+            for share in trains
+        ]
+        trains, tests = [kept for kept, _ in pairs], [carved for _, carved in pairs]
+    elif config.client_test == "mirror":
+        tests = _mirror(trains, official_test, labels, test_rng)
+    else:
+        assert result.test is not None
+        tests = [official_test[share] for share in result.test]
+    _require_test_samples(tests, name)
+
+    if config.val_fraction > 0.0:
+        pairs = [
+            _split_off(share, labels, config.val_fraction, config.stratify, val_rng, "validation")
+            for share in trains
+        ]
+        trains, vals = [kept for kept, _ in pairs], [carved for _, carved in pairs]
+    else:
+        vals = [np.zeros(0, dtype=np.int64) for _ in trains]
+
+    global_test = (
+        official_test if config.global_test == "official" else np.unique(np.concatenate(tests))
+    )
+    noise = (
+        None if result.noise_std is None else InputNoise(result.noise_std, result.fixed_noise, seed)
+    )
+    clients = tuple(
+        ClientSplit(train, test, val) for train, test, val in zip(trains, tests, vals, strict=True)
+    )
+    return Federation(dataset, pool, clients, global_test, noise)
+
+
+def _concat(train: ImageSplit, test: ImageSplit) -> ImageSplit:
+    """Train followed by test; a split without groups gets group -1 ("none") if the other has."""
+    groups = None
+    if train.groups is not None or test.groups is not None:
+        groups = torch.cat([_groups_or_none(train), _groups_or_none(test)])
+    return ImageSplit(
+        torch.cat([train.images, test.images]), torch.cat([train.labels, test.labels]), groups
+    )
+
+
+def _groups_or_none(split: ImageSplit) -> torch.Tensor:
+    if split.groups is not None:
+        return split.groups.to(torch.int64)
+    return torch.full((len(split),), -1, dtype=torch.int64)
+
+
+def _subsample(
+    indices: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> np.ndarray:
+    """A stratified ``fraction`` of ``indices`` (at least one), in their original order."""
+    size = max(1, round(fraction * len(indices))) if len(indices) else 0
+    return indices[stratified_choice(labels[indices], size, rng)]
+
+
+def _split_off(
+    indices: np.ndarray,
+    labels: np.ndarray,
+    fraction: float,
+    stratify: bool,
+    rng: np.random.Generator,
+    what: str,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(kept, carved)``: about ``fraction`` of ``indices`` carved off, both parts non-empty.
+
+    The carved part has ``n - floor((1 - fraction) * n)`` samples (scikit-learn's
+    ``train_test_split`` rule: 2630 at 0.25 gives 1972/658, fedala.md §4), clamped to
+    ``[1, n - 1]``; with ``stratify`` its class proportions follow the client's.
+    """
+    n = len(indices)
+    if n < 2:
+        raise ConfigError(
+            f"a client has {n} sample(s), too few to split off a {what} share; "
+            "use fewer clients or a scheme with larger clients"
+        )
+    size = min(max(n - math.floor((1.0 - fraction) * n + 1e-9), 1), n - 1)
+    if stratify:
+        carved = stratified_choice(labels[indices], size, rng)
+    else:
+        carved = np.sort(rng.choice(n, size, replace=False))
+    mask = np.zeros(n, dtype=bool)
+    mask[carved] = True
+    return indices[~mask], indices[mask]
+
+
+def _mirror(
+    trains: list[np.ndarray],
+    official_test: np.ndarray,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Client test shares from the official test split, with each client's train class mix.
+
+    Client ``k`` gets ``n_kl / n_l * M_l`` test samples of class ``l``, where ``n_kl`` is its train
+    count, ``n_l`` the train samples of class ``l`` given to any client and ``M_l`` the class's
+    test samples (fliu.md §3.1, §4.3: ``A_test = P / N_l * M_l``), rounded without losing or
+    reusing a sample; the shares are disjoint and together use every test sample of every class
+    some client holds.
+    """
+    classes = np.unique(labels)
+    column = {label: j for j, label in enumerate(classes)}
+    train_counts = np.zeros((len(trains), len(classes)))
+    for client, share in enumerate(trains):
+        held, counts = np.unique(labels[share], return_counts=True)
+        train_counts[client, [column[label] for label in held]] = counts
+    test_labels = labels[official_test]
+    test_class_counts = np.array([(test_labels == label).sum() for label in classes])
+    assigned = train_counts.sum(axis=0)
+    real = train_counts / np.maximum(assigned, 1.0) * np.where(assigned > 0, test_class_counts, 0)
+    shares = deal_by_class(test_labels, classes, round_matrix(real), rng)
+    return [official_test[share] for share in shares]
+
+
+def _require_test_samples(tests: list[np.ndarray], scheme: Any) -> None:
+    empty = [client for client, share in enumerate(tests) if not len(share)]
+    if empty:
+        raise ConfigError(
+            f"partition '{scheme}' leaves clients {empty} without test samples (the official "
+            "test split has too few samples of their classes); use fewer clients, a larger "
+            "min_size, or client_test=holdout"
+        )

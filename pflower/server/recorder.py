@@ -4,7 +4,7 @@ Layout of a run directory (DESIGN.md §6)::
 
     config.yaml      the resolved configuration
     metrics.jsonl    one row per round x client x stage (L1, L2), one per round for stage G,
-                     and one per failed client
+                     one per failed client, and one per round marking when training was done
     summary.json     final-round aggregates per stage (see pflower.metrics), the global model's
                      accuracy, failures, wall time
     plots/           accuracy.png (per round, by stage), clients.png (final per-client accuracy)
@@ -67,6 +67,9 @@ class RunRecorder(Recorder):
                 self.console.print(
                     f"[red]round {server_round}: client {client} failed ({phase}): {error}"
                 )
+
+    def fit_done(self, server_round: int) -> None:
+        self._write({"round": server_round, "stage": "time", "fit_done_unix_s": time.time()})
 
     def stage_rows(self, server_round: int, stage: str) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["round"] == server_round and r["stage"] == stage]

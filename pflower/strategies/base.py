@@ -89,6 +89,9 @@ class Recorder:
     def failures(self, server_round: int, phase: str, failed: dict[int | str, str]) -> None:
         """Clients (partition id, or node id if unknown) that failed, with their errors."""
 
+    def fit_done(self, server_round: int) -> None:
+        """The training phase of ``server_round`` is aggregated (marks round timing)."""
+
     def round_done(self, server_round: int) -> None:
         """All results of ``server_round`` are in."""
 
@@ -127,6 +130,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         self._partition_of: dict[str, int] = {}
         self._num_train: dict[int, int] = {}
         self._sent: dict[str, dict[str, int]] = {}
+        self._global_weights: NDArrays = list(initial_weights)
 
     # ------------------------------------------------------------------ hooks for algorithms
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
@@ -186,7 +190,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         results: list[tuple[ClientProxy, FitRes]],
         failures: list[tuple[ClientProxy, FitRes] | BaseException],
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
-        current = parameters_to_ndarrays(self.initial_parameters_or_current)
+        current = self._global_weights
         updates, rejected = self._collect_updates(results, current)
         self._check_failures(server_round, "fit", updates, rejected, failures)
         if self.run.is_eval_round(server_round):
@@ -194,8 +198,9 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                 server_round, "L2", [_stage_row(u.partition_id, u.metrics) for u in updates]
             )
         new_weights = self.aggregate(server_round, updates, current)
-        self._current = ndarrays_to_parameters(new_weights)
-        return self._current, {}
+        self._global_weights = new_weights
+        self.recorder.fit_done(server_round)
+        return ndarrays_to_parameters(new_weights), {}
 
     def evaluate(
         self, server_round: int, parameters: Parameters
@@ -245,28 +250,31 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         return float(np.mean([r["loss_local"] for r in rows])), {}
 
     # ------------------------------------------------------------------------- internals
-    @property
-    def initial_parameters_or_current(self) -> Parameters:
-        current = getattr(self, "_current", None)
-        if current is None:
-            assert self.initial_parameters is not None
-            return self.initial_parameters
-        return current
-
     def _learn_partitions(self, client_manager: ClientManager) -> None:
-        """Ask newly connected nodes which partition they hold (once per node)."""
+        """Ask newly connected nodes which partition they hold (once per node).
+
+        A node that cannot answer is left out until it can; it is recorded as a failure.
+        """
         for cid, proxy in client_manager.all().items():
-            if cid not in self._partition_of:
+            if cid in self._partition_of:
+                continue
+            try:
                 props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=0)
-                partition_id = int(props.properties["partition_id"])
-                self._partition_of[cid] = partition_id
-                self._num_train[partition_id] = int(props.properties["num_train"])
+            except Exception as error:  # a broken node must not stop the others
+                self.recorder.failures(0, "connect", {f"node {cid}": _failure_text(error)})
+                continue
+            partition_id = int(props.properties["partition_id"])
+            self._partition_of[cid] = partition_id
+            self._num_train[partition_id] = int(props.properties["num_train"])
 
     def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
         """A seeded sample of connected clients, chosen by partition id (not by node id)."""
         client_manager.wait_for(self.min_available_clients)
         self._learn_partitions(client_manager)
-        proxies = sorted(client_manager.all().values(), key=lambda p: self._partition_of[p.cid])
+        proxies = sorted(
+            (p for p in client_manager.all().values() if p.cid in self._partition_of),
+            key=lambda p: self._partition_of[p.cid],
+        )
         count = max(int(len(proxies) * fraction), min(self.min_fit_clients, len(proxies)))
         if count >= len(proxies):
             return proxies

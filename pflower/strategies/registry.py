@@ -7,6 +7,8 @@ server Strategy and the client class, so both sides build the matching halves fr
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -44,9 +46,18 @@ class AlgorithmOptions:
 ALGORITHMS: Registry[AlgorithmOptions] = Registry("strategy")
 
 
+_SUPPORT_MODULES = {"base", "registry"}
+
+
+def load_algorithms() -> None:
+    """Import every algorithm module of this package, which registers it."""
+    package = importlib.import_module("pflower.strategies")
+    for module in pkgutil.iter_modules(package.__path__):
+        if module.name not in _SUPPORT_MODULES:
+            importlib.import_module(f"pflower.strategies.{module.name}")
+
+
 def build_algorithm(block: DictConfig) -> AlgorithmOptions:
     """Validated options of the algorithm a ``strategy`` config block names."""
-    # Importing the package registers every algorithm module.
-    import pflower.strategies  # noqa: F401
-
+    load_algorithms()
     return ALGORITHMS.build(block.name, options_of(block))

@@ -145,7 +145,7 @@ def deal_by_class(
 
 
 def stratified_choice(labels: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Sorted positions of ``size`` samples drawn at random with the class proportions of ``labels``.
+    """Sorted positions of ``size`` random samples with the class proportions of ``labels``.
 
     Each class contributes the largest-remainder rounding of its share of ``size``.
     """

@@ -1,10 +1,11 @@
 """The partitioner interface every scheme shares, the scheme registry, and how a scheme is run.
 
 Every scheme is a :class:`flwr_datasets.partitioner.Partitioner`: either one of Flower Datasets'
-own partitioners (``iid``, ``dirichlet``, ``shards``, ...) or a subclass of :class:`IndexPartitioner`
-below. A scheme sees a local :class:`datasets.Dataset` with the columns ``index`` (the sample's
-position in the arrays it was built from), ``label`` and, when the data has them, ``group`` (e.g. a
-writer id or CelebA attribute index); it never touches images and never reaches the hub.
+own partitioners (``iid``, ``dirichlet``, ``shards``, ...) or a subclass of
+:class:`IndexPartitioner` below. A scheme sees a local :class:`datasets.Dataset` with the
+columns ``index`` (the sample's position in the arrays it was built from), ``label`` and, when the
+data has them, ``group`` (e.g. a writer id or CelebA attribute index); it never touches images and
+never reaches the hub.
 
 Two optional capabilities extend the plain interface:
 
@@ -223,9 +224,7 @@ class Partition:
     fixed_noise: bool = False
 
 
-def build_partitioner(
-    partition: Mapping[str, Any], num_partitions: int, seed: int
-) -> Partitioner:
+def build_partitioner(partition: Mapping[str, Any], num_partitions: int, seed: int) -> Partitioner:
     """The partitioner described by a ``conf/partition/*.yaml`` block (``name`` plus options).
 
     Raises:
@@ -305,6 +304,11 @@ def _run(
         partitioner.test_dataset = to_hf_dataset(test_labels)
     clients = range(partitioner.num_partitions)
     train = tuple(column(partitioner.load_partition(pid), INDEX) for pid in clients)
+    empty = [pid for pid in clients if not len(train[pid])]
+    if empty:
+        raise ValueError(
+            f"clients {empty} receive no samples; use fewer clients or other scheme options"
+        )
     if isinstance(partitioner, TestAwarePartitioner):
         test = tuple(column(partitioner.load_test_partition(pid), INDEX) for pid in clients)
     if isinstance(partitioner, InputNoiseScheme):

@@ -28,8 +28,8 @@ from typing import Literal
 import numpy as np
 from flwr_datasets.partitioner import (
     DirichletPartitioner,
-    PathologicalPartitioner,
     Partitioner,
+    PathologicalPartitioner,
     ShardPartitioner,
 )
 
@@ -142,9 +142,7 @@ def _swap_duplicate(slots: np.ndarray, client: int, rng: np.random.Generator) ->
         if slots[other, slot] not in row
     ]
     if not candidates:
-        raise ValueError(
-            "cannot give every client distinct classes; use fewer classes per client"
-        )
+        raise ValueError("cannot give every client distinct classes; use fewer classes per client")
     other, slot = candidates[rng.integers(len(candidates))]
     slots[client, position], slots[other, slot] = slots[other, slot], duplicate
 
@@ -274,7 +272,7 @@ def q_label_shards(
 
 @PARTITIONERS.register("q_label_skew")
 class QLabelSkewPartitioner(IndexPartitioner):
-    """FLAME quantity-based label imbalance "#label = q" (flame.md §4.1); see :func:`q_label_shards`."""
+    """FLAME quantity-based label imbalance "#label = q" (flame.md §4.1): :func:`q_label_shards`."""
 
     def __init__(self, num_partitions: int, seed: int, q: int = 2) -> None:
         super().__init__(num_partitions, seed)
@@ -375,7 +373,8 @@ class PflibPathologicalPartitioner(IndexPartitioner):
                 continue
             positions = np.flatnonzero(labels == label)
             sizes = self._block_sizes(len(positions), len(holders), len(classes), rng)
-            for client, block in zip(holders, np.split(positions, np.cumsum(sizes)[:-1]), strict=True):
+            blocks = np.split(positions, np.cumsum(sizes)[:-1])
+            for client, block in zip(holders, blocks, strict=True):
                 parts[client].append(block)
             budget[holders] -= 1
         return [np.concatenate(part) if part else np.zeros(0, np.int64) for part in parts]

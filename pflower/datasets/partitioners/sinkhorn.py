@@ -1,7 +1,7 @@
 """Sinkhorn-Knopp (iterative proportional fitting) to given row and column sums.
 
 FLIU's label-skew environments (fliu.md §4.3, A1) draw a random ``clients x classes`` matrix and
-rescale it so that row ``k`` sums to client ``k``'s size and column ``l`` sums to class ``l``'s size.
+rescale it so that row ``k`` sums to client ``k``'s size and column ``l`` to class ``l``'s size.
 The result is the matrix closest in KL divergence to the draw under those marginals, so it keeps
 the draw's label skew while fixing the client sizes.
 """
