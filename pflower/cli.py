@@ -27,7 +27,8 @@ from pflower.config import (
 )
 from pflower.registry import ConfigError
 
-console = Console()
+# Tables stay readable when the output is piped to a file or a CI log.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def run_experiment(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> Path:
@@ -38,9 +39,10 @@ def run_experiment(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> 
     """
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
-    from flwr.common.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.simulation.run_simulation import _run_simulation
     from flwr.supercore.run import Run
+    from flwr.supercore.telemetry import EventType
 
     from pflower.client.app import app as client_app
     from pflower.server.app import app as server_app
@@ -58,6 +60,7 @@ def run_experiment(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> 
     # Flower's own simulation runtime (``flwr run``) makes, with the app directory for defaults.
     _run_simulation(
         num_supernodes=cfg.num_clients,
+        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
         client_app=client_app,
         server_app=server_app,
         backend_name="ray",
@@ -88,8 +91,19 @@ def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task)
 
 
+def _quiet_flower_console(progress: bool) -> None:
+    """Flower logs to its own console handler (and to run.log); Hydra's root handler would
+    print every line twice. With the live view on, the console shows only Flower's warnings."""
+    flower = logging.getLogger("flwr")
+    flower.propagate = False
+    if progress:
+        for handler in flower.handlers:
+            handler.setLevel(logging.WARNING)
+
+
 def _simulate(cfg: DictConfig) -> None:
     validate(cfg)
+    _quiet_flower_console(cfg.progress)
     run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
     console.print(
@@ -105,8 +119,8 @@ def _partition(cfg: DictConfig) -> None:
     from pflower.experiment import Experiment
 
     out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
-    png = report_partition(Experiment.of(cfg).federation, out_dir, console)
-    console.print(f"heatmap: {png}")
+    written = report_partition(Experiment.of(cfg).federation, out_dir, console)
+    console.print(f"partition report written to {written}")
 
 
 def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:

@@ -100,35 +100,50 @@ class Experiment:
         """Θ^0, the model every client starts from."""
         return get_weights(self.new_model())
 
-    def prepare(self, partition_id: int | None = None) -> Prepare:
-        """Batch preparation of a client: normalization, plus its feature noise under quality skew.
-
-        The server (``partition_id=None``) and the global test set see clean, normalized data.
-        """
-        normalize = self.federation.dataset.normalize
-        noise_std = 0.0 if partition_id is None else self.federation.noise_std(partition_id)
-        if noise_std == 0.0:
-            return normalize
-
-        def prepare_noisy(images: torch.Tensor) -> torch.Tensor:
-            clean = normalize(images)
-            return clean + noise_std * torch.randn_like(clean)
-
-        return prepare_noisy
+    def prepare(self) -> Prepare:
+        """Batch preparation of clean data (the server, the global test set): normalization."""
+        return self.federation.dataset.normalize
 
     def client_data(self, partition_id: int) -> ClientData:
-        """The train/test/validation shares of client ``partition_id`` and the global test set."""
-        if not 0 <= partition_id < self.federation.num_clients:
+        """The train/test/validation shares of client ``partition_id`` and the global test set.
+
+        Under quality skew (``federation.input_noise``) the client's own data carries its Gaussian
+        noise on normalized inputs: redrawn for every batch by default, or, with fixed noise,
+        drawn once per sample here. The global test set stays clean.
+        """
+        federation = self.federation
+        if not 0 <= partition_id < federation.num_clients:
             raise ValueError(
-                f"partition-id {partition_id} is outside 0..{self.federation.num_clients - 1}"
+                f"partition-id {partition_id} is outside 0..{federation.num_clients - 1}"
             )
+        shares = federation.clients[partition_id]
+        splits = {
+            name: federation.pool.subset(getattr(shares, name)) for name in ("train", "test", "val")
+        }
+        normalize = federation.dataset.normalize
+        prepare: Prepare = normalize
+        noise = federation.input_noise
+        if noise is not None and noise.std[partition_id] > 0.0:
+            if noise.fixed:
+                splits = {
+                    name: ImageSplit(
+                        noise.apply(partition_id, normalize(split.images), getattr(shares, name)),
+                        split.labels,
+                        split.groups,
+                    )
+                    for name, split in splits.items()
+                }
+                prepare = _already_prepared
+            else:
+
+                def prepare(images: torch.Tensor) -> torch.Tensor:
+                    return noise.apply(partition_id, normalize(images), indices=())
+
         return ClientData(
             partition_id=partition_id,
-            train=self.federation.client_train(partition_id),
-            test=self.federation.client_test(partition_id),
-            val=self.federation.client_val(partition_id),
             global_test=self.global_test,
-            prepare=self.prepare(partition_id),
+            prepare=prepare,
+            **splits,
         )
 
     def train_settings(self, server_round: int) -> TrainSettings:
@@ -147,6 +162,10 @@ class Experiment:
     def is_eval_round(self, server_round: int) -> bool:
         """Stages L1/L2/G are evaluated every ``eval.every`` rounds and always in the last."""
         return server_round % self.cfg.eval.every == 0 or server_round == self.cfg.rounds
+
+
+def _already_prepared(images: torch.Tensor) -> torch.Tensor:
+    return images
 
 
 @lru_cache(maxsize=4)
