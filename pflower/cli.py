@@ -4,6 +4,8 @@
   ``pflower -m <sweep overrides>`` runs a Hydra multirun sweep, one run directory per job.
 - ``pflower partition <hydra overrides>``: print the partition's per-client sizes and class
   histograms and write a heatmap PNG, without training.
+- ``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds
+  (:mod:`pflower.report`); it takes paths, not Hydra overrides.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from rich.console import Console
+from rich.markup import escape
 
 from pflower.config import (
     RUN_CONFIG_KEY,
@@ -39,8 +43,8 @@ def run_experiment(cfg: DictConfig, overrides: Sequence[str], run_dir: Path) -> 
     """
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
-    from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.supercore.run import Run
     from flwr.supercore.telemetry import EventType
 
@@ -102,15 +106,28 @@ def _quiet_flower_console(progress: bool) -> None:
 
 
 def _simulate(cfg: DictConfig) -> None:
-    validate(cfg)
-    _quiet_flower_console(cfg.progress)
+    """Run one experiment. In a multirun sweep a failed job is recorded in its run directory
+    (``summary.json`` with ``"status": "failed"``, ``error.txt``) and the sweep goes on; a single
+    run re-raises, so the exit code says it failed."""
     run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
-    overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
-    console.print(
-        f"[bold]pflower[/] {cfg.strategy.name} on {cfg.dataset.name} / {cfg.partition.name}, "
-        f"{cfg.num_clients} clients, {cfg.rounds} rounds -> {run_dir}"
-    )
-    run_experiment(cfg, overrides, run_dir)
+    try:
+        validate(cfg)
+        _quiet_flower_console(cfg.progress)
+        overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
+        console.print(
+            f"[bold]pflower[/] {cfg.strategy.name} on {cfg.dataset.name} / {cfg.partition.name}, "
+            f"{cfg.num_clients} clients, {cfg.rounds} rounds -> {run_dir}"
+        )
+        run_experiment(cfg, overrides, run_dir)
+    except Exception as error:
+        if HydraConfig.get().mode != RunMode.MULTIRUN:
+            raise
+        from pflower.reporting.runs import record_failure
+
+        record_failure(run_dir, cfg, error)
+        console.print(
+            f"[red]job failed:[/] {escape(str(error))}\n  recorded in {run_dir}; the sweep goes on"
+        )
 
 
 def _partition(cfg: DictConfig) -> None:
@@ -139,6 +156,10 @@ SUBCOMMANDS: dict[str, Callable[[DictConfig], None]] = {"partition": _partition}
 
 def main() -> None:
     """Console entry point: dispatch subcommands, else run an experiment."""
+    if len(sys.argv) > 1 and sys.argv[1] == "report":
+        from pflower import report
+
+        sys.exit(report.main(sys.argv[2:]))
     task = _simulate
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         task = SUBCOMMANDS[sys.argv.pop(1)]

@@ -22,6 +22,7 @@ Stopping a deployment ends exactly the processes that carry its tag, and no othe
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -31,8 +32,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -251,10 +252,8 @@ def tagged_pids(tag: str) -> list[int]:
 
 def _signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def terminate(tag: str, grace: float = 10.0, sig: signal.Signals = signal.SIGTERM) -> None:
@@ -403,12 +402,12 @@ class Deployment:
         path.write_text(tomli_w.dumps(config))
         return path
 
-    def flwr(self, *args: str, timeout: float = 120.0, check: bool = True
-             ) -> subprocess.CompletedProcess[str]:
+    def flwr(self, *args: str, timeout: float | None = 120.0, check: bool = True,
+             capture: bool = True) -> subprocess.CompletedProcess[str]:
         """Run ``flwr <args>`` against this deployment (its own ``FLWR_HOME``)."""
         env = dict(os.environ, FLWR_HOME=str(self.cli_home))
         return subprocess.run(
-            [executable("flwr"), *args], env=env, capture_output=True, text=True,
+            [executable("flwr"), *args], env=env, capture_output=capture, text=True,
             timeout=timeout, check=check,
         )
 
@@ -436,27 +435,25 @@ class Deployment:
                 raise TimeoutError(f"fewer than {count} SuperNodes online after {timeout:.0f}s")
             time.sleep(1.0)
 
-    def submit(self, overrides: Sequence[str], app: Path | None = None, stream: bool = False
-               ) -> subprocess.CompletedProcess[str]:
-        """Start a run of the pflower app with Hydra ``overrides`` (``flwr run``).
+    def submit(self, overrides: Sequence[str], stream: bool = False) -> str:
+        """Start a run of the pflower app with Hydra ``overrides`` (``flwr run``); its run id.
 
-        The overrides travel in a TOML file: ``--run-config`` key=value pairs cannot carry
-        a double quote.
+        With ``stream`` the run's log is printed until it ends. The overrides travel in a TOML
+        file: ``--run-config`` key=value pairs cannot carry a double quote.
         """
         from pflower.config import RUN_CONFIG_KEY, app_dir, overrides_to_string
 
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
             file.write(tomli_w.dumps({RUN_CONFIG_KEY: overrides_to_string(overrides)}))
         try:
-            args = ["run", str(app or app_dir()), CONNECTION, "--run-config", file.name]
-            if stream:
-                args.append("--stream")
-                env = dict(os.environ, FLWR_HOME=str(self.cli_home))
-                return subprocess.run([executable("flwr"), *args], env=env, text=True,
-                                      check=False)
-            return self.flwr(*args, "--format", "json")
+            args = ["run", str(app_dir()), CONNECTION, "--run-config", file.name,
+                    "--format", "json"]
+            run_id = str(json.loads(self.flwr(*args).stdout)["run-id"])
         finally:
             os.unlink(file.name)
+        if stream:
+            self.flwr("log", run_id, CONNECTION, "--stream", capture=False, timeout=None)
+        return run_id
 
     def run_status(self, run_id: str) -> str:
         """Status of run ``run_id`` as ``flwr list`` reports it (e.g. ``finished:completed``)."""
@@ -479,7 +476,8 @@ class Deployment:
             "tag": self.tag,
             "num_clients": self.num_clients,
             "endpoints": asdict(self.endpoints),
-            "security": {k: None if v is None else str(v) for k, v in asdict(self.security).items()},
+            "security": {k: None if v is None else str(v)
+                         for k, v in asdict(self.security).items()},
             "processes": [asdict(p) for p in self.processes.values()],
         }
         (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2))
@@ -506,10 +504,13 @@ COMPOSE_HEADER = (
 )
 
 
-def _image(target: str) -> dict[str, Any]:
+def _image(variant: str) -> dict[str, Any]:
+    """The image of a service; every service builds it, so ``docker compose up --build`` works
+    whatever the order (identical builds are cached)."""
     return {
-        "image": f"{IMAGE}:{target}",
-        "build": {"context": "..", "dockerfile": "docker/Dockerfile", "target": target},
+        "image": f"{IMAGE}:{variant}",
+        "build": {"context": "..", "dockerfile": "docker/Dockerfile",
+                  "args": {"VARIANT": variant}},
     }
 
 
@@ -599,9 +600,11 @@ def compose_tls(num_clients: int) -> dict[str, Any]:
 
 def compose_gpu(num_clients: int) -> dict[str, Any]:
     """``with-gpu.yml``: the CUDA image and a GPU reservation for every ClientApp executor."""
-    gpu = {"resources": {"reservations": {"devices": [
-        {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}]}}}
-    return {"services": {f"clientapp-{i}": {**_image("cuda"), "deploy": gpu}
+    def reservation() -> dict[str, Any]:
+        device = {"driver": "nvidia", "count": "all", "capabilities": ["gpu"]}
+        return {"resources": {"reservations": {"devices": [device]}}}
+
+    return {"services": {f"clientapp-{i}": {**_image("cuda"), "deploy": reservation()}
                          for i in range(num_clients)}}
 
 
@@ -704,8 +707,10 @@ def _run(args: argparse.Namespace) -> int:
     if not any(o.startswith("output_dir=") for o in overrides):
         stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
         overrides.append(f"output_dir={Path('runs').resolve() / stamp}")
-    result = deployment.submit(overrides, stream=True)
-    return result.returncode
+    run_id = deployment.submit(overrides, stream=True)
+    status = deployment.run_status(run_id)
+    print(f"run {run_id}: {status}")
+    return 0 if status == "finished:completed" else 1
 
 
 def _compose(args: argparse.Namespace) -> int:

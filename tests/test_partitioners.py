@@ -17,9 +17,12 @@ from hypothesis import strategies as st
 
 from pflower.datasets.partitioners import (
     PARTITIONERS,
+    IndexPartitioner,
     Partition,
+    TestAwarePartitioner,
     build_partitioner,
     partition_labels,
+    to_hf_dataset,
 )
 from pflower.datasets.partitioners.allocation import largest_remainder, round_matrix
 from pflower.datasets.partitioners.sinkhorn import sinkhorn
@@ -132,6 +135,28 @@ def test_registry_holds_every_scheme_and_every_config_builds() -> None:
         block = yaml.safe_load(path.read_text())
         assert block["name"] == path.stem
         assert isinstance(build_partitioner(block, 4, 0), Partitioner)
+
+
+def test_load_partition_selects_the_rows_of_each_client() -> None:
+    """The Flower Datasets interface returns the same rows as the index fast path."""
+    labels = random_labels(300, 5, 0)
+    for name, extra in (
+        ("ls", {}),
+        ("diversifed_pathological", SMALL_OPTIONS["diversifed_pathological"]),
+    ):
+        partitioner = build_partitioner({"name": name, **extra}, 4, 0)
+        partitioner.dataset = to_hf_dataset(labels)
+        if isinstance(partitioner, TestAwarePartitioner):
+            partitioner.test_dataset = to_hf_dataset(labels[:100])
+            rows = partitioner.load_test_partition(2)
+            np.testing.assert_array_equal(rows["index"][:], partitioner.test_partition_indices(2))
+        assert isinstance(partitioner, IndexPartitioner)
+        for pid in range(4):
+            rows = partitioner.load_partition(pid)
+            np.testing.assert_array_equal(rows["index"][:], partitioner.partition_indices(pid))
+            np.testing.assert_array_equal(
+                rows["label"][:], labels[partitioner.partition_indices(pid)]
+            )
 
 
 # --- machinery ---------------------------------------------------------------------------------

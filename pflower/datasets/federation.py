@@ -81,6 +81,8 @@ class InputNoise:
         if std == 0.0:
             return images
         if self.fixed:
+            if len(indices) != len(images):
+                raise ValueError(f"{len(indices)} indices for a batch of {len(images)} images")
             noise = torch.stack([self._sample_noise(int(i), images.shape[1:]) for i in indices])
         else:
             device = generator.device if generator is not None else images.device
@@ -221,16 +223,10 @@ def build_federation(
     pool = _concat(dataset.train, dataset.test)
     labels = pool.labels.numpy()
     groups = None if pool.groups is None else pool.groups.numpy()
-    n_train = len(dataset.train)
-    seeds = np.random.SeedSequence(seed).spawn(3)
-    subsample_rng, test_rng, val_rng = (np.random.default_rng(s) for s in seeds)
-
-    shared = np.arange(n_train if config.pool == "train" else len(pool))
-    official_test = np.arange(n_train, len(pool))
-    if config.subsample_fraction < 1.0:
-        shared = _subsample(shared, labels, config.subsample_fraction, subsample_rng)
-        official_test = _subsample(official_test, labels, config.subsample_fraction, subsample_rng)
-
+    subsample_rng, test_rng, val_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    )
+    shared, official_test = _candidates(config, len(dataset.train), labels, subsample_rng)
     result = partition_labels(
         partition,
         num_clients,
@@ -239,35 +235,19 @@ def build_federation(
         None if groups is None else groups[shared],
         labels[official_test] if config.pool == "train" else None,
     )
-    if (result.test is not None) != (config.client_test == "partitioner"):
-        raise ConfigError(
-            f"partition '{name}' draws its own client test shares; set split.client_test="
-            "partitioner (split=diversifed)"
-            if result.test is not None
-            else f"split.client_test=partitioner needs a scheme that draws client test shares "
-            f"(diversifed_*); '{name}' does not: use client_test=holdout or mirror"
-        )
+    _check_test_source(result.test is not None, config.client_test, name)
     trains = [test_rng.permutation(shared[share]) for share in result.train]
 
     if config.client_test == "holdout":
-        pairs = [
-            _split_off(share, labels, config.test_fraction, config.stratify, test_rng, "test")
-            for share in trains
-        ]
-        trains, tests = [kept for kept, _ in pairs], [carved for _, carved in pairs]
+        trains, tests = _carve(trains, labels, config.test_fraction, config, test_rng, "test")
     elif config.client_test == "mirror":
         tests = _mirror(trains, official_test, labels, test_rng)
     else:
         assert result.test is not None
         tests = [official_test[share] for share in result.test]
     _require_test_samples(tests, name)
-
     if config.val_fraction > 0.0:
-        pairs = [
-            _split_off(share, labels, config.val_fraction, config.stratify, val_rng, "validation")
-            for share in trains
-        ]
-        trains, vals = [kept for kept, _ in pairs], [carved for _, carved in pairs]
+        trains, vals = _carve(trains, labels, config.val_fraction, config, val_rng, "validation")
     else:
         vals = [np.zeros(0, dtype=np.int64) for _ in trains]
 
@@ -281,6 +261,46 @@ def build_federation(
         ClientSplit(train, test, val) for train, test, val in zip(trains, tests, vals, strict=True)
     )
     return Federation(dataset, pool, clients, global_test, noise)
+
+
+def _candidates(
+    config: SplitConfig, n_train: int, labels: np.ndarray, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Pool indices to share among clients, and the official test indices to draw tests from."""
+    shared = np.arange(n_train if config.pool == "train" else len(labels))
+    official_test = np.arange(n_train, len(labels))
+    if config.subsample_fraction < 1.0:
+        shared = _subsample(shared, labels, config.subsample_fraction, rng)
+        if config.pool == "train":
+            official_test = _subsample(official_test, labels, config.subsample_fraction, rng)
+    return shared, official_test
+
+
+def _check_test_source(scheme_draws_tests: bool, client_test: str, scheme: Any) -> None:
+    """A scheme draws client tests itself exactly when ``client_test`` is ``partitioner``."""
+    if scheme_draws_tests and client_test != "partitioner":
+        raise ConfigError(
+            f"partition '{scheme}' draws its own client test shares; "
+            "set split.client_test=partitioner (split=diversifed)"
+        )
+    if not scheme_draws_tests and client_test == "partitioner":
+        raise ConfigError(
+            "split.client_test=partitioner needs a scheme that draws client test shares "
+            f"(diversifed_*); '{scheme}' does not: use client_test=holdout or mirror"
+        )
+
+
+def _carve(
+    shares: list[np.ndarray],
+    labels: np.ndarray,
+    fraction: float,
+    config: SplitConfig,
+    rng: np.random.Generator,
+    what: str,
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Every share split into ``(kept, carved)`` by :func:`_split_off`."""
+    pairs = [_split_off(share, labels, fraction, config.stratify, rng, what) for share in shares]
+    return [kept for kept, _ in pairs], [carved for _, carved in pairs]
 
 
 def _concat(train: ImageSplit, test: ImageSplit) -> ImageSplit:

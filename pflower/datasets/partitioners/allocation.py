@@ -169,10 +169,10 @@ class CountMatrixPartitioner(IndexPartitioner):
     """
 
     def __init__(
-        self, num_partitions: int, seed: int, min_size: int = 1, max_draws: int = 1
+        self, num_partitions: int, seed: int, min_size: int = 0, max_draws: int = 1
     ) -> None:
         super().__init__(num_partitions, seed)
-        check_count("min_size", min_size)
+        check_count("min_size", min_size, minimum=0)
         check_count("max_draws", max_draws)
         self._min_size = min_size
         self._max_draws = max_draws

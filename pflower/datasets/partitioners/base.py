@@ -100,7 +100,11 @@ class IndexPartitioner(Partitioner, ABC):
 
     def load_partition(self, partition_id: int) -> datasets.Dataset:
         """The rows of client ``partition_id``."""
-        return self.dataset.select(self._shares()[0][partition_id])
+        return self.dataset.select(self.partition_indices(partition_id))
+
+    def partition_indices(self, partition_id: int) -> np.ndarray:
+        """Row positions of client ``partition_id`` (what :meth:`load_partition` selects)."""
+        return self._shares()[0][partition_id]
 
     def _shares(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...] | None]:
         if self._train_shares is None:
@@ -150,9 +154,13 @@ class TestAwarePartitioner(IndexPartitioner, ABC):
 
     def load_test_partition(self, partition_id: int) -> datasets.Dataset:
         """The test rows of client ``partition_id``."""
+        return self.test_dataset.select(self.test_partition_indices(partition_id))
+
+    def test_partition_indices(self, partition_id: int) -> np.ndarray:
+        """Row positions of client ``partition_id`` in :attr:`test_dataset`."""
         test_shares = self._shares()[1]
         assert test_shares is not None
-        return self.test_dataset.select(test_shares[partition_id])
+        return test_shares[partition_id]
 
     def _compute(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...] | None]:
         labels, _ = columns_of(self.dataset)
@@ -295,7 +303,6 @@ def _run(
     groups: np.ndarray | None,
     test_labels: np.ndarray | None,
 ) -> Partition:
-    datasets.disable_progress_bars()
     partitioner.dataset = to_hf_dataset(labels, groups)
     test: tuple[np.ndarray, ...] | None = None
     if isinstance(partitioner, TestAwarePartitioner):
@@ -303,14 +310,17 @@ def _run(
             raise ConfigError("this scheme draws test shares itself and needs the test labels")
         partitioner.test_dataset = to_hf_dataset(test_labels)
     clients = range(partitioner.num_partitions)
-    train = tuple(column(partitioner.load_partition(pid), INDEX) for pid in clients)
+    if isinstance(partitioner, IndexPartitioner):  # row positions directly, no Dataset.select
+        train = tuple(partitioner.partition_indices(pid) for pid in clients)
+    else:
+        train = tuple(column(partitioner.load_partition(pid), INDEX) for pid in clients)
     empty = [pid for pid in clients if not len(train[pid])]
     if empty:
         raise ValueError(
             f"clients {empty} receive no samples; use fewer clients or other scheme options"
         )
     if isinstance(partitioner, TestAwarePartitioner):
-        test = tuple(column(partitioner.load_test_partition(pid), INDEX) for pid in clients)
+        test = tuple(partitioner.test_partition_indices(pid) for pid in clients)
     if isinstance(partitioner, InputNoiseScheme):
         return Partition(train, test, partitioner.noise_std, partitioner.fixed_noise)
     return Partition(train, test)

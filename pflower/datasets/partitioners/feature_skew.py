@@ -1,14 +1,14 @@
 """Feature- and quality-skew schemes: clients differ in *how* their inputs look.
 
-================== ===========================================================================
-name               scheme (spec)
-================== ===========================================================================
-``quality_skew``   FLAME "Gau(sigma)": contiguous blocks, client ``i`` adds Gaussian noise of std
-                   ``sigma * i / K`` to its normalized inputs (flame.md §4.3, §10.9)
-``feature_skew``   FLAME "#writers": consecutive writers per client (flame.md §4.5)
-``attribute_groups`` FedMPR CelebA high shift: attribute ``i`` to client ``i mod K``
-                   (fedmpr.md §3.5, A10)
-================== ===========================================================================
+===================== ===========================================================================
+name                  scheme (spec)
+===================== ===========================================================================
+``quality_skew``      FLAME "Gau(sigma)": contiguous blocks; client ``i`` adds Gaussian noise of
+                      std ``sigma * i / K`` to its normalized inputs (flame.md §4.3, §10.9)
+``feature_skew``      FLAME "#writers": consecutive writers per client (flame.md §4.5)
+``attribute_groups``  FedMPR CelebA high shift: attribute ``i`` to client ``i mod K``
+                      (fedmpr.md §3.5, A10)
+===================== ===========================================================================
 
 ``feature_skew`` and ``attribute_groups`` read the per-sample ``group`` column (writer ids,
 attribute indices). A negative group id means "no group": such samples are not assigned.

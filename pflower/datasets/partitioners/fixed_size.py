@@ -82,11 +82,14 @@ class FixedSizePartitioner(TestAwarePartitioner):
         rng: np.random.Generator,
     ) -> list[np.ndarray]:
         available = np.ones(len(labels), dtype=bool)
+        by_class = {int(label): np.flatnonzero(labels == label) for label in np.unique(labels)}
+        empty = np.zeros(0, dtype=np.int64)
         shares = []
         for client, (recipe, client_counts) in enumerate(zip(recipes, counts, strict=True)):
             parts = []
             for source, count in zip(recipe.sources, client_counts, strict=True):
-                candidates = np.flatnonzero(np.isin(labels, source) & available)
+                candidates = np.concatenate([by_class.get(int(c), empty) for c in source])
+                candidates = candidates[available[candidates]]
                 if count > len(candidates):
                     raise ValueError(
                         f"client {client} needs {count} samples of classes {source.tolist()} but "

@@ -1,21 +1,21 @@
 """Label-skew schemes: each client sees a different mix of classes.
 
-===================== ========================================================================
-name                  scheme (spec)
-===================== ========================================================================
-``pathological``      ``classes_per_client`` classes per client (fliu.md §4.2): ``balanced``
-                      (every class held equally often, duplicates repaired) or ``random``
-                      (independent draws; Flower Datasets' :class:`PathologicalPartitioner`)
-``shards``            McMahan et al.'s sorted shards (Flower Datasets' :class:`ShardPartitioner`)
-``dirichlet``         per-class Dir(alpha) proportions with a minimum client size and retries
-                      (Flower Datasets' :class:`DirichletPartitioner`; fedmpr.md §3.2)
-``ls``                FLIU label skew: Dirichlet rows, Sinkhorn to equal sizes (fliu.md §4.3)
-``class_groups``      disjoint contiguous class groups, FedMPR's high shift (fedmpr.md §3.1-3.2)
-``q_label_skew``      FLAME "#label = q" shards (flame.md §4.1)
-``dir_label_skew``    FLAME "Dir(beta)" label imbalance, disjoint or as in its code (flame.md §4.2)
-``pflib_pathological`` PFLlib's pathological split with class budgets (fedala.md §4)
-``pflib_practical``   PFLlib's practical Dir(beta) split with balancing (fedala.md §4)
-===================== ========================================================================
+======================== ==========================================================================
+name                     scheme (spec)
+======================== ==========================================================================
+``pathological``         ``classes_per_client`` classes per client (fliu.md §4.2): ``balanced``
+                         (every class held equally often, duplicates repaired) or ``random``
+                         (independent draws; Flower Datasets' :class:`PathologicalPartitioner`)
+``shards``               McMahan et al.'s sorted shards (Flower Datasets' ShardPartitioner)
+``dirichlet``            per-class Dir(alpha) proportions with a minimum client size and retries
+                         (Flower Datasets' :class:`DirichletPartitioner`; fedmpr.md §3.2)
+``ls``                   FLIU label skew: Dirichlet rows, Sinkhorn to equal sizes (fliu.md §4.3)
+``class_groups``         disjoint contiguous class groups, FedMPR high shift (fedmpr.md §3.1)
+``q_label_skew``         FLAME "#label = q" shards (flame.md §4.1)
+``dir_label_skew``       FLAME "Dir(beta)" label imbalance, disjoint or as its code (flame.md §4.2)
+``pflib_pathological``   PFLlib's pathological split with class budgets (fedala.md §4)
+``pflib_practical``      PFLlib's practical Dir(beta) split with balancing (fedala.md §4)
+======================== ==========================================================================
 """
 
 from __future__ import annotations

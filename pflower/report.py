@@ -1,0 +1,101 @@
+"""``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds.
+
+Reads every run directory at or below the given paths, groups runs that differ only in ``seed``
+(:mod:`pflower.reporting.groups`), and writes into ``--out``:
+
+- ``report.md``: tables with one row per method and columns partition x metric (FLIU Table I's
+  stages L1, L2 and G with Acc(L), Acc(G) and Acc = Acc(L) + Acc(G); ρ_ε, loss variance and
+  bottom-10% accuracy), cells ``mean ± std (number of seeds)`` at the final round; which config
+  keys vary; failed and incomplete runs;
+- ``report.csv`` (the same matrix) and ``report_values.csv`` (raw numbers);
+- ``plots/``: accuracy per round by method with std bands over seeds, and per-client final
+  accuracy distributions.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from pflower.reporting.figures import accuracy_per_round, client_distribution
+from pflower.reporting.groups import group_runs
+from pflower.reporting.runs import load_runs
+from pflower.reporting.tables import Section, markdown, sections, write_csv, write_values_csv
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pflower report",
+        description="Compare methods over partitions and seeds: markdown + CSV tables and plots.",
+    )
+    parser.add_argument("paths", nargs="+", type=Path, help="sweep or run directories")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: the one given path, else ./report)",
+    )
+    parser.add_argument(
+        "--eps", type=float, default=0.9, help="rho_eps threshold on client Acc(L) (default 0.9)"
+    )
+    parser.add_argument(
+        "--stage",
+        choices=("L1", "L2"),
+        default="L1",
+        help="client stage shown in the plots (default L1, the deployable model)",
+    )
+    parser.add_argument("--title", default="pflower report", help="the report's heading")
+    return parser
+
+
+def _figures(section: Section, index: int, stage: str, out_dir: Path) -> list[Path]:
+    """The section's two figures, named after its position so that file names stay short."""
+    suffix = f"_{index}" if index else ""
+    written = [
+        accuracy_per_round(section, stage, out_dir / "plots" / f"accuracy_rounds{suffix}.png"),
+        client_distribution(section, stage, out_dir / "plots" / f"client_accuracy{suffix}.png"),
+    ]
+    return [path.relative_to(out_dir) for path in written]
+
+
+def write_report(
+    paths: Sequence[Path],
+    out_dir: Path,
+    eps: float = 0.9,
+    stage: str = "L1",
+    title: str = "pflower report",
+) -> Path:
+    """Write the report for the runs under ``paths`` into ``out_dir``; returns ``report.md``."""
+    runs = load_runs(paths)
+    if not runs:
+        raise FileNotFoundError(
+            f"no run directories (with config.yaml) under {', '.join(map(str, paths))}"
+        )
+    experiments = group_runs(runs)
+    report_sections = sections(experiments, eps)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = {
+        section.label: _figures(section, index if len(report_sections) > 1 else 0, stage, out_dir)
+        for index, section in enumerate(report_sections, start=1)
+        if section.has_results
+    }
+    text = markdown(title, experiments, report_sections, paths, figures, eps)
+    report_path = out_dir / "report.md"
+    report_path.write_text(text, encoding="utf-8")
+    write_csv(out_dir / "report.csv", report_sections, eps)
+    write_values_csv(out_dir / "report_values.csv", report_sections)
+    return report_path
+
+
+def main(argv: Sequence[str]) -> int:
+    """Command line entry (``pflower report ...``); returns the exit code."""
+    args = _parser().parse_args(list(argv))
+    out_dir = args.out or (args.paths[0] if len(args.paths) == 1 else Path("report"))
+    try:
+        report_path = write_report(args.paths, out_dir, args.eps, args.stage, args.title)
+    except FileNotFoundError as error:
+        print(f"pflower report: {error}")
+        return 1
+    print(f"report written to {report_path} (+ report.csv, report_values.csv, plots/)")
+    return 0

@@ -1,0 +1,169 @@
+"""Runs -> experiments: which runs are seeds of one experiment, and what to call each experiment.
+
+Two runs belong to the same experiment exactly when their resolved configurations agree on every
+key except ``seed`` and ``output_dir``; only such runs are averaged. Each experiment is then placed
+in a report table by its configuration:
+
+- the *method* (table row) names the ``strategy.*`` block: FedAvg, CLT, FLIU (adaptive γ) or
+  FLIUxx (fixed γ = xx/100), plus any other strategy option that tells apart experiments which
+  would otherwise share a name (e.g. ``FedAvg (aggregation=uniform)``);
+- the *partition* (column block) names the ``partition.*`` block the same way (IID, PATH, LS ...);
+- every other key that varies (``num_clients``, ``dataset.name``, ``train.lr`` ...) splits the
+  report into *sections*, one per combination of values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pflower.reporting.runs import Run
+
+NOT_GROUPED = ("seed", "output_dir")
+"""Keys in which seeds of one experiment may differ."""
+
+_METHOD_NAMES = {
+    "fedavg": "FedAvg",
+    "fedprox": "FedProx",
+    "fedavg_ft": "FedAvg-FT",
+    "fliu": "FLIU",
+    "local": "CLT",
+}
+_PARTITION_NAMES = {"iid": "IID", "pathological": "PATH", "ls": "LS", "qs": "QS", "lsqs": "LSQS"}
+_ABSENT = object()
+
+Config = dict[str, Any]
+Namer = Callable[[Config], tuple[str, frozenset[str]]]
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """Runs that differ only in seed, with their place in the report."""
+
+    config: Config
+    runs: tuple[Run, ...]
+    method: str
+    partition: str
+    section: str
+    method_order: tuple[Any, ...]
+    partition_order: tuple[Any, ...]
+
+    @property
+    def order(self) -> tuple[Any, ...]:
+        """Report order: section, then method, then partition."""
+        return (self.section, self.method_order, self.partition_order)
+
+
+def show(value: Any) -> str:
+    """A configuration value as written in the report."""
+    if value is _ABSENT:
+        return "-"
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def experiment_key(run: Run) -> tuple[tuple[str, Any], ...]:
+    """The run's configuration without the keys that seeds may differ in."""
+    return tuple(sorted((k, v) for k, v in run.config.items() if k not in NOT_GROUPED))
+
+
+def varying_keys(configs: Sequence[Config]) -> dict[str, list[str]]:
+    """Keys whose value is not the same in every configuration, with their distinct values
+    (a key missing from some configurations counts as the value ``-``)."""
+    keys = sorted({key for config in configs for key in config})
+    varying: dict[str, list[str]] = {}
+    for key in keys:
+        values = {show(config.get(key, _ABSENT)) for config in configs}
+        if len(values) > 1:
+            varying[key] = sorted(values)
+    return varying
+
+
+def method_name(config: Config) -> tuple[str, frozenset[str]]:
+    """The method's base name and the strategy keys that name fully determines."""
+    name = config.get("strategy.name")
+    if name == "fliu" and config.get("strategy.gamma_mode") == "fixed":
+        gamma = float(config["strategy.gamma"])
+        keys = {"strategy.name", "strategy.gamma_mode", "strategy.gamma"}
+        return f"FLIU{round(100 * gamma, 4):g}", frozenset(keys)
+    if name == "fliu":
+        return "FLIU", frozenset({"strategy.name", "strategy.gamma_mode"})
+    return _METHOD_NAMES.get(str(name), str(name)), frozenset({"strategy.name"})
+
+
+def partition_name(config: Config) -> tuple[str, frozenset[str]]:
+    """The partition's base name (the FLIU paper's abbreviations) and the keys it determines."""
+    name = str(config.get("partition.name"))
+    return _PARTITION_NAMES.get(name, name), frozenset({"partition.name"})
+
+
+def _labels(configs: Sequence[Config], prefix: str, namer: Namer) -> list[str]:
+    """Base names, extended by the ``prefix`` keys that differ among configs sharing a name."""
+    named = [namer(config) for config in configs]
+    sharing: dict[str, list[Config]] = defaultdict(list)
+    for config, (name, _) in zip(configs, named, strict=True):
+        sharing[name].append(config)
+    labels = []
+    for config, (name, determined) in zip(configs, named, strict=True):
+        extras = [
+            f"{key.removeprefix(prefix)}={show(config.get(key, _ABSENT))}"
+            for key in varying_keys(sharing[name])
+            if key.startswith(prefix) and key not in determined
+        ]
+        labels.append(f"{name} ({', '.join(extras)})" if extras else name)
+    return labels
+
+
+def _rank(value: Any, known: Iterable[str]) -> int:
+    order = list(known)
+    return order.index(value) if value in order else len(order)
+
+
+def _method_order(config: Config, method: str) -> tuple[Any, ...]:
+    """The paper's method order (FedAvg ... FLIU, FLIUxx by ascending γ, CLT), then the label."""
+    fixed = config.get("strategy.gamma_mode") == "fixed"
+    gamma = float(config["strategy.gamma"]) if fixed else -math.inf
+    return (_rank(config.get("strategy.name"), _METHOD_NAMES), gamma, method)
+
+
+def _partition_order(config: Config, partition: str) -> tuple[Any, ...]:
+    """The paper's partition order (IID, PATH, LS, QS, LSQS), then the label."""
+    return (_rank(config.get("partition.name"), _PARTITION_NAMES), partition)
+
+
+def group_runs(runs: Iterable[Run]) -> list[Experiment]:
+    """Group runs into experiments, in report order."""
+    by_key: dict[tuple[tuple[str, Any], ...], list[Run]] = defaultdict(list)
+    for run in runs:
+        by_key[experiment_key(run)].append(run)
+    configs = [dict(key) for key in by_key]
+    methods = _labels(configs, "strategy.", method_name)
+    partitions = _labels(configs, "partition.", partition_name)
+    section_keys = [
+        key for key in varying_keys(configs) if not key.startswith(("strategy.", "partition."))
+    ]
+    experiments = []
+    for config, group, method, partition in zip(
+        configs, by_key.values(), methods, partitions, strict=True
+    ):
+        section = ", ".join(f"{key}={show(config.get(key, _ABSENT))}" for key in section_keys)
+        experiments.append(
+            Experiment(
+                config,
+                tuple(group),
+                method,
+                partition,
+                section,
+                _method_order(config, method),
+                _partition_order(config, partition),
+            )
+        )
+    return sorted(experiments, key=lambda experiment: experiment.order)

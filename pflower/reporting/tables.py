@@ -1,0 +1,220 @@
+"""The report as text: markdown tables and CSV files.
+
+Tables have one row per method and one column per partition x metric, one table per stage
+(L1, L2, G) and one per fairness stage, so that each stays narrow enough to read. The CSV
+``report.csv`` is the same matrix in one table (cells as printed); ``report_values.csv`` holds the
+raw numbers, one row per experiment and metric, for further analysis.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from pflower.reporting.groups import Experiment, show, varying_keys
+from pflower.reporting.runs import Run
+from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
+
+LEGEND = (
+    "Cells: mean ± std over seeds (population std, ddof = 0), with the number of seeds in "
+    "parentheses, at each run's final round (never the best round). Acc(L): mean over clients of "
+    "the accuracy on the client's own test split; Acc(G): the same clients' models on the global "
+    "test set; Acc = Acc(L) + Acc(G) (0-200); G: the global model on the global test set; "
+    "accuracies in %. ρ_ε: clients with Acc(L) > ε; loss var: variance over clients of the local "
+    "test loss (fairness); bottom-10% Acc(L): mean Acc(L) of the worst 10% of clients. "
+    "'-': the method does not report it."
+)
+_TABLE_TITLES = {
+    "L1": "Stage L1 (personalized model, before local training): accuracy (%)",
+    "L2": "Stage L2 (after local training): accuracy (%)",
+    "G": "Stage G (global model): accuracy (%)",
+    "Fairness L1": "Fairness at stage L1",
+    "Fairness L2": "Fairness at stage L2",
+}
+
+
+@dataclass(frozen=True)
+class Section:
+    """Experiments that share every setting outside the strategy and partition blocks."""
+
+    label: str
+    experiments: list[Experiment]
+    cells: dict[tuple[str, str], dict[str, Cell]]  # (method, partition) -> metric key -> cell
+
+    @property
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(e.method for e in self.experiments))
+
+    @property
+    def has_results(self) -> bool:
+        """Whether any of the section's runs completed."""
+        return any(self.cells.values())
+
+    @property
+    def partitions(self) -> list[str]:
+        ordered = sorted(self.experiments, key=lambda e: e.partition_order)
+        return list(dict.fromkeys(e.partition for e in ordered))
+
+
+def sections(experiments: Sequence[Experiment], eps: float) -> list[Section]:
+    """Experiments split by section label (report order is kept), with their seed statistics."""
+    by_label: dict[str, list[Experiment]] = {}
+    for experiment in experiments:
+        by_label.setdefault(experiment.section, []).append(experiment)
+    return [
+        Section(
+            label,
+            members,
+            {(e.method, e.partition): experiment_cells(e, eps) for e in members},
+        )
+        for label, members in by_label.items()
+    ]
+
+
+def format_cell(cell: Cell | None, kind: str) -> str:
+    """``mean ± std (n)``; accuracies in %, ``-`` where there is no value."""
+    if cell is None:
+        return "-"
+    if kind == "percent":
+        return f"{100 * cell.mean:.2f} ± {100 * cell.std:.2f} ({cell.n})"
+    if kind == "count":
+        return f"{cell.mean:.1f} ± {cell.std:.1f} ({cell.n})"
+    return f"{cell.mean:.3g} ± {cell.std:.2g} ({cell.n})"
+
+
+def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return lines
+
+
+def _section_tables(section: Section, eps: float) -> list[str]:
+    lines: list[str] = []
+    columns = metrics(eps)
+    for table in dict.fromkeys(m.table for m in columns):
+        chosen = [m for m in columns if m.table == table]
+        header = ["method"] + [f"{p} {m.column}" for p in section.partitions for m in chosen]
+        rows = [
+            [method] + [_cell(section, method, p, m) for p in section.partitions for m in chosen]
+            for method in section.methods
+        ]
+        if all(cell == "-" for row in rows for cell in row[1:]):
+            continue
+        lines += ["", f"### {_TABLE_TITLES[table]}", "", *_markdown_table(header, rows)]
+    return lines
+
+
+def _cell(section: Section, method: str, partition: str, metric: Metric) -> str:
+    cells = section.cells.get((method, partition), {})
+    return format_cell(cells.get(metric.key), metric.kind)
+
+
+def _configuration(experiments: Sequence[Experiment]) -> list[str]:
+    configs = [e.config for e in experiments]
+    varying = varying_keys(configs)
+    seeds = [show(seed) for seed in sorted({run.seed for e in experiments for run in e.runs})]
+    lines = ["## Configuration", ""]
+    if varying:
+        rows = [[f"`{key}`", ", ".join(values)] for key, values in varying.items()]
+        lines += [
+            "Keys that vary between experiments (runs that differ in any key but `seed` are never "
+            "averaged together):",
+            "",
+            *_markdown_table(["key", "values"], rows),
+        ]
+    else:
+        lines.append("All runs share one configuration apart from the seed.")
+    lines += ["", f"Seeds: {', '.join(seeds)}.", ""]
+    shared = [[f"`{k}`", show(v)] for k, v in sorted(configs[0].items()) if k not in varying]
+    lines += [
+        "<details><summary>Settings shared by all experiments</summary>",
+        "",
+        *_markdown_table(["key", "value"], shared),
+        "",
+        "</details>",
+    ]
+    return lines
+
+
+def _problems(experiments: Sequence[Experiment]) -> list[str]:
+    rows = [
+        [f"`{run.path}`", e.method, e.partition, show(run.seed), run.status, run.error or ""]
+        for e in experiments
+        for run in e.runs
+        if run.status != "ok"
+    ]
+    if not rows:
+        return []
+    header = ["run", "method", "partition", "seed", "status", "error"]
+    title = "## Failed and incomplete runs (not in the tables)"
+    return ["", title, "", *_markdown_table(header, rows)]
+
+
+def markdown(
+    title: str,
+    experiments: Sequence[Experiment],
+    report_sections: Sequence[Section],
+    sources: Sequence[Path],
+    figures: dict[str, list[Path]],
+    eps: float,
+) -> str:
+    """The whole markdown report; ``figures`` maps section labels to image paths relative to the
+    report file."""
+    runs: list[Run] = [run for e in experiments for run in e.runs]
+    counts = {status: sum(run.status == status for run in runs) for status in ("ok", "failed")}
+    incomplete = len(runs) - counts["ok"] - counts["failed"]
+    lines = [
+        f"# {title}",
+        "",
+        f"{len(runs)} runs ({counts['ok']} completed, {counts['failed']} failed, {incomplete} "
+        f"incomplete) in {len(experiments)} experiments, read from "
+        + ", ".join(f"`{source}`" for source in sources)
+        + ".",
+        "",
+        LEGEND,
+        "",
+        *_configuration(experiments),
+    ]
+    for section in report_sections:
+        lines += ["", f"## {section.label or 'Results'}"]
+        if not section.has_results:
+            lines += ["", "No completed runs."]
+            continue
+        lines += _section_tables(section, eps)
+        lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures[section.label]]
+    lines += _problems(experiments)
+    return "\n".join(lines) + "\n"
+
+
+def write_csv(path: Path, report_sections: Sequence[Section], eps: float) -> Path:
+    """``report.csv``: one row per section and method, columns partition x metric."""
+    columns = metrics(eps)
+    partitions = list(dict.fromkeys(p for s in report_sections for p in s.partitions))
+    header = ["section", "method"] + [f"{p} {m.key}" for p in partitions for m in columns]
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        for section in report_sections:
+            for method in section.methods:
+                writer.writerow(
+                    [section.label, method]
+                    + [_cell(section, method, p, m) for p in partitions for m in columns]
+                )
+    return path
+
+
+def write_values_csv(path: Path, report_sections: Sequence[Section]) -> Path:
+    """``report_values.csv``: raw seed statistics (accuracies as fractions), one row per
+    experiment and metric."""
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["section", "method", "partition", "metric", "mean", "std", "n"])
+        for section in report_sections:
+            for (method, partition), cells in section.cells.items():
+                for key, cell in cells.items():
+                    writer.writerow(
+                        [section.label, method, partition, key, cell.mean, cell.std, cell.n]
+                    )
+    return path

@@ -1,0 +1,221 @@
+"""Helpers for the deployment tests: network namespaces, waiting, result files, a simulation run.
+
+Everything that starts a process here hands back something the caller stops in a ``finally``
+(or a fixture's teardown), so a failing test leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pflower.deploy import Deployment, Endpoints, Security, free_port, iter_logs
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.5
+               ) -> Any:
+    """Poll ``condition`` until it returns something truthy (returned); fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := condition():
+            return result
+        time.sleep(every)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` written so far (none if the file does not exist)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def stage_rows(rows: Sequence[dict[str, Any]], stage: str) -> dict[tuple[int, int], dict]:
+    """Rows of one stage (``L1``/``L2``) keyed by (round, client)."""
+    return {(r["round"], r["client"]): r for r in rows if r["stage"] == stage}
+
+
+def diagnostics(deployment: Deployment, tail: int = 40) -> str:
+    """The last lines of every process log, for assertion messages."""
+    parts = []
+    for name, text in iter_logs(deployment):
+        lines = [line for line in text.splitlines() if "uvicorn" not in line and line.strip()]
+        parts.append(f"--- {name}\n" + "\n".join(lines[-tail:]))
+    return "\n".join(parts)
+
+
+def simulation(overrides: Sequence[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
+    """Start ``pflower <overrides>`` (a Ray simulation) writing into ``run_dir``."""
+    pflower = Path(sys.executable).parent / "pflower"
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [str(pflower), *overrides, f"output_dir={run_dir}", "progress=false"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=run_dir.parent, start_new_session=True,
+        )
+
+
+def stop_process(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
+    """End ``process`` and its process group (Ray's workers start in it) if still running."""
+    if process.poll() is None:
+        os.killpg(process.pid, 15)
+        try:
+            process.wait(grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+# ------------------------------------------------------------------ network namespaces
+def netns_unavailable() -> str | None:
+    """Why SuperNodes cannot run in network namespaces here, or None if they can."""
+    if os.geteuid() != 0:
+        return "network namespaces need root"
+    if shutil.which("ip") is None:
+        return "the `ip` tool (iproute2) is missing"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        return f"`ip netns` is unavailable: {probe.stderr.strip()}"
+    return None
+
+
+@dataclass
+class Namespaces:
+    """One network namespace per SuperNode, joined to this host by a veth pair.
+
+    Node ``i`` sees the host (where the SuperLink listens) at ``host_ip(i)`` over its own /30
+    link; names and subnets derive from this process id, so parallel sessions do not collide.
+    """
+
+    count: int
+    prefix: str = field(default_factory=lambda: f"pf{os.getpid() % 100000}")
+    created: list[str] = field(default_factory=list)
+
+    def name(self, index: int) -> str:
+        return f"{self.prefix}n{index}"
+
+    def _subnet(self, index: int) -> str:
+        block = (os.getpid() % 60) * 4 + index
+        return f"10.{200 + block // 256}.{block % 256}"
+
+    def host_ip(self, index: int) -> str:
+        return f"{self._subnet(index)}.1"
+
+    def node_ip(self, index: int) -> str:
+        return f"{self._subnet(index)}.2"
+
+    def wrapper(self, index: int) -> list[str]:
+        return ["ip", "netns", "exec", self.name(index)]
+
+    def create(self) -> None:
+        for index in range(self.count):
+            ns = self.name(index)
+            host_end, node_end = f"{self.prefix}h{index}", f"{self.prefix}c{index}"
+            _ip("netns", "add", ns)
+            self.created.append(ns)
+            _ip("link", "add", host_end, "type", "veth", "peer", "name", node_end)
+            _ip("link", "set", node_end, "netns", ns)
+            _ip("addr", "add", f"{self.host_ip(index)}/30", "dev", host_end)
+            _ip("link", "set", host_end, "up")
+            _ip("-n", ns, "addr", "add", f"{self.node_ip(index)}/30", "dev", node_end)
+            _ip("-n", ns, "link", "set", node_end, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+
+    def delete(self) -> None:
+        """Delete the namespaces (their veth ends, and so the pairs, go with them)."""
+        for ns in self.created:
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        for index in range(self.count):
+            subprocess.run(["ip", "link", "delete", f"{self.prefix}h{index}"], capture_output=True)
+        self.created.clear()
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+@contextmanager
+def namespaces(count: int) -> Iterator[Namespaces]:
+    """``count`` namespaces that exist for the duration of the block."""
+    spaces = Namespaces(count)
+    try:
+        spaces.create()
+        yield spaces
+    finally:
+        spaces.delete()
+
+
+# ------------------------------------------------------------------------------ federation
+@dataclass
+class Federation:
+    """A :class:`Deployment` plus where its SuperNodes run: loopback ports, or namespaces."""
+
+    deployment: Deployment
+    spaces: Namespaces | None = None
+    ports: dict[int, int] = field(default_factory=dict)
+
+    def start_node(self, index: int) -> None:
+        """Start (or restart) SuperNode ``index`` where it belongs, on the same port as before.
+
+        In a namespace every node serves its runtime API on the same port: they are separate
+        hosts. On loopback each gets a free port of its own.
+        """
+        if self.spaces is None:
+            port = self.ports.setdefault(index, free_port())
+            self.deployment.start_supernode(index, runtime_port=port)
+        else:
+            self.deployment.start_supernode(
+                index, wrapper=self.spaces.wrapper(index),
+                superlink_host=self.spaces.host_ip(index),
+                runtime_port=self.deployment.endpoints.node_port,
+            )
+
+    def submit(self, overrides: Sequence[str]) -> str:
+        """Submit a run with ``flwr run``; returns its run id."""
+        return str(json.loads(self.deployment.submit(overrides).stdout)["run-id"])
+
+
+@contextmanager
+def federation(
+    directory: Path,
+    num_nodes: int,
+    in_namespaces: bool = False,
+    security: Security | None = None,
+    nodes: Sequence[int] | None = None,
+) -> Iterator[Federation]:
+    """A SuperLink on free loopback ports and SuperNodes ``nodes`` (default: all), online.
+
+    With ``in_namespaces`` every SuperNode runs in a network namespace of its own and reaches
+    the SuperLink's Fleet API over a veth pair. Every process is stopped when the block ends.
+    """
+    spaces = Namespaces(num_nodes) if in_namespaces else None
+    endpoints = Endpoints(
+        fleet_port=free_port(), control_port=free_port(), node_port=free_port(),
+        fleet_bind="0.0.0.0" if in_namespaces else None,
+    )
+    deployment = Deployment(directory, num_nodes, endpoints, security or Security())
+    fed = Federation(deployment, spaces)
+    try:
+        if spaces is not None:
+            spaces.create()
+        deployment.start_superlink()
+        started = list(range(num_nodes) if nodes is None else nodes)
+        for index in started:
+            fed.start_node(index)
+        deployment.wait_for_nodes(len(started), timeout=60)
+        yield fed
+    finally:
+        deployment.stop_all()
+        if spaces is not None:
+            spaces.delete()

@@ -1,0 +1,225 @@
+"""pflower as a real deployment: a SuperLink and SuperNodes as separate processes over gRPC.
+
+- the deployment reproduces a simulation of the same config (same partitions, same numbers), with
+  SuperNodes on loopback ports or each in its own network namespace (a separate host);
+- per-client state persists on the SuperNodes: each client's personalized model outlives the
+  ClientApp process that trained it;
+- a SuperNode killed during a run is recorded as failed in that round, the round completes with
+  the remaining clients, and the restarted node rejoins and trains;
+- TLS with the certificates of ``docker/certs.sh``, and SuperNode authentication: an unregistered
+  node is refused, registered ones train; all started with ``pflower deploy up``.
+
+Every process a test starts is stopped by the test's context managers, also when it fails.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pflower.deploy import Deployment, free_port, main, tagged_pids
+from tests.deploy_helpers import (
+    REPO,
+    diagnostics,
+    federation,
+    netns_unavailable,
+    read_rows,
+    simulation,
+    stage_rows,
+    stop_process,
+    wait_until,
+)
+
+pytestmark = [pytest.mark.deployment, pytest.mark.slow]
+
+EXPERIMENT = [
+    "dataset=digits", "partition=iid", "model=small_cnn", "strategy=fliu",
+    "train.local_epochs=1", "progress=false",
+]
+COMPARED = [*EXPERIMENT, "num_clients=3", "rounds=2"]
+
+ACC_TOLERANCE = 0.01
+"""Largest allowed |deployment - simulation| of any accuracy. One of a client's 120 test samples
+is 0.0083, so this admits no more than one differently classified sample per client; in practice
+the numbers are identical (same seeds, same partitions, one torch thread per client)."""
+
+LOSS_RTOL = 1e-3
+RUN_TIMEOUT = 300.0
+
+
+def _compared_fields(row: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items() if k.startswith(("acc", "loss", "train_loss"))}
+
+
+def assert_same_results(deployed: list[dict], simulated: list[dict]) -> None:
+    """Every L1/L2/G row of the simulation has a deployment twin within the tolerances."""
+    keyed = {(r["round"], r["stage"], r.get("client")): r for r in deployed}
+    compared = [r for r in simulated if r["stage"] in ("L1", "L2", "G")]
+    assert compared, "the simulation recorded no results"
+    for expected in compared:
+        key = (expected["round"], expected["stage"], expected.get("client"))
+        assert key in keyed, f"the deployment has no row for round/stage/client {key}"
+        got = _compared_fields(keyed[key])
+        for name, value in _compared_fields(expected).items():
+            tolerance = ACC_TOLERANCE if name.startswith("acc") else LOSS_RTOL * abs(value)
+            assert abs(got[name] - value) <= tolerance, (
+                f"{key} {name}: deployment {got[name]} vs simulation {value}")
+
+
+def assert_state_persisted(rows: list[dict]) -> None:
+    """FLIU keeps each client's trained model in ``context.state`` on its SuperNode.
+
+    Training (fit) and evaluation (L1) of a round are separate messages, each handled by a fresh
+    ClientApp process, so the state crosses processes only through the SuperNode. At L1 a
+    client evaluates γθ_k + (1-γ)Θ, with θ_k read from that state; had it been lost, the client
+    would evaluate the global model Θ itself and report exactly the server's stage-G loss on
+    the same global test set.
+    """
+    global_loss = {r["round"]: r["loss"] for r in rows if r["stage"] == "G"}
+    for (round_, client), row in stage_rows(rows, "L1").items():
+        assert abs(row["loss_global"] - global_loss[round_]) > 1e-6, (
+            f"client {client} evaluated the bare global model in round {round_}: its state "
+            "did not reach the evaluating ClientApp")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A Ray simulation of :data:`COMPARED`, started at once so it overlaps the deployments."""
+    root = tmp_path_factory.mktemp("simulation")
+    run_dir = root / "run"
+    process = simulation(COMPARED, run_dir, root / "simulation.log")
+
+    def rows() -> list[dict]:
+        code = process.wait(timeout=RUN_TIMEOUT)
+        assert code == 0, (root / "simulation.log").read_text()[-3000:]
+        return read_rows(run_dir)
+
+    try:
+        yield rows
+    finally:
+        stop_process(process)
+
+
+@pytest.mark.parametrize("placement", ["loopback", "netns"])
+def test_deployment_matches_simulation(placement: str, reference: Any, tmp_path: Path) -> None:
+    if placement == "netns" and (reason := netns_unavailable()):
+        pytest.skip(reason)
+    run_dir = tmp_path / "run"
+    with federation(tmp_path / "deploy", 3, in_namespaces=placement == "netns") as fed:
+        if fed.spaces is not None:
+            for index in range(3):
+                pid = fed.deployment.processes[f"supernode-{index}"].pid
+                identify = subprocess.run(["ip", "netns", "identify", str(pid)],
+                                          capture_output=True, text=True, check=True)
+                assert identify.stdout.strip() == fed.spaces.name(index)
+        run_id = fed.submit([*COMPARED, f"output_dir={run_dir}"])
+        status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        assert status == "finished:completed", diagnostics(fed.deployment)
+    rows = read_rows(run_dir)
+    assert (run_dir / "summary.json").is_file()
+    assert_same_results(rows, reference())
+    assert_state_persisted(rows)
+
+
+def _received_train(log: Path, server_round: int) -> bool:
+    """Whether a SuperNode's log shows it received round ``server_round``'s training message."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return re.search(rf"ROUND {server_round}\]\s*\n.*Receiving: train message", text) is not None
+
+
+def test_killed_supernode_is_recorded_and_rejoins(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    overrides = [*EXPERIMENT, "num_clients=3", "rounds=3", "eval.every=2", "round_timeout=120",
+                 f"output_dir={run_dir}"]
+    with federation(tmp_path / "deploy", 3) as fed:
+        run_id = fed.submit(overrides)
+        log = Path(fed.deployment.processes["supernode-2"].log)
+        wait_until(lambda: _received_train(log, 2), RUN_TIMEOUT, "round 2 to reach supernode-2",
+                   every=0.2)
+        fed.deployment.stop("supernode-2", signal.SIGTERM)
+
+        def failure_recorded() -> bool:
+            return any(r["stage"] == "failure" for r in read_rows(run_dir))
+
+        wait_until(failure_recorded, RUN_TIMEOUT, "the failure of client 2 to be recorded")
+        fed.start_node(2)
+        status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        assert status == "finished:completed", diagnostics(fed.deployment)
+    rows = read_rows(run_dir)
+    failures = [(r["round"], r["phase"], r["client"]) for r in rows if r["stage"] == "failure"]
+    assert failures == [(2, "fit", 2)]
+    trained = stage_rows(rows, "L2")
+    assert {c for (rnd, c) in trained if rnd == 2} == {0, 1}, "round 2 went on without client 2"
+    assert {c for (rnd, c) in trained if rnd == 3} == {0, 1, 2}, "client 2 trained again"
+    assert {c for (rnd, c) in stage_rows(rows, "L1") if rnd == 3} == {0, 1, 2}
+    assert (run_dir / "summary.json").is_file()
+
+
+def _tls_handshake(port: int, ca: Path) -> str:
+    """Open a TLS connection to ``127.0.0.1:port`` verified against ``ca``; the TLS version."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+        return str(tls.version())
+
+
+def _answers_plain_http(port: int) -> bool:
+    """Whether ``127.0.0.1:port`` answers an unencrypted HTTP request."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        raw.sendall(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        try:
+            return raw.recv(16).startswith(b"HTTP/")
+        except OSError:
+            return False
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
+                    reason="docker/certs.sh needs openssl and ssh-keygen")
+def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> None:
+    certs = tmp_path / "certs"
+    subprocess.run([str(REPO / "docker" / "certs.sh"), "-o", str(certs), "-n", "3"], check=True,
+                   capture_output=True)
+    directory = tmp_path / "deploy"
+    fleet, control = free_port(), free_port()
+    up = ["up", "--dir", str(directory), "-n", "2", "--fleet-port", str(fleet),
+          "--control-port", str(control), "--node-port", str(free_port()),
+          "--certificates", str(certs), "--node-keys", str(certs), "--timeout", "90"]
+    run_dir = tmp_path / "run"
+    assert main(up) == 0, "pflower deploy up failed"
+    deployment = Deployment.load(directory)
+    try:
+        assert main(["status", "--dir", str(directory)]) == 0
+        assert {p.name for p in (directory / "logs").iterdir()} >= {
+            "superlink.log", "supernode-0.log", "supernode-1.log"}
+
+        # TLS: both APIs speak only TLS, with a certificate that the CA vouches for
+        for port in (fleet, control):
+            assert _tls_handshake(port, certs / "ca.crt").startswith("TLS")
+        assert not _answers_plain_http(control)
+
+        # authentication: supernode-2's key was never registered (`up` registered 0 and 1)
+        deployment.start_supernode(2, runtime_port=free_port())
+        wait_until(lambda: not deployment.alive("supernode-2"), 60, "supernode-2 to be refused")
+        refused = Path(deployment.processes["supernode-2"].log).read_text()
+        assert "Failed to activate SuperNode" in refused
+        assert deployment.online_nodes() == 2
+
+        # the registered nodes train, over TLS
+        run_id = deployment.submit([*EXPERIMENT, "num_clients=2", "rounds=1",
+                                    f"output_dir={run_dir}"])
+        status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        assert status == "finished:completed", diagnostics(deployment)
+        assert {c for (_, c) in stage_rows(read_rows(run_dir), "L2")} == {0, 1}
+    finally:
+        assert main(["down", "--dir", str(directory)]) == 0
+    assert main(["status", "--dir", str(directory)]) == 1
+    assert not tagged_pids(deployment.tag)

@@ -1,0 +1,280 @@
+"""build_federation: split semantics, disjointness, indexing, determinism, noise, errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from pflower.datasets.base import ImageDataset, ImageSplit
+from pflower.datasets.federation import Federation, InputNoise, SplitConfig, build_federation
+from pflower.registry import ConfigError
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+
+
+def toy_dataset(
+    n_train: int = 600,
+    n_test: int = 200,
+    num_classes: int = 5,
+    seed: int = 0,
+    train_groups: bool = False,
+) -> ImageDataset:
+    """Random 1x4x4 uint8 images with skewed labels; optional writer ids on the train split."""
+    rng = np.random.default_rng(seed)
+    probs = rng.dirichlet(np.full(num_classes, 3.0))
+
+    def split(n: int, groups: bool) -> ImageSplit:
+        images = torch.from_numpy(rng.integers(0, 256, (n, 1, 4, 4), dtype=np.uint8))
+        labels = torch.from_numpy(rng.choice(num_classes, n, p=probs))
+        tags = torch.from_numpy(rng.integers(0, 30, n)) if groups else None
+        return ImageSplit(images, labels, tags)
+
+    return ImageDataset(
+        "toy", split(n_train, train_groups), split(n_test, False), num_classes, (0.5,), (0.5,)
+    )
+
+
+def build(
+    partition: dict[str, Any] | None = None,
+    split: dict[str, Any] | None = None,
+    clients: int = 5,
+    seed: int = 0,
+    dataset: ImageDataset | None = None,
+) -> Federation:
+    return build_federation(
+        dataset or toy_dataset(), clients, seed, partition or {"name": "iid"}, split or {}
+    )
+
+
+def labels_of(federation: Federation) -> np.ndarray:
+    return federation.pool.labels.numpy()
+
+
+def all_shares(federation: Federation) -> list[np.ndarray]:
+    return [
+        share for client in federation.clients for share in (client.train, client.test, client.val)
+    ]
+
+
+def assert_pairwise_disjoint(shares: list[np.ndarray]) -> None:
+    everything = np.concatenate(shares)
+    assert len(np.unique(everything)) == len(everything)
+
+
+def test_default_holdout_is_stratified_disjoint_and_global_test_is_the_union() -> None:
+    dataset = toy_dataset()
+    federation = build({"name": "ls"}, dataset=dataset)
+    labels = labels_of(federation)
+    n_train = len(dataset.train)
+    assert len(federation.pool) == n_train + len(dataset.test)
+    assert_pairwise_disjoint(all_shares(federation))
+    for client in federation.clients:
+        n = len(client.train) + len(client.test)
+        assert len(client.test) == n - int(np.floor(0.75 * n))  # sklearn's rule
+        assert len(client.val) == 0
+        assert client.train.max() < n_train and client.test.max() < n_train  # pool: train
+        share = np.concatenate([client.train, client.test])
+        for label in np.unique(labels[share]):  # stratified: class shares follow the client's
+            expected = (labels[share] == label).sum() * len(client.test) / n
+            assert abs((labels[client.test] == label).sum() - expected) < 1
+    union = np.unique(np.concatenate([client.test for client in federation.clients]))
+    np.testing.assert_array_equal(federation.global_test, union)
+    trained = np.concatenate([c.train for c in federation.clients] + [union])
+    assert len(trained) == n_train  # ls uses every training sample exactly once
+
+
+def test_unstratified_holdout_matches_the_fedala_split_sizes() -> None:
+    federation = build({"name": "iid"}, {"test_fraction": 0.25, "stratify": False}, clients=1)
+    (client,) = federation.clients
+    assert (len(client.train), len(client.test)) == (450, 150)
+
+
+def test_mirror_draws_disjoint_proportional_tests_from_the_official_split() -> None:
+    dataset = toy_dataset()
+    federation = build({"name": "pathological", "classes_per_client": 2}, {"client_test": "mirror"})
+    labels = labels_of(federation)
+    n_train = len(dataset.train)
+    test_counts = np.bincount(dataset.test.labels.numpy(), minlength=5)
+    train = np.stack([np.bincount(labels[c.train], minlength=5) for c in federation.clients])
+    assert_pairwise_disjoint(all_shares(federation))
+    for k, client in enumerate(federation.clients):
+        assert client.test.min() >= n_train  # official test samples only
+        got = np.bincount(labels[client.test], minlength=5)
+        expected = train[k] / np.maximum(train.sum(axis=0), 1) * test_counts
+        assert np.all(np.abs(got - expected) < 1)  # A_test[k, l] = n_kl / N_l * M_l, rounded
+    held = np.flatnonzero(train.sum(axis=0))
+    used = np.isin(dataset.test.labels.numpy(), held).sum()
+    assert len(federation.global_test) == used  # every test sample of a held class, once
+
+
+def test_fedmpr_official_global_test_and_class_groups() -> None:
+    dataset = toy_dataset()
+    federation = build(
+        {"name": "class_groups"}, {"client_test": "mirror", "global_test": "official"}, clients=2
+    )
+    n_train, n_test = len(dataset.train), len(dataset.test)
+    np.testing.assert_array_equal(federation.global_test, np.arange(n_train, n_train + n_test))
+    labels = labels_of(federation)
+    assert set(labels[federation.clients[0].test]) <= {0, 1, 2}
+    assert set(labels[federation.clients[1].test]) <= {3, 4}
+    split = federation.global_test_split()
+    assert torch.equal(split.images, dataset.test.images)
+
+
+def test_pool_all_indexes_train_then_test() -> None:
+    dataset = toy_dataset()
+    federation = build({"name": "iid"}, {"pool": "all", "test_fraction": 0.2}, clients=4)
+    n_train = len(dataset.train)
+    everything = np.concatenate(all_shares(federation))
+    assert np.sort(everything).tolist() == list(range(len(federation.pool)))
+    assert (everything >= n_train).any()
+    index = int(everything[everything >= n_train][0])
+    assert torch.equal(federation.pool.images[index], dataset.test.images[index - n_train])
+    assert federation.pool.labels[index] == dataset.test.labels[index - n_train]
+
+
+def test_quality_skew_blocks_and_noise_metadata() -> None:
+    federation = build(
+        {"name": "quality_skew", "sigma": 0.5},
+        {"pool": "all", "test_fraction": 0.2, "stratify": False},
+        clients=4,
+    )
+    assert federation.input_noise is not None
+    assert federation.input_noise.std == pytest.approx((0.0, 0.125, 0.25, 0.375))
+    assert not federation.input_noise.fixed
+    blocks = np.array_split(np.arange(len(federation.pool)), 4)
+    for block, client in zip(blocks, federation.clients, strict=True):
+        np.testing.assert_array_equal(np.sort(np.concatenate([client.train, client.test])), block)
+    assert build({"name": "iid"}).input_noise is None
+
+
+def test_input_noise_apply() -> None:
+    noise = InputNoise((0.0, 0.5), fixed=False, seed=3)
+    images = torch.zeros(8, 1, 4, 4)
+    assert noise.apply(0, images, np.arange(8)) is images  # client 0 is clean
+    first = noise.apply(1, images, np.arange(8), torch.Generator().manual_seed(1))
+    again = noise.apply(1, images, np.arange(8), torch.Generator().manual_seed(1))
+    assert torch.equal(first, again) and 0.3 < float(first.std()) < 0.7
+    fixed = InputNoise((0.0, 0.5), fixed=True, seed=3)
+    batch = fixed.apply(1, images[:2], np.array([5, 9]))
+    reordered = fixed.apply(1, images[:2], np.array([9, 5]))
+    assert torch.equal(batch[0], reordered[1])  # the same sample gets the same noise
+    assert not torch.equal(batch[0], batch[1])
+
+
+def test_val_is_carved_from_train_and_disjoint() -> None:
+    federation = build({"name": "dirichlet", "alpha": 1.0}, {"val_fraction": 0.2})
+    assert_pairwise_disjoint(all_shares(federation))
+    for client in federation.clients:
+        total = len(client.train) + len(client.val)
+        assert len(client.val) == total - int(np.floor(0.8 * total))
+        assert len(client.train) >= 1 and len(client.val) >= 1
+        split = federation.client_val(0)
+        assert len(split) == len(federation.clients[0].val)
+
+
+def test_subsample_fraction_is_stratified() -> None:
+    dataset = toy_dataset()
+    federation = build({"name": "iid"}, {"subsample_fraction": 0.5, "client_test": "mirror"})
+    shared = np.concatenate([np.concatenate([c.train, c.test]) for c in federation.clients])
+    train_part = shared[shared < len(dataset.train)]
+    assert len(train_part) == 300
+    full = np.bincount(dataset.train.labels.numpy(), minlength=5)
+    kept = np.bincount(labels_of(federation)[train_part], minlength=5)
+    assert np.all(np.abs(kept - full / 2) < 1)
+    assert len(federation.global_test) == 100  # the official test split is halved too
+
+
+def test_diversifed_scheme_draws_fixed_size_tests() -> None:
+    dataset = toy_dataset()
+    federation = build(
+        {"name": "diversifed_pathological", "train_size": 30, "test_size": 10},
+        {"client_test": "partitioner"},
+        clients=8,
+    )
+    labels = labels_of(federation)
+    for client in federation.clients:
+        assert len(client.train) == 30 and len(client.test) == 10
+        assert client.test.min() >= len(dataset.train)
+        assert set(labels[client.train]) == set(labels[client.test])
+    union = np.unique(np.concatenate([c.test for c in federation.clients]))
+    np.testing.assert_array_equal(federation.global_test, union)  # overlaps counted once
+
+
+def test_groups_reach_the_partitioner_and_test_groups_default_to_none() -> None:
+    dataset = toy_dataset(train_groups=True)
+    federation = build({"name": "feature_skew"}, dataset=dataset, clients=3)
+    assert federation.pool.groups is not None
+    assert (federation.pool.groups[len(dataset.train) :] == -1).all()
+    groups = federation.pool.groups.numpy()
+    writers = [set(groups[np.concatenate([c.train, c.test])]) for c in federation.clients]
+    assert all(len(w) == 10 for w in writers) and not set.intersection(*writers)
+
+
+def test_same_arguments_same_federation_other_seed_another() -> None:
+    dataset = toy_dataset()
+    args = ({"name": "lsqs", "min_size": 5}, {"client_test": "mirror", "val_fraction": 0.1})
+    first = build(*args, dataset=dataset)
+    again = build(*args, dataset=dataset)
+    other = build(*args, dataset=dataset, seed=1)
+    for a, b in zip(all_shares(first), all_shares(again), strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(first.global_test, again.global_test)
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(all_shares(first), all_shares(other), strict=True)
+    )
+
+
+def test_split_presets_are_valid() -> None:
+    names = {path.stem for path in (CONF / "split").glob("*.yaml")}
+    assert names == {"default", "fliu", "flame", "fedala", "fedmpr", "diversifed"}
+    for name in names:
+        SplitConfig.from_mapping(yaml.safe_load((CONF / "split" / f"{name}.yaml").read_text()))
+    default = yaml.safe_load((CONF / "split" / "default.yaml").read_text())
+    assert SplitConfig.from_mapping(default) == SplitConfig()
+
+
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        ({"test_frac": 0.2}, "Allowed keys: pool"),
+        ({"pool": "both"}, "split.pool must be one of train, all"),
+        ({"pool": "all", "client_test": "mirror"}, "pool=all shares the official test split"),
+        ({"pool": "all", "global_test": "official"}, "pool=all shares the official test split"),
+        ({"test_fraction": 1.0}, r"test_fraction must be in \[0, 1\)"),
+        ({"subsample_fraction": 0.0}, r"subsample_fraction must be in \(0, 1\]"),
+        ({"stratify": "yes"}, "stratify must be true or false"),
+        ({"client_test": "partitioner"}, "'iid' does not: use client_test=holdout or mirror"),
+    ],
+)
+def test_bad_splits_are_refused(split: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build({"name": "iid"}, split)
+
+
+def test_impossible_federations_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"set split\.client_test=partitioner"):
+        build({"name": "diversifed_dirichlet", "train_size": 10, "test_size": 5})
+    with pytest.raises(ConfigError, match="too few to split off a test share"):
+        build({"name": "iid"}, clients=600)
+    with pytest.raises(ConfigError, match="600 samples"):
+        build({"name": "iid"}, clients=601)
+    # class 4 only in the train split: the client holding only it gets no mirrored test sample
+    dataset = toy_dataset()
+    test_labels = dataset.test.labels.clone()
+    test_labels[test_labels == 4] = 0
+    no_four = ImageDataset(
+        "toy",
+        dataset.train,
+        ImageSplit(dataset.test.images, test_labels),
+        5,
+        (0.5,),
+        (0.5,),
+    )
+    with pytest.raises(ConfigError, match=r"leaves clients \[4\] without test samples"):
+        build({"name": "class_groups"}, {"client_test": "mirror"}, dataset=no_four)
