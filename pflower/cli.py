@@ -98,11 +98,11 @@ def _task_overrides() -> list[str]:
 def _quiet_flower_console(progress: bool) -> None:
     """Flower logs to its own console handler (and to run.log); Hydra's root handler would
     print every line twice. With the live view on, the console shows only Flower's warnings."""
-    flower = logging.getLogger("flwr")
-    flower.propagate = False
+    from flwr.supercore.logger import LOGGER_NAME, update_console_handler
+
+    logging.getLogger(LOGGER_NAME).propagate = False
     if progress:
-        for handler in flower.handlers:
-            handler.setLevel(logging.WARNING)
+        update_console_handler(level=logging.WARNING)
 
 
 def _simulate(cfg: DictConfig) -> None:
@@ -160,6 +160,10 @@ def main() -> None:
         from pflower import report
 
         sys.exit(report.main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "deploy":
+        from pflower import deploy
+
+        sys.exit(deploy.main(sys.argv[2:]))
     task = _simulate
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         task = SUBCOMMANDS[sys.argv.pop(1)]

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +74,11 @@ class Endpoints:
     @property
     def fleet_address(self) -> str:
         return f"{self.host}:{self.fleet_port}"
+
+    @property
+    def fleet_dial_host(self) -> str:
+        """Where this machine reaches the Fleet API."""
+        return self.host if self.fleet_bind in (None, "0.0.0.0") else self.fleet_bind
 
     @property
     def control_address(self) -> str:
@@ -230,15 +235,21 @@ def launch(
     return ManagedProcess(name, popen.pid, argv, str(log), tag), popen
 
 
+_PROC = Path("/proc")
+
+
 def tagged_pids(tag: str) -> list[int]:
     """Live processes whose environment carries ``tag`` or a tag below it (``tag/...``).
 
-    Reads ``/proc/<pid>/environ``; processes of other users and zombies are skipped.
+    Reads ``/proc/<pid>/environ`` (Linux); processes of other users and zombies are skipped.
+    Without ``/proc`` the answer is empty.
     """
+    if not _PROC.is_dir():
+        return []
     wanted = f"{TAG_VARIABLE}={tag}".encode()
     below = f"{TAG_VARIABLE}={tag}/".encode()
     found = []
-    for entry in Path("/proc").iterdir():
+    for entry in _PROC.iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
@@ -250,24 +261,45 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _targets(tag: str, leaders: Sequence[int]) -> list[int]:
+    """The processes to signal: tagged ones, or without ``/proc`` the live session leaders."""
+    if _PROC.is_dir():
+        return tagged_pids(tag)
+    return [pid for pid in leaders if _running(pid)]
+
+
 def _signal_all(pids: Sequence[int], sig: signal.Signals) -> None:
+    kill = os.kill if _PROC.is_dir() else os.killpg
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, sig)
+            kill(pid, sig)
 
 
-def terminate(tag: str, grace: float = 10.0, sig: signal.Signals = signal.SIGTERM) -> None:
+def terminate(tag: str, leaders: Sequence[int] = (), grace: float = 10.0,
+              sig: signal.Signals = signal.SIGTERM) -> None:
     """End every process carrying ``tag``: ``sig`` first, SIGKILL after ``grace`` seconds.
 
     Flower's processes start their own sessions, so process groups do not reach them all;
-    the tag does, also after a parent died and its children were re-parented.
+    the tag does, also after a parent died and its children were re-parented. Where there is
+    no ``/proc`` (macOS), the process groups of ``leaders`` (the processes we started, each a
+    session leader) are signalled instead; Flower's child processes follow their parents.
     """
-    _signal_all(tagged_pids(tag), sig)
+    _signal_all(_targets(tag, leaders), sig)
     deadline = time.monotonic() + grace
-    while (remaining := tagged_pids(tag)) and time.monotonic() < deadline:
+    while (remaining := _targets(tag, leaders)) and time.monotonic() < deadline:
         time.sleep(0.2)
     _signal_all(remaining, signal.SIGKILL)
-    while tagged_pids(tag) and time.monotonic() < deadline + 5:
+    while _targets(tag, leaders) and time.monotonic() < deadline + 5:
         time.sleep(0.1)
 
 
@@ -284,13 +316,6 @@ def wait_for_port(host: str, port: int, timeout: float, process: subprocess.Pope
         except OSError:
             time.sleep(0.2)
     raise TimeoutError(f"nothing listens on {host}:{port} after {timeout:.0f}s")
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 # ------------------------------------------------------------------------- deployment
@@ -348,9 +373,7 @@ class Deployment:
         self.write_cli_config()
         popen = self._popens["superlink"]
         wait_for_port(self.endpoints.host, self.endpoints.control_port, timeout, popen)
-        fleet_host = self.endpoints.host if self.endpoints.fleet_bind in (None, "0.0.0.0") else (
-            self.endpoints.fleet_bind)
-        wait_for_port(fleet_host, self.endpoints.fleet_port, timeout, popen)
+        wait_for_port(self.endpoints.fleet_dial_host, self.endpoints.fleet_port, timeout, popen)
 
     def start_supernode(
         self, index: int, wrapper: Sequence[str] = (), superlink_host: str | None = None,
@@ -370,7 +393,7 @@ class Deployment:
 
     def stop(self, name: str, sig: signal.Signals = signal.SIGTERM, grace: float = 10.0) -> None:
         """End process ``name`` and everything it started."""
-        terminate(f"{self.tag}/{name}", grace, sig)
+        terminate(f"{self.tag}/{name}", [self.processes[name].pid], grace, sig)
         popen = self._popens.pop(name, None)
         if popen is not None:
             popen.wait(timeout=grace + 5)
@@ -379,14 +402,15 @@ class Deployment:
         """End the SuperNodes, then the SuperLink, then anything else carrying the tag."""
         for name in sorted(self.processes, key=lambda n: n == "superlink"):
             self.stop(name, grace=grace)
-        terminate(self.tag, grace)
+        terminate(self.tag, [p.pid for p in self.processes.values()], grace)
 
     def alive(self, name: str) -> bool:
         """Whether process ``name`` still runs."""
         popen = self._popens.get(name)
         if popen is not None:
             return popen.poll() is None
-        return self.processes[name].pid in tagged_pids(self.processes[name].tag)
+        process = self.processes[name]
+        return bool(_targets(process.tag, [process.pid]))
 
     # ----------------------------------------------------------------- flwr CLI
     def write_cli_config(self) -> Path:
@@ -402,20 +426,20 @@ class Deployment:
         path.write_text(tomli_w.dumps(config))
         return path
 
-    def flwr(self, *args: str, timeout: float | None = 120.0, check: bool = True,
-             capture: bool = True) -> subprocess.CompletedProcess[str]:
+    def flwr(self, *args: str, timeout: float = 120.0, check: bool = True
+             ) -> subprocess.CompletedProcess[str]:
         """Run ``flwr <args>`` against this deployment (its own ``FLWR_HOME``)."""
         env = dict(os.environ, FLWR_HOME=str(self.cli_home))
         return subprocess.run(
-            [executable("flwr"), *args], env=env, capture_output=capture, text=True,
+            [executable("flwr"), *args], env=env, capture_output=True, text=True,
             timeout=timeout, check=check,
         )
 
-    def register_nodes(self, indices: Sequence[int] | None = None) -> None:
-        """Register the public keys of SuperNodes ``indices`` (default: all) with the SuperLink."""
+    def register_nodes(self) -> None:
+        """Register the public keys of all SuperNodes with the SuperLink."""
         if self.security.node_keys is None:
             raise ValueError("this deployment runs without SuperNode authentication")
-        for index in range(self.num_clients) if indices is None else indices:
+        for index in range(self.num_clients):
             public = self.security.node_keys / f"supernode-{index}.pub"
             self.flwr("supernode", "register", str(public), CONNECTION)
 
@@ -433,40 +457,52 @@ class Deployment:
         while self.online_nodes() < count:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {count} SuperNodes online after {timeout:.0f}s")
-            time.sleep(1.0)
+            time.sleep(2.0)
 
-    def submit(self, overrides: Sequence[str], stream: bool = False) -> str:
+    def submit(self, overrides: Sequence[str]) -> str:
         """Start a run of the pflower app with Hydra ``overrides`` (``flwr run``); its run id.
 
-        With ``stream`` the run's log is printed until it ends. The overrides travel in a TOML
-        file: ``--run-config`` key=value pairs cannot carry a double quote.
+        The overrides travel in a TOML file: ``--run-config`` key=value pairs cannot carry a
+        double quote.
         """
         from pflower.config import RUN_CONFIG_KEY, app_dir, overrides_to_string
 
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
             file.write(tomli_w.dumps({RUN_CONFIG_KEY: overrides_to_string(overrides)}))
         try:
-            args = ["run", str(app_dir()), CONNECTION, "--run-config", file.name,
-                    "--format", "json"]
-            run_id = str(json.loads(self.flwr(*args).stdout)["run-id"])
+            result = self.flwr("run", str(app_dir()), CONNECTION, "--run-config", file.name,
+                               "--format", "json")
         finally:
             os.unlink(file.name)
-        if stream:
-            self.flwr("log", run_id, CONNECTION, "--stream", capture=False, timeout=None)
-        return run_id
+        return str(json.loads(result.stdout)["run-id"])
 
     def run_status(self, run_id: str) -> str:
         """Status of run ``run_id`` as ``flwr list`` reports it (e.g. ``finished:completed``)."""
         result = self.flwr("list", CONNECTION, "--run-id", run_id, "--format", "json")
         return str(json.loads(result.stdout)["runs"][0]["status"])
 
-    def wait_for_run(self, run_id: str, timeout: float) -> str:
-        """Block until run ``run_id`` finished; returns its final status."""
-        deadline = time.monotonic() + timeout
-        while not (status := self.run_status(run_id)).startswith("finished"):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"run {run_id} still {status} after {timeout:.0f}s")
-            time.sleep(2.0)
+    def wait_for_run(self, run_id: str, timeout: float | None, to_terminal: bool = False
+                     ) -> str:
+        """Block until run ``run_id`` finished; returns its final status.
+
+        Follows the run's log with ``flwr log --stream``, which returns when the run ends (one
+        process for the whole wait, not repeated polls), into ``logs/run-<id>.log`` or, with
+        ``to_terminal``, to this process's output.
+        """
+        env = dict(os.environ, FLWR_HOME=str(self.cli_home))
+        command = [executable("flwr"), "log", run_id, CONNECTION, "--stream"]
+        with contextlib.ExitStack() as stack:
+            out = None if to_terminal else stack.enter_context(
+                (self.logs / f"run-{run_id}.log").open("a"))
+            try:
+                subprocess.run(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               timeout=timeout, check=False)
+            except subprocess.TimeoutExpired as error:
+                raise TimeoutError(f"run {run_id} did not finish in {timeout:.0f}s") from error
+        for _ in range(30):  # the status may trail the end of the log by a moment
+            if (status := self.run_status(run_id)).startswith("finished"):
+                return status
+            time.sleep(1.0)
         return status
 
     # ------------------------------------------------------------------ state file
@@ -656,7 +692,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _any_alive(deployment: Deployment) -> bool:
-    return bool(tagged_pids(deployment.tag))
+    return any(deployment.alive(name) for name in deployment.processes)
 
 
 def _print_status(deployment: Deployment) -> bool:
@@ -707,8 +743,9 @@ def _run(args: argparse.Namespace) -> int:
     if not any(o.startswith("output_dir=") for o in overrides):
         stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
         overrides.append(f"output_dir={Path('runs').resolve() / stamp}")
-    run_id = deployment.submit(overrides, stream=True)
-    status = deployment.run_status(run_id)
+    run_id = deployment.submit(overrides)
+    print(f"run {run_id} started; following its log (Ctrl-C stops following, not the run)")
+    status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
     print(f"run {run_id}: {status}")
     return 0 if status == "finished:completed" else 1
 
@@ -770,13 +807,6 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: {error}")
         return 2
-
-
-def iter_logs(deployment: Deployment) -> Iterator[tuple[str, str]]:
-    """Each process's name and log text (for diagnostics)."""
-    for name, process in deployment.processes.items():
-        path = Path(process.log)
-        yield name, path.read_text(errors="replace") if path.exists() else ""
 
 
 if __name__ == "__main__":

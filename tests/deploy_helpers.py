@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflower.deploy import Deployment, Endpoints, Security, free_port, iter_logs
+from pflower.deploy import Deployment, Endpoints, Security
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -47,10 +48,19 @@ def stage_rows(rows: Sequence[dict[str, Any]], stage: str) -> dict[tuple[int, in
     return {(r["round"], r["client"]): r for r in rows if r["stage"] == stage}
 
 
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 def diagnostics(deployment: Deployment, tail: int = 40) -> str:
     """The last lines of every process log, for assertion messages."""
     parts = []
-    for name, text in iter_logs(deployment):
+    for name, process in deployment.processes.items():
+        log = Path(process.log)
+        text = log.read_text(errors="replace") if log.exists() else ""
         lines = [line for line in text.splitlines() if "uvicorn" not in line and line.strip()]
         parts.append(f"--- {name}\n" + "\n".join(lines[-tail:]))
     return "\n".join(parts)
@@ -180,10 +190,6 @@ class Federation:
                 superlink_host=self.spaces.host_ip(index),
                 runtime_port=self.deployment.endpoints.node_port,
             )
-
-    def submit(self, overrides: Sequence[str]) -> str:
-        """Submit a run with ``flwr run``; returns its run id."""
-        return str(json.loads(self.deployment.submit(overrides).stdout)["run-id"])
 
 
 @contextmanager

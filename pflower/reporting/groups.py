@@ -48,13 +48,14 @@ class Experiment:
     method: str
     partition: str
     section: str
+    section_order: tuple[Any, ...]
     method_order: tuple[Any, ...]
     partition_order: tuple[Any, ...]
 
     @property
     def order(self) -> tuple[Any, ...]:
         """Report order: section, then method, then partition."""
-        return (self.section, self.method_order, self.partition_order)
+        return (self.section_order, self.method_order, self.partition_order)
 
 
 def show(value: Any) -> str:
@@ -75,15 +76,23 @@ def experiment_key(run: Run) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in run.config.items() if k not in NOT_GROUPED))
 
 
+def _value_order(value: Any) -> tuple[int, float, str]:
+    """Numbers before other values, numbers by size (so that 5 comes before 10)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, float(value), "")
+    return (1, 0.0, show(value))
+
+
 def varying_keys(configs: Sequence[Config]) -> dict[str, list[str]]:
     """Keys whose value is not the same in every configuration, with their distinct values
     (a key missing from some configurations counts as the value ``-``)."""
     keys = sorted({key for config in configs for key in config})
     varying: dict[str, list[str]] = {}
     for key in keys:
-        values = {show(config.get(key, _ABSENT)) for config in configs}
-        if len(values) > 1:
-            varying[key] = sorted(values)
+        values = sorted({config.get(key, _ABSENT) for config in configs}, key=_value_order)
+        shown = list(dict.fromkeys(show(value) for value in values))
+        if len(shown) > 1:
+            varying[key] = shown
     return varying
 
 
@@ -154,14 +163,15 @@ def group_runs(runs: Iterable[Run]) -> list[Experiment]:
     for config, group, method, partition in zip(
         configs, by_key.values(), methods, partitions, strict=True
     ):
-        section = ", ".join(f"{key}={show(config.get(key, _ABSENT))}" for key in section_keys)
+        values = [config.get(key, _ABSENT) for key in section_keys]
         experiments.append(
             Experiment(
                 config,
                 tuple(group),
                 method,
                 partition,
-                section,
+                ", ".join(f"{k}={show(v)}" for k, v in zip(section_keys, values, strict=True)),
+                tuple(_value_order(value) for value in values),
                 _method_order(config, method),
                 _partition_order(config, partition),
             )

@@ -33,7 +33,7 @@ class RunRecorder(Recorder):
         self.run_dir = run_dir
         self.cfg = cfg
         self.thresholds = list(cfg.eval.rho_thresholds)
-        self.console = console if cfg.progress else None
+        self.console = (console or Console()) if cfg.progress else None
         self.rows: list[dict[str, Any]] = []
         self._started = time.monotonic()
         run_dir.mkdir(parents=True, exist_ok=True)

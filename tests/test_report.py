@@ -1,0 +1,174 @@
+"""``pflower report``: grouping by configuration, method names, and statistics checked against
+values computed by hand from small hand-written run directories."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pflower.report import main, write_report
+from pflower.reporting.groups import group_runs
+from pflower.reporting.runs import load_runs
+from pflower.reporting.stats import experiment_cells
+
+
+def _client(client: int, acc_local: float, acc_global: float, loss_local: float) -> dict[str, Any]:
+    return {
+        "client": client,
+        "acc_local": acc_local,
+        "acc_global": acc_global,
+        "loss_local": loss_local,
+        "loss_global": 1.0,
+        "num_test": 10 * (client + 1),
+    }
+
+
+def write_run(
+    path: Path,
+    seed: int,
+    strategy: dict[str, Any],
+    l1: Sequence[tuple[float, float, float]],
+    l2: Sequence[tuple[float, float, float]] = (),
+    g: float | None = None,
+    lr: float = 0.05,
+    status: str = "ok",
+) -> Path:
+    """A two-round run directory whose final round (2) has the given L1/L2 clients and G."""
+    config = {
+        "seed": seed,
+        "output_dir": str(path),
+        "rounds": 2,
+        "strategy": strategy,
+        "partition": {"name": "pathological", "classes_per_client": 2},
+        "train": {"lr": lr},
+    }
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    rows: list[dict[str, Any]] = [{"round": 0, "stage": "G", "acc": 0.1, "loss": 2.3}]
+    # Round 1 is better than round 2 everywhere: only the final round may be reported.
+    rows += [{"round": 1, "stage": "L1", **_client(c, 0.99, 0.99, 0.01)} for c in range(len(l1))]
+    rows.append({"round": 2, "stage": "time", "fit_done_unix_s": 1.0})
+    rows += [{"round": 2, "stage": "L1", **_client(c, *v)} for c, v in enumerate(l1)]
+    rows += [{"round": 2, "stage": "L2", **_client(c, *v)} for c, v in enumerate(l2)]
+    rows.append({"round": 2, "stage": "failure", "phase": "fit", "client": 9, "error": "boom"})
+    if g is not None:
+        rows += [{"round": 1, "stage": "G", "acc": 0.99}, {"round": 2, "stage": "G", "acc": g}]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if status == "ok":
+        (path / "summary.json").write_text(json.dumps({"final_round": 2}))
+    elif status == "failed":
+        (path / "summary.json").write_text(json.dumps({"status": "failed", "error": "E: bad"}))
+    return path
+
+
+FEDAVG = {"name": "fedavg", "aggregation": "uniform"}
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """FedAvg over two seeds (hand-computed below), plus runs that must not be averaged in."""
+    root = tmp_path / "sweep"
+    # seed 0: L1 Acc(L) (0.8 + 0.6)/2 = 0.7, Acc(G) 0.6, losses 0.2/0.6 (var 0.04); L2 present.
+    write_run(
+        root / "0",
+        0,
+        FEDAVG,
+        [(0.8, 0.5, 0.2), (0.6, 0.7, 0.6)],
+        [(1.0, 0.3, 0.1), (0.9, 0.2, 0.3)],
+        0.65,
+    )
+    # seed 1: L1 Acc(L) 0.8, Acc(G) 0.6, losses 0.4/0.4 (var 0); no L2 rows.
+    write_run(root / "1", 1, FEDAVG, [(0.9, 0.6, 0.4), (0.7, 0.6, 0.4)], g=0.55)
+    write_run(root / "2", 2, FEDAVG, [(0.1, 0.1, 9.0)], g=0.1, status="failed")
+    write_run(root / "3", 3, FEDAVG, [(0.1, 0.1, 9.0)], g=0.1, status="incomplete")
+    # Differs in train.lr only: its own experiment, in its own section.
+    write_run(root / "4", 0, FEDAVG, [(0.2, 0.2, 1.0), (0.2, 0.2, 1.0)], g=0.2, lr=0.1)
+    return root
+
+
+def test_statistics_match_hand_computed_values(sweep: Path) -> None:
+    experiments = group_runs(load_runs([sweep]))
+    fedavg = next(e for e in experiments if e.config["train.lr"] == 0.05)
+    cells = experiment_cells(fedavg, eps=0.65)
+    expected = {
+        "L1 Acc(L)": (0.75, 0.05, 2),  # mean of 0.7, 0.8; population std 0.05 (ddof 1: 0.0707)
+        "L1 Acc(G)": (0.6, 0.0, 2),
+        "L1 Acc": (1.35, 0.05, 2),
+        "L1 rho": (1.5, 0.5, 2),  # clients with Acc(L) > 0.65: 1 (seed 0) and 2 (seed 1)
+        "L1 loss var": (0.02, 0.02, 2),  # variances 0.04 and 0.0
+        "L1 bottom-10%": (0.65, 0.05, 2),  # worst client of 2 (ceil(0.1 * 2) = 1): 0.6, 0.7
+        "L2 Acc(L)": (0.95, 0.0, 1),  # seed 0 only
+        "L2 Acc(G)": (0.25, 0.0, 1),
+        "L2 Acc": (1.2, 0.0, 1),
+        "G Acc(G)": (0.6, 0.05, 2),  # 0.65, 0.55
+    }
+    for key, (mean, std, n) in expected.items():
+        cell = cells[key]
+        assert (cell.mean, cell.std, cell.n) == (pytest.approx(mean), pytest.approx(std), n), key
+
+
+def test_report_tables_csv_and_listing_of_what_varies(sweep: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    assert main([str(sweep), "--out", str(out), "--eps", "0.65"]) == 0
+    text = (out / "report.md").read_text()
+    assert "5 runs (3 completed, 1 failed, 1 incomplete) in 2 experiments" in text
+    assert "| `train.lr` | 0.05, 0.1 |" in text
+    assert "## train.lr=0.05" in text and "## train.lr=0.1" in text
+    assert "| FedAvg | 75.00 ± 5.00 (2) | 60.00 ± 0.00 (2) | 135.00 ± 5.00 (2) |" in text
+    assert "| FedAvg | 95.00 ± 0.00 (1) | 25.00 ± 0.00 (1) | 120.00 ± 0.00 (1) |" in text
+    assert "| FedAvg | 60.00 ± 5.00 (2) |" in text
+    assert "| FedAvg | 1.5 ± 0.5 (2) | 0.02 ± 0.02 (2) | 65.00 ± 5.00 (2) |" in text
+    # The lr=0.1 run is reported on its own, never averaged with the others.
+    assert "| FedAvg | 20.00 ± 0.00 (1) | 20.00 ± 0.00 (1) | 40.00 ± 0.00 (1) |" in text
+    assert "| failed | E: bad |" in text and "| incomplete |" in text
+
+    with (out / "report.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [(r["section"], r["method"]) for r in rows] == [
+        ("train.lr=0.05", "FedAvg"),
+        ("train.lr=0.1", "FedAvg"),
+    ]
+    assert rows[0]["PATH L1 Acc(L)"] == "75.00 ± 5.00 (2)"
+    assert rows[0]["PATH G Acc(G)"] == "60.00 ± 5.00 (2)"
+    with (out / "report_values.csv").open() as handle:
+        values = list(csv.DictReader(handle))
+    l1 = next(v for v in values if v["section"] == "train.lr=0.05" and v["metric"] == "L1 Acc(L)")
+    assert (float(l1["mean"]), float(l1["std"]), int(l1["n"])) == (
+        pytest.approx(0.75),
+        pytest.approx(0.05),
+        2,
+    )
+    for name in ("accuracy_rounds_1.png", "client_accuracy_1.png", "accuracy_rounds_2.png"):
+        assert (out / "plots" / name).stat().st_size > 0
+
+
+def test_methods_are_named_by_their_distinguishing_options(tmp_path: Path) -> None:
+    clients = [(0.5, 0.5, 1.0)]
+    strategies = {
+        "fliu": {"name": "fliu", "gamma_mode": "adaptive", "gamma": 0.5, "aggregation": "uniform"},
+        "fliu10": {"name": "fliu", "gamma_mode": "fixed", "gamma": 0.1, "aggregation": "uniform"},
+        "fliu25": {"name": "fliu", "gamma_mode": "fixed", "gamma": 0.25, "aggregation": "uniform"},
+        "clt": {"name": "local", "aggregation": "uniform"},
+        "fedavg_u": FEDAVG,
+        "fedavg_w": {"name": "fedavg", "aggregation": "weighted"},
+    }
+    for name, strategy in strategies.items():
+        write_run(tmp_path / name, 0, strategy, clients, g=None if name == "clt" else 0.5)
+    experiments = group_runs(load_runs([tmp_path]))
+    assert {e.section for e in experiments} == {""}
+    assert [e.method for e in experiments] == [
+        "FedAvg (aggregation=uniform)",
+        "FedAvg (aggregation=weighted)",
+        "FLIU",
+        "FLIU10",
+        "FLIU25",
+        "CLT",
+    ]
+    report = write_report([tmp_path], tmp_path / "out").read_text()
+    assert "| CLT | - |" in report  # no stage G for local training
