@@ -29,7 +29,7 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -93,13 +93,20 @@ def run_pflower(rounds: int, run_dir: Path) -> dict:
     started = time.time()
     with PeakMemory() as memory:
         subprocess.run(
-            [sys.executable, "-m", "pflower", *WORKLOAD, f"rounds={rounds}",
-             f"output_dir={run_dir}"],
+            [
+                sys.executable,
+                "-m",
+                "pflower",
+                *WORKLOAD,
+                f"rounds={rounds}",
+                f"output_dir={run_dir}",
+            ],
             check=True,
         )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    done = [r["fit_done_unix_s"] for r in sorted(rows, key=lambda r: r["round"])
-            if r["stage"] == "time"]
+    done = [
+        r["fit_done_unix_s"] for r in sorted(rows, key=lambda r: r["round"]) if r["stage"] == "time"
+    ]
     round_times = list(np.diff(done))
     steady = statistics.median(round_times[: max(1, rounds - 2)])
     return {
@@ -164,26 +171,42 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as tmp:
         pflower = run_pflower(args.rounds, Path(tmp) / "run")
-    bare = json.loads(subprocess.run(
-        [sys.executable, __file__, "--mode", "bare", "--rounds", str(args.rounds),
-         "--threads", str(args.threads)],
-        check=True, capture_output=True, text=True,
-    ).stdout.strip().splitlines()[-1])
+    bare = json.loads(
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--mode",
+                "bare",
+                "--rounds",
+                str(args.rounds),
+                "--threads",
+                str(args.threads),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     result = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
-                   f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "workload": WORKLOAD + [f"rounds={args.rounds}"],
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "workload": [*WORKLOAD, f"rounds={args.rounds}"],
         "pflower": pflower,
         "bare": bare,
         "steady_ratio_pflower_over_bare": pflower["steady_round_s"] / bare["steady_round_s"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(result, indent=2))
-    line = (f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
-            f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
-            f"{result['steady_ratio_pflower_over_bare']:.2f} | {pflower['startup_s']:.1f} | "
-            f"{pflower['peak_rss_mb']:.0f} | {bare['peak_rss_mb']:.0f} |\n")
+    line = (
+        f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
+        f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
+        f"{result['steady_ratio_pflower_over_bare']:.2f} | {pflower['startup_s']:.1f} | "
+        f"{pflower['peak_rss_mb']:.0f} | {bare['peak_rss_mb']:.0f} |\n"
+    )
     table = args.out / "overhead.md"
     if not table.exists():
         table.write_text(

@@ -47,7 +47,11 @@ CONNECTION = "pflower-local"
 """Name of the SuperLink connection written to the deployment's Flower configuration."""
 
 STATE_FILE = "deployment.json"
-DEFAULT_DIR = Path(".pflower-deploy")
+DEFAULT_DIR = Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / (
+    "pflower/deploy")
+"""Default deployment directory. Outside the repository on purpose: ``flwr run .`` packs every
+source-like file under the app directory that ``.gitignore`` does not exclude, and this folder
+holds the apps installed on each node."""
 
 
 # ----------------------------------------------------------------------------- topology

@@ -6,6 +6,7 @@ data with a tiny CNN, so each experiment takes a few seconds.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -196,6 +197,9 @@ def test_a_round_where_every_client_failed_stops_the_run(tmp_path: Path) -> None
             [*BASE, "strategy=fedavg"], tmp_path, make_client=failing_client_fn({0, 1, 2, 3})
         )
     assert "injected failure on partition 3" in str(error.value)
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert "injected failure on partition 0" in summary["error"]
 
 
 def test_too_many_failures_stop_the_run(tmp_path: Path) -> None:

@@ -118,7 +118,7 @@ def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, pflower:
         pflower("report", str(sweep))
     report = (sweep / "report.md").read_text()
     assert "1 completed, 1 failed" in report
-    assert "| `partition.classes_per_client` | 11, 2 |" in report
+    assert "| `partition.classes_per_client` | 2, 11 |" in report
     assert "ConfigError: partition 'pathological'" in report
 
 

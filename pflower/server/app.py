@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from datetime import datetime
 from pathlib import Path
 
@@ -64,12 +63,7 @@ def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
 
 def server_fn(context: Context) -> ServerAppComponents:
     cfg = config_from_run_config(context.run_config)
-    run_dir = run_directory(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(run_dir / "run.log")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    logging.getLogger("flwr").addHandler(handler)
-    strategy = build_strategy(cfg, run_dir)
+    strategy = build_strategy(cfg, run_directory(cfg))
     return ServerAppComponents(
         strategy=strategy,
         config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout),

@@ -14,6 +14,7 @@ Layout of a run directory (DESIGN.md §6)::
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +38,9 @@ class RunRecorder(Recorder):
         self.rows: list[dict[str, Any]] = []
         self._started = time.monotonic()
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._log_handler = logging.FileHandler(run_dir / "run.log")
+        self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logging.getLogger("flwr").addHandler(self._log_handler)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         self._metrics_file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
 
@@ -70,6 +74,18 @@ class RunRecorder(Recorder):
 
     def fit_done(self, server_round: int) -> None:
         self._write({"round": server_round, "stage": "time", "fit_done_unix_s": time.time()})
+
+    def fail(self, error: str) -> None:
+        """The run stops with ``error``: record it in summary.json and release the files."""
+        failures = [r for r in self.rows if r["stage"] == "failure"]
+        summary = {"status": "failed", "error": error, "failures": failures}
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        self._close()
+
+    def _close(self) -> None:
+        self._metrics_file.close()
+        logging.getLogger("flwr").removeHandler(self._log_handler)
+        self._log_handler.close()
 
     def stage_rows(self, server_round: int, stage: str) -> list[dict[str, Any]]:
         return [r for r in self.rows if r["round"] == server_round and r["stage"] == stage]
@@ -109,6 +125,7 @@ class RunRecorder(Recorder):
         final = self.cfg.rounds
         failures = [r for r in self.rows if r["stage"] == "failure"]
         summary = {
+            "status": "completed",
             "final_round": final,
             "stages": self.round_summary(final),
             "failures": failures,
@@ -120,7 +137,7 @@ class RunRecorder(Recorder):
             "seed": self.cfg.seed,
         }
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-        self._metrics_file.close()
+        self._close()
         from pflower.server.plots import plot_run  # matplotlib only when a run ends
 
         plot_run(self.rows, final, self.run_dir / "plots")

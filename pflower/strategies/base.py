@@ -98,6 +98,9 @@ class Recorder:
     def finish(self) -> None:
         """The last round is done."""
 
+    def fail(self, error: str) -> None:
+        """The run stops with ``error``."""
+
 
 class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     """Flower FedAvg machinery plus the personalized-FL protocol (see module docstring)."""
@@ -321,17 +324,17 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         if rejected:
             self.recorder.failures(server_round, phase, dict(rejected))
         sent = len(self._sent.get(f"{phase}-{server_round}", {}))
+        problem = None
         if not updates:
-            raise RoundFailedError(
-                f"Round {server_round}: all {sent} clients failed, nothing to aggregate.\n"
-                + _describe(failed)
-            )
-        if len(failed) > self.run.max_failed_fraction * sent:
-            raise RoundFailedError(
+            problem = f"Round {server_round}: all {sent} clients failed, nothing to aggregate.\n"
+        elif len(failed) > self.run.max_failed_fraction * sent:
+            problem = (
                 f"Round {server_round}: {len(failed)} of {sent} clients failed, more than "
                 f"failures.max_failed_fraction={self.run.max_failed_fraction}.\n"
-                + _describe(failed)
             )
+        if problem:
+            self.recorder.fail(problem + _describe(failed))
+            raise RoundFailedError(problem + _describe(failed))
 
     def _record_missing(
         self, server_round: int, phase: str, returned: set[int], failures: list[Any]
