@@ -174,9 +174,9 @@ def supernode_args(
 
 def superexec_args(runtime_address: str, root_certificates: str | None) -> list[str]:
     """Arguments of ``flower-superexec``, the executor of ServerApp or ClientApp processes."""
-    tls = ["--insecure"] if root_certificates is None else ["--root-certificates",
-                                                            root_certificates]
-    return [*tls, "--runtime-api-address", runtime_address]
+    if root_certificates is None:
+        return ["--insecure", "--runtime-api-address", runtime_address]
+    return ["--root-certificates", root_certificates, "--runtime-api-address", runtime_address]
 
 
 # ------------------------------------------------------------------------- processes
@@ -749,7 +749,12 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"output_dir={Path('runs').resolve() / stamp}")
     run_id = deployment.submit(overrides)
     print(f"run {run_id} started; following its log (Ctrl-C stops following, not the run)")
-    status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
+    try:
+        status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
+    except KeyboardInterrupt:
+        print(f"\nstopped following run {run_id}; it goes on. Stop it with: "
+              f"FLWR_HOME={deployment.cli_home} flwr stop {run_id} {CONNECTION}")
+        return 130
     print(f"run {run_id}: {status}")
     return 0 if status == "finished:completed" else 1
 
@@ -779,7 +784,8 @@ def _parser() -> argparse.ArgumentParser:
 
     up = with_dir(commands.add_parser("up", help="start the SuperLink and the SuperNodes"))
     up.add_argument("-n", "--num-clients", type=int, default=3)
-    up.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on")
+    up.add_argument("--host", default="127.0.0.1",
+                    help="address the SuperLink listens on and the SuperNodes dial")
     up.add_argument("--fleet-port", type=int, default=Endpoints.fleet_port)
     up.add_argument("--control-port", type=int, default=Endpoints.control_port)
     up.add_argument("--node-port", type=int, default=Endpoints.node_port,

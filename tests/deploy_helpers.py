@@ -13,13 +13,14 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflower.deploy import Deployment, Endpoints, Security
+from pflower.deploy import Deployment, Endpoints, Security, launch, terminate
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,25 +67,30 @@ def diagnostics(deployment: Deployment, tail: int = 40) -> str:
     return "\n".join(parts)
 
 
-def simulation(overrides: Sequence[str], run_dir: Path, log: Path) -> subprocess.Popen[bytes]:
-    """Start ``pflower <overrides>`` (a Ray simulation) writing into ``run_dir``."""
-    pflower = Path(sys.executable).parent / "pflower"
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [str(pflower), *overrides, f"output_dir={run_dir}", "progress=false"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=run_dir.parent, start_new_session=True,
-        )
+@dataclass
+class Background:
+    """A process started in the background with a deployment tag (see :func:`launch`)."""
+
+    popen: subprocess.Popen[bytes]
+    tag: str
+
+    def stop(self, grace: float = 10.0) -> None:
+        """End the process and everything it started (Ray starts its own sessions)."""
+        terminate(self.tag, [self.popen.pid], grace)
+        self.popen.wait(timeout=grace + 5)
 
 
-def stop_process(process: subprocess.Popen[bytes], grace: float = 10.0) -> None:
-    """End ``process`` and its process group (Ray's workers start in it) if still running."""
-    if process.poll() is None:
-        os.killpg(process.pid, 15)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, 9)
-            process.wait()
+def simulation(overrides: Sequence[str], run_dir: Path, log: Path) -> Background:
+    """Start ``pflower <overrides>`` (a Ray simulation) writing into ``run_dir``.
+
+    Hydra's own output (``.hydra/``) goes next to ``run_dir`` rather than into ``./runs``.
+    """
+    command = [str(Path(sys.executable).parent / "pflower"), *overrides,
+               f"output_dir={run_dir}", f"hydra.run.dir={run_dir.parent / 'hydra'}",
+               "progress=false"]
+    tag = f"pflower-sim-{uuid.uuid4().hex[:8]}"
+    _, popen = launch("simulation", command, log, tag, run_dir.parent / "flwr")
+    return Background(popen, tag)
 
 
 # ------------------------------------------------------------------ network namespaces
@@ -115,15 +121,16 @@ class Namespaces:
     def name(self, index: int) -> str:
         return f"{self.prefix}n{index}"
 
-    def _subnet(self, index: int) -> str:
-        block = (os.getpid() % 60) * 4 + index
-        return f"10.{200 + block // 256}.{block % 256}"
+    def _address(self, index: int, host: int) -> str:
+        """Address ``host`` (1 or 2) of node ``index``'s /30 link, inside 10.200.0.0/16."""
+        offset = ((os.getpid() % 4096) * 4 + index) * 4 + host
+        return f"10.200.{offset // 256}.{offset % 256}"
 
     def host_ip(self, index: int) -> str:
-        return f"{self._subnet(index)}.1"
+        return self._address(index, 1)
 
     def node_ip(self, index: int) -> str:
-        return f"{self._subnet(index)}.2"
+        return self._address(index, 2)
 
     def wrapper(self, index: int) -> list[str]:
         return ["ip", "netns", "exec", self.name(index)]
@@ -153,17 +160,6 @@ class Namespaces:
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
-
-
-@contextmanager
-def namespaces(count: int) -> Iterator[Namespaces]:
-    """``count`` namespaces that exist for the duration of the block."""
-    spaces = Namespaces(count)
-    try:
-        spaces.create()
-        yield spaces
-    finally:
-        spaces.delete()
 
 
 # ------------------------------------------------------------------------------ federation

@@ -1,7 +1,8 @@
 """pflower as a real deployment: a SuperLink and SuperNodes as separate processes over gRPC.
 
 - the deployment reproduces a simulation of the same config (same partitions, same numbers), with
-  SuperNodes on loopback ports or each in its own network namespace (a separate host);
+  each SuperNode in its own network namespace (a separate host) when the tests run as root with
+  ``ip netns``, else on loopback ports;
 - per-client state persists on the SuperNodes: each client's personalized model outlives the
   ClientApp process that trained it;
 - a SuperNode killed during a run is recorded as failed in that round, the round completes with
@@ -38,7 +39,6 @@ from tests.deploy_helpers import (
     read_rows,
     simulation,
     stage_rows,
-    stop_process,
     wait_until,
 )
 
@@ -106,36 +106,45 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     process = simulation(COMPARED, run_dir, root / "simulation.log")
 
     def rows() -> list[dict]:
-        code = process.wait(timeout=RUN_TIMEOUT)
+        code = process.popen.wait(timeout=RUN_TIMEOUT)
         assert code == 0, (root / "simulation.log").read_text()[-3000:]
         return read_rows(run_dir)
 
     try:
         yield rows
     finally:
-        stop_process(process)
+        process.stop()
 
 
 @pytest.fixture(scope="module")
-def loopback(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
-    """A SuperLink and 3 SuperNodes on loopback ports, shared by the tests of this module."""
-    with federation(tmp_path_factory.mktemp("loopback"), 3) as fed:
+def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation]:
+    """A SuperLink and 3 SuperNodes, shared by the tests of this module.
+
+    Where the tests run as root with ``ip netns``, every SuperNode runs in a network namespace
+    of its own (a separate host, reaching the SuperLink over a veth pair); elsewhere the
+    SuperNodes use loopback ports, which the TLS test below exercises in any case.
+    """
+    in_namespaces = netns_unavailable() is None
+    with federation(tmp_path_factory.mktemp("federation"), 3, in_namespaces) as fed:
         yield fed
 
 
-def _check_against_simulation(fed: Federation, run_dir: Path, reference: Any) -> None:
-    run_id = fed.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
-    status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
-    assert status == "finished:completed", diagnostics(fed.deployment)
+def test_deployment_matches_simulation(three_nodes: Federation, reference: Any,
+                                       tmp_path: Path) -> None:
+    if three_nodes.spaces is not None:
+        for index in range(3):
+            pid = three_nodes.deployment.processes[f"supernode-{index}"].pid
+            identify = subprocess.run(["ip", "netns", "identify", str(pid)],
+                                      capture_output=True, text=True, check=True)
+            assert identify.stdout.strip() == three_nodes.spaces.name(index)
+    run_dir = tmp_path / "run"
+    run_id = three_nodes.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
+    status = three_nodes.deployment.wait_for_run(run_id, RUN_TIMEOUT)
+    assert status == "finished:completed", diagnostics(three_nodes.deployment)
     rows = read_rows(run_dir)
     assert (run_dir / "summary.json").is_file()
     assert_same_results(rows, reference())
     assert_state_persisted(rows)
-
-
-def test_deployment_matches_simulation_loopback(loopback: Federation, reference: Any,
-                                                tmp_path: Path) -> None:
-    _check_against_simulation(loopback, tmp_path / "run", reference)
 
 
 def _received_train(log: Path, run_id: str, server_round: int) -> bool:
@@ -145,14 +154,15 @@ def _received_train(log: Path, run_id: str, server_round: int) -> bool:
     return re.search(pattern, text) is not None
 
 
-def test_killed_supernode_is_recorded_and_rejoins(loopback: Federation, tmp_path: Path) -> None:
+def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_path: Path
+                                                   ) -> None:
     """Kill supernode-2 while it trains in round 1, restart it, and finish the run.
 
     Only round 2 is evaluated (fewer ClientApp processes); that round 1 went on with the two
     remaining clients shows in the ServerApp's log and in the recorded failure.
     """
     run_dir = tmp_path / "run"
-    deployment = loopback.deployment
+    deployment = three_nodes.deployment
     run_id = deployment.submit([*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2",
                                 "round_timeout=120", f"output_dir={run_dir}"])
     log = Path(deployment.processes["supernode-2"].log)
@@ -161,7 +171,7 @@ def test_killed_supernode_is_recorded_and_rejoins(loopback: Federation, tmp_path
     deployment.stop("supernode-2", signal.SIGTERM)
     wait_until(lambda: any(r["stage"] == "failure" for r in read_rows(run_dir)), RUN_TIMEOUT,
                "the failure of client 2 to be recorded")
-    loopback.start_node(2)
+    three_nodes.start_node(2)
     status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(deployment)
 
@@ -176,20 +186,6 @@ def test_killed_supernode_is_recorded_and_rejoins(loopback: Federation, tmp_path
     assert {c for (rnd, c) in stage_rows(rows, "L1") if rnd == 2} == {0, 1, 2}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(f["round"], f["client"]) for f in summary["failures"]] == [(1, 2)]
-
-
-def test_deployment_matches_simulation_netns(reference: Any, tmp_path: Path) -> None:
-    """The same with every SuperNode in a network namespace of its own: separate hosts."""
-    if reason := netns_unavailable():
-        pytest.skip(reason)
-    with federation(tmp_path / "deploy", 3, in_namespaces=True) as fed:
-        assert fed.spaces is not None
-        for index in range(3):
-            pid = fed.deployment.processes[f"supernode-{index}"].pid
-            identify = subprocess.run(["ip", "netns", "identify", str(pid)],
-                                      capture_output=True, text=True, check=True)
-            assert identify.stdout.strip() == fed.spaces.name(index)
-        _check_against_simulation(fed, tmp_path / "run", reference)
 
 
 def _tls_handshake(port: int, ca: Path) -> str:

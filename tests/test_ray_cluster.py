@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pflower.deploy import executable, launch, terminate, wait_for_port
-from tests.deploy_helpers import free_port, read_rows, simulation, stop_process
+from tests.deploy_helpers import free_port, read_rows, simulation
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -61,9 +61,10 @@ def test_simulation_runs_on_existing_ray_cluster(ray_head: tuple[str, Path], tmp
                  f"backend.address={address}"]
     process = simulation(overrides, run_dir, tmp_path / "simulation.log")
     try:
-        assert process.wait(timeout=300) == 0, (tmp_path / "simulation.log").read_text()[-3000:]
+        code = process.popen.wait(timeout=300)
+        assert code == 0, (tmp_path / "simulation.log").read_text()[-3000:]
     finally:
-        stop_process(process)
+        process.stop()
     rows = read_rows(run_dir)
     assert {r["client"] for r in rows if r["stage"] == "L2" and r["round"] == 2} == {0, 1, 2}
     assert (run_dir / "summary.json").is_file()
