@@ -688,6 +688,9 @@ def _up(args: argparse.Namespace) -> int:
         deployment.stop_all()
         print(f"deployment failed: {error}\nlogs: {deployment.logs}")
         return 1
+    except BaseException:  # Ctrl-C or a bug: leave nothing running
+        deployment.stop_all()
+        raise
     _print_status(deployment)
     print(f"\nsubmit a run:  pflower deploy run --dir {args.dir} <hydra overrides>"
           f"\nor with flwr:   FLWR_HOME={deployment.cli_home} flwr run . {CONNECTION} "
