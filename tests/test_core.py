@@ -202,6 +202,24 @@ def test_a_round_where_every_client_failed_stops_the_run(tmp_path: Path) -> None
     assert "injected failure on partition 0" in summary["error"]
 
 
+def test_a_run_with_no_reachable_client_stops_instead_of_idling(tmp_path: Path) -> None:
+    def unreachable(context):
+        client = client_fn(context)
+
+        def refuse(ins):
+            raise ConnectionError("node unavailable")
+
+        client.get_properties = refuse
+        return client
+
+    with pytest.raises(RoundFailedError, match="only 0 client"):
+        run_inprocess([*BASE, "strategy=fedavg"], tmp_path, make_client=unreachable)
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    failures = [r for r in rows if r["stage"] == "failure"]
+    assert {r["phase"] for r in failures} == {"connect"} and len(failures) == 4
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+
+
 def test_too_many_failures_stop_the_run(tmp_path: Path) -> None:
     with pytest.raises(RoundFailedError, match="3 of 4 clients failed"):
         run_inprocess(

@@ -51,6 +51,7 @@ def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
         eval_every=cfg.eval.every,
         eval_fraction=cfg.eval.fraction,
         max_failed_fraction=cfg.failures.max_failed_fraction,
+        round_timeout=cfg.round_timeout,
     )
     return algorithm.strategy_class(
         options=algorithm,

@@ -18,6 +18,7 @@ Algorithms override :meth:`aggregate` (the model update) and the per-client hook
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -62,6 +63,7 @@ class RunSettings:
     eval_every: int = 1
     eval_fraction: float = 1.0
     max_failed_fraction: float = 0.5
+    round_timeout: float | None = None
 
     def is_eval_round(self, server_round: int) -> bool:
         return server_round % self.eval_every == 0 or server_round == self.rounds
@@ -254,35 +256,63 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
 
     # ------------------------------------------------------------------------- internals
     def _learn_partitions(self, client_manager: ClientManager) -> None:
-        """Ask newly connected nodes which partition they hold (once per node).
+        """Ask newly connected nodes, all at once, which partition they hold (once per node).
 
-        A node that cannot answer is left out until it can; it is recorded as a failure.
+        A node that cannot answer in time is left out until it can; it is recorded as a failure.
         """
-        for cid, proxy in client_manager.all().items():
-            if cid in self._partition_of:
-                continue
-            try:
-                props = proxy.get_properties(GetPropertiesIns({}), timeout=None, group_id=0)
-            except Exception as error:  # a broken node must not stop the others
+        new = [p for cid, p in client_manager.all().items() if cid not in self._partition_of]
+        if not new:
+            return
+
+        def ask(proxy: ClientProxy) -> dict[str, Scalar]:
+            ins = GetPropertiesIns({})
+            return proxy.get_properties(ins, timeout=self.run.round_timeout, group_id=0).properties
+
+        with ThreadPoolExecutor(max_workers=min(32, len(new))) as pool:
+            futures = {proxy.cid: pool.submit(ask, proxy) for proxy in new}
+        for cid, future in futures.items():
+            error = future.exception()
+            if error is not None:  # a broken node must not stop the others
                 self.recorder.failures(0, "connect", {f"node {cid}": _failure_text(error)})
                 continue
-            partition_id = int(props.properties["partition_id"])
+            properties = future.result()
+            partition_id = int(properties["partition_id"])
             self._partition_of[cid] = partition_id
-            self._num_train[partition_id] = int(props.properties["num_train"])
+            self._num_train[partition_id] = int(properties["num_train"])
 
     def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
-        """A seeded sample of connected clients, chosen by partition id (not by node id)."""
-        client_manager.wait_for(self.min_available_clients)
+        """A seeded sample of connected clients, chosen by partition id (not by node id).
+
+        Before the first round the server waits for all ``num_clients`` nodes; later rounds go on
+        with the nodes that are connected (a node that left is skipped until it returns), as long
+        as at least ``min_clients`` of them answer.
+        """
+        if not self._partition_of:
+            client_manager.wait_for(self.min_available_clients)
+        elif len(client_manager.all()) < self.run.min_clients:
+            client_manager.wait_for(self.run.min_clients, timeout=self._wait_timeout)
         self._learn_partitions(client_manager)
         proxies = sorted(
             (p for p in client_manager.all().values() if p.cid in self._partition_of),
             key=lambda p: self._partition_of[p.cid],
         )
+        if len(proxies) < self.run.min_clients:
+            message = (
+                f"only {len(proxies)} client(s) reachable, fewer than min_clients="
+                f"{self.run.min_clients}; nothing can be trained"
+            )
+            self.recorder.fail(message)
+            raise RoundFailedError(message)
         count = max(int(len(proxies) * fraction), min(self.min_fit_clients, len(proxies)))
         if count >= len(proxies):
             return proxies
         chosen = self._rng.choice(len(proxies), size=count, replace=False)
         return [proxies[i] for i in sorted(chosen)]
+
+    @property
+    def _wait_timeout(self) -> int:
+        """How long to wait for nodes to (re)connect: the round timeout, else one hour."""
+        return int(self.run.round_timeout) if self.run.round_timeout else 3600
 
     def _collect_updates(
         self, results: list[tuple[ClientProxy, FitRes]], current: NDArrays
