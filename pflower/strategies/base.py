@@ -283,14 +283,14 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
         """A seeded sample of connected clients, chosen by partition id (not by node id).
 
-        Before the first round the server waits for all ``num_clients`` nodes; later rounds go on
-        with the nodes that are connected (a node that left is skipped until it returns), as long
-        as at least ``min_clients`` of them answer.
+        Before the first round the server waits for all ``num_clients`` nodes. Before later rounds
+        it gives nodes that left up to ``round_timeout`` (else 10 minutes) to reconnect, then goes
+        on with the connected ones, as long as at least ``min_clients`` of them answer.
         """
         if not self._partition_of:
             client_manager.wait_for(self.min_available_clients)
-        elif len(client_manager.all()) < self.run.min_clients:
-            client_manager.wait_for(self.run.min_clients, timeout=self._wait_timeout)
+        else:
+            client_manager.wait_for(self.min_available_clients, timeout=self._rejoin_timeout)
         self._learn_partitions(client_manager)
         proxies = sorted(
             (p for p in client_manager.all().values() if p.cid in self._partition_of),
@@ -310,9 +310,9 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         return [proxies[i] for i in sorted(chosen)]
 
     @property
-    def _wait_timeout(self) -> int:
-        """How long to wait for nodes to (re)connect: the round timeout, else one hour."""
-        return int(self.run.round_timeout) if self.run.round_timeout else 3600
+    def _rejoin_timeout(self) -> int:
+        """Seconds a round waits for missing nodes to reconnect: the round timeout, else 600."""
+        return int(self.run.round_timeout) if self.run.round_timeout else 600
 
     def _collect_updates(
         self, results: list[tuple[ClientProxy, FitRes]], current: NDArrays
