@@ -369,13 +369,19 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def _record_missing(
         self, server_round: int, phase: str, returned: set[int], failures: list[Any]
     ) -> dict[int | str, str]:
-        """Record clients that were sent work but returned nothing; returns them with errors."""
+        """Record clients that were sent work but returned nothing; returns them with errors.
+
+        Flower reports a failed reply without naming its node, so an error is attributed to a
+        client only when one client is missing; otherwise each gets all of the round's errors.
+        """
         sent = self._sent.get(f"{phase}-{server_round}", {})
         missing = sorted(pid for pid in sent.values() if pid not in returned)
         errors = [_failure_text(f) for f in failures]
-        failed: dict[int | str, str] = {}
-        for index, pid in enumerate(missing):
-            failed[pid] = errors[index] if index < len(errors) else "no reply"
+        if len(missing) == 1:
+            error = " | ".join(errors) or "no reply"
+        else:
+            error = "one of the round's errors: " + (" | ".join(errors) or "no reply")
+        failed: dict[int | str, str] = dict.fromkeys(missing, error)
         if failed:
             self.recorder.failures(server_round, phase, failed)
         return failed
