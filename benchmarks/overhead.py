@@ -36,10 +36,10 @@ import numpy as np
 import psutil
 import torch
 
-from pflower.client.training import batch_indices, get_weights, set_weights
-from pflower.config import compose_config
-from pflower.experiment import Experiment
-from pflower.strategies.base import weighted_mean
+from pflower.compose import compose_config
+from pflower.core.experiment import Experiment
+from pflower.core.strategy import weighted_mean
+from pflower.core.training import batch_indices, get_weights, set_weights
 
 WORKLOAD = [
     "dataset=mnist",

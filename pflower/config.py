@@ -1,22 +1,27 @@
-"""Compose and validate the experiment configuration.
+"""The run-level configuration schema: every key of ``conf/config.yaml``, its type and its default.
 
-One Hydra tree (``conf/``) describes every experiment. ``pflower`` composes it with ``@hydra.main``;
-the Flower apps compose the same tree from the Hydra overrides carried in Flower's run config under
-the single key :data:`RUN_CONFIG_KEY`, so ``pflower ...``, ``flwr run .`` and a deployment all run
-the same experiment.
+These dataclasses are the single source of truth for run-level settings. They are registered with
+Hydra's ConfigStore (:mod:`pflower.compose`) as the schema ``conf/config.yaml`` extends, so a
+typo'd key or a value of the wrong type fails while Hydra composes; ``__post_init__`` rejects
+values outside their allowed range when the composed tree is turned into these objects
+(``OmegaConf.to_object``). The resulting :class:`ExperimentConfig` is the one typed settings object
+that the server and every client read.
+
+The ``dataset``, ``partition``, ``split`` and ``model`` blocks are chosen by name and checked
+against their factories' signatures (:mod:`pflower.registry`); the ``strategy`` block is the
+selected algorithm's own options dataclass (:mod:`pflower.core.options`).
 """
 
 from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from functools import lru_cache
+from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import MISSING
 
 from pflower.registry import ConfigError
 
@@ -45,21 +50,6 @@ def conf_dir() -> Path:
     return app_dir() / "conf"
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose ``conf/config.yaml`` with Hydra ``overrides`` and validate the result.
-
-    Works both inside ``@hydra.main`` (Hydra already initialized on our tree) and in a fresh process
-    such as a Ray worker or a SuperNode's ClientApp.
-    """
-    if GlobalHydra.instance().is_initialized():
-        cfg = compose(config_name="config", overrides=list(overrides))
-    else:
-        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
-            cfg = compose(config_name="config", overrides=list(overrides))
-    validate(cfg)
-    return cfg
-
-
 def overrides_to_string(overrides: Sequence[str]) -> str:
     """Pack Hydra overrides into the single run-config string (shell quoting preserved)."""
     return shlex.join(overrides)
@@ -70,80 +60,197 @@ def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
     return shlex.split(str(run_config.get(RUN_CONFIG_KEY, "")))
 
 
-def config_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
-    """The experiment configuration that a Flower run config describes (cached per process:
-    Flower builds a client for every message, and composing takes tens of milliseconds)."""
-    return _compose_cached(tuple(overrides_from_run_config(run_config)))
-
-
-@lru_cache(maxsize=8)
-def _compose_cached(overrides: tuple[str, ...]) -> DictConfig:
-    cfg = compose_config(overrides)
-    OmegaConf.set_readonly(cfg, True)
-    return cfg
-
-
-def _require(condition: bool, message: str) -> None:
+def require(condition: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
     if not condition:
         raise ConfigError(message)
 
 
-def validate(cfg: DictConfig) -> None:
-    """Reject impossible run-level values with a message that says what is allowed.
+class Optimizer(StrEnum):
+    """Local optimizers (a fresh one every round, as in the papers)."""
 
-    Options of datasets, partitions, models and strategies are checked where they are built
-    (against the factory's signature, see :mod:`pflower.registry`).
+    sgd = "sgd"
+    adam = "adam"
+
+
+@dataclass
+class TrainConfig:
+    """Client-side local training, the same for every algorithm (``train.*``).
+
+    Attributes:
+        local_epochs: passes over the client's training split per round.
+        local_steps: if set, exactly this many mini-batches per round instead of epochs.
+        batch_size: mini-batch size.
+        optimizer: ``sgd`` or ``adam``.
+        lr: learning rate of round 1.
+        lr_decay: per-round decay, ``lr_t = lr * lr_decay^(t-1)``.
+        momentum: SGD momentum.
+        weight_decay: L2 weight decay of the optimizer.
+        threads: torch threads per client worker.
     """
-    _require(
-        isinstance(cfg.num_clients, int) and cfg.num_clients >= 1,
-        f"num_clients must be an integer >= 1, got {cfg.num_clients!r}",
-    )
-    _require(
-        isinstance(cfg.rounds, int) and cfg.rounds >= 1,
-        f"rounds must be an integer >= 1, got {cfg.rounds!r}",
-    )
-    _require(
-        isinstance(cfg.seed, int) and cfg.seed >= 0,
-        f"seed must be an integer >= 0, got {cfg.seed!r}",
-    )
-    _require(0.0 < cfg.fraction <= 1.0, f"fraction must be in (0, 1], got {cfg.fraction!r}")
-    _require(
-        1 <= cfg.min_clients <= cfg.num_clients,
-        f"min_clients must be between 1 and num_clients={cfg.num_clients}, got {cfg.min_clients}",
-    )
-    train = cfg.train
-    _require(
-        train.optimizer in ("sgd", "adam"),
-        f"train.optimizer must be 'sgd' or 'adam', got {train.optimizer!r}",
-    )
-    _require(train.lr > 0, f"train.lr must be > 0, got {train.lr!r}")
-    _require(0 < train.lr_decay <= 1, f"train.lr_decay must be in (0, 1], got {train.lr_decay!r}")
-    _require(train.batch_size >= 1, f"train.batch_size must be >= 1, got {train.batch_size!r}")
-    _require(train.local_epochs >= 0, f"train.local_epochs must be >= 0, got {train.local_epochs}")
-    _require(
-        train.local_steps is None or train.local_steps >= 1,
-        f"train.local_steps must be null or >= 1, got {train.local_steps!r}",
-    )
-    _require(train.momentum >= 0, f"train.momentum must be >= 0, got {train.momentum!r}")
-    _require(train.threads >= 1, f"train.threads must be >= 1, got {train.threads!r}")
-    _require(cfg.eval.every >= 1, f"eval.every must be >= 1, got {cfg.eval.every!r}")
-    _require(
-        0.0 < cfg.eval.fraction <= 1.0,
-        f"eval.fraction must be in (0, 1], got {cfg.eval.fraction!r}",
-    )
-    _require(
-        all(0.0 < t < 1.0 for t in cfg.eval.rho_thresholds),
-        f"eval.rho_thresholds must lie in (0, 1), got {list(cfg.eval.rho_thresholds)}",
-    )
-    _require(
-        0.0 <= cfg.failures.max_failed_fraction < 1.0,
-        f"failures.max_failed_fraction must be in [0, 1), got {cfg.failures.max_failed_fraction}",
-    )
+
+    local_epochs: int = 2
+    local_steps: int | None = None
+    batch_size: int = 16
+    optimizer: Optimizer = Optimizer.sgd
+    lr: float = 0.05
+    lr_decay: float = 1.0
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0, f"train.lr must be > 0, got {self.lr!r}")
+        require(0 < self.lr_decay <= 1, f"train.lr_decay must be in (0, 1], got {self.lr_decay}")
+        require(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
+        require(self.local_epochs >= 0, f"train.local_epochs must be >= 0, got {self.local_epochs}")
+        require(
+            self.local_steps is None or self.local_steps >= 1,
+            f"train.local_steps must be null or >= 1, got {self.local_steps!r}",
+        )
+        require(self.momentum >= 0, f"train.momentum must be >= 0, got {self.momentum!r}")
+        require(self.weight_decay >= 0, f"train.weight_decay must be >= 0, got {self.weight_decay}")
+        require(self.threads >= 1, f"train.threads must be >= 1, got {self.threads!r}")
+
+    def lr_at(self, server_round: int) -> float:
+        """The learning rate of round ``server_round`` (1-based)."""
+        return self.lr * self.lr_decay ** (server_round - 1)
 
 
-def options_of(block: DictConfig) -> dict[str, Any]:
-    """A config block's options: everything except its ``name``, as plain Python values."""
-    options = OmegaConf.to_container(block, resolve=True)
-    assert isinstance(options, dict)
-    options.pop("name", None)
-    return options
+@dataclass
+class EvalConfig:
+    """When and how stages G, L1 and L2 are evaluated (``eval.*``).
+
+    Attributes:
+        every: evaluate every this many rounds, and always in the last round.
+        fraction: share of clients evaluated at stage L1.
+        batch_size: evaluation batch size.
+        global_test_max_samples: stratified subsample of the global test set that clients use for
+            Acc(G) (null: all of it). Stage G on the server always uses the whole set.
+        rho_thresholds: accuracy thresholds ε of ρ_ε (clients with Acc(L) > ε).
+    """
+
+    every: int = 1
+    fraction: float = 1.0
+    batch_size: int = 512
+    global_test_max_samples: int | None = None
+    rho_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9])
+
+    def __post_init__(self) -> None:
+        require(self.every >= 1, f"eval.every must be >= 1, got {self.every!r}")
+        require(0.0 < self.fraction <= 1.0, f"eval.fraction must be in (0, 1], got {self.fraction}")
+        require(self.batch_size >= 1, f"eval.batch_size must be >= 1, got {self.batch_size}")
+        require(
+            self.global_test_max_samples is None or self.global_test_max_samples >= 1,
+            f"eval.global_test_max_samples must be null or >= 1, got "
+            f"{self.global_test_max_samples!r}",
+        )
+        require(
+            all(0.0 < t < 1.0 for t in self.rho_thresholds),
+            f"eval.rho_thresholds must lie in (0, 1), got {list(self.rho_thresholds)}",
+        )
+
+
+@dataclass
+class FailuresConfig:
+    """The failure policy (``failures.*``).
+
+    Attributes:
+        max_failed_fraction: a round in which more than this share of the sampled clients failed
+            stops the run with an error (a round where all failed always does).
+    """
+
+    max_failed_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        require(
+            0.0 <= self.max_failed_fraction < 1.0,
+            f"failures.max_failed_fraction must be in [0, 1), got {self.max_failed_fraction}",
+        )
+
+
+@dataclass
+class BackendConfig:
+    """Flower's simulation backend (``backend=local|ray_cluster``).
+
+    Attributes:
+        name: the simulation engine (``ray``).
+        num_cpus_per_client: Ray CPUs reserved per ClientApp actor.
+        num_gpus_per_client: Ray GPUs (fractional allowed) per ClientApp actor.
+        address: Ray cluster to attach to (``auto``, ``host:6379``), null for a local Ray.
+    """
+
+    name: str = "ray"
+    num_cpus_per_client: float = 1.0
+    num_gpus_per_client: float = 0.0
+    address: str | None = None
+
+    def __post_init__(self) -> None:
+        require(self.name == "ray", f"backend.name must be 'ray', got {self.name!r}")
+        require(
+            self.num_cpus_per_client > 0,
+            f"backend.num_cpus_per_client must be > 0, got {self.num_cpus_per_client}",
+        )
+        require(
+            self.num_gpus_per_client >= 0,
+            f"backend.num_gpus_per_client must be >= 0, got {self.num_gpus_per_client}",
+        )
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole experiment: the schema of ``conf/config.yaml``.
+
+    Attributes:
+        dataset, partition, split, model: the named blocks of the config groups of the same name.
+        strategy: the algorithm's options (an :class:`~pflower.core.options.AlgorithmOptions`).
+        backend: the simulation backend.
+        seed: drives partitioning, model initialization, client sampling and data order.
+        num_clients: K, the number of clients (= SuperNodes in a deployment).
+        rounds: T, the number of federated rounds.
+        fraction: share of clients sampled for training each round.
+        min_clients: never sample fewer clients than this.
+        round_timeout: seconds to wait for client replies each round (null: no limit).
+        train, eval, failures: see their classes.
+        output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
+        progress: print a line per round to the terminal.
+    """
+
+    dataset: Any = MISSING
+    partition: Any = MISSING
+    split: Any = MISSING
+    model: Any = MISSING
+    strategy: Any = MISSING
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    seed: int = 0
+    num_clients: int = 10
+    rounds: int = 10
+    fraction: float = 1.0
+    min_clients: int = 1
+    round_timeout: float | None = None
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    failures: FailuresConfig = field(default_factory=FailuresConfig)
+    output_dir: str | None = None
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        require(
+            self.num_clients >= 1, f"num_clients must be an integer >= 1, got {self.num_clients}"
+        )
+        require(self.rounds >= 1, f"rounds must be an integer >= 1, got {self.rounds}")
+        require(self.seed >= 0, f"seed must be an integer >= 0, got {self.seed}")
+        require(0.0 < self.fraction <= 1.0, f"fraction must be in (0, 1], got {self.fraction!r}")
+        require(
+            1 <= self.min_clients <= self.num_clients,
+            f"min_clients must be between 1 and num_clients={self.num_clients}, "
+            f"got {self.min_clients}",
+        )
+        require(
+            self.round_timeout is None or self.round_timeout > 0,
+            f"round_timeout must be null or > 0 seconds, got {self.round_timeout!r}",
+        )
+
+    def is_eval_round(self, server_round: int) -> bool:
+        """Stages L1/L2/G are evaluated every ``eval.every`` rounds and always in the last."""
+        return server_round % self.eval.every == 0 or server_round == self.rounds

@@ -9,7 +9,7 @@ of a ``TypeError`` from deep inside a constructor.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
@@ -56,19 +56,42 @@ class Registry(Generic[T]):
         parameters = inspect.signature(self.get(name)).parameters.values()
         return [p.name for p in parameters if p.kind is not inspect.Parameter.VAR_KEYWORD]
 
-    def build(self, name: str, options: Mapping[str, Any], **context: Any) -> T:
-        """Call the factory with ``options`` (from config) plus ``context`` (from the caller).
+    def check(self, name: str, options: Mapping[str, Any], context: Sequence[str] = ()) -> None:
+        """Check ``name`` and the keys of ``options`` without building anything.
+
+        Args:
+            name: the registered name.
+            options: the config block's keys (without ``name``).
+            context: keys the caller supplies itself, which config may not set.
 
         Raises:
             ConfigError: the name is unknown, or ``options`` holds a key the factory does not take.
         """
-        factory = self.get(name)
         accepted = self.accepted_keys(name)
-        unknown = sorted(set(options) - set(accepted))
+        settable = [key for key in accepted if key not in context]
+        unknown = sorted(set(options) - set(settable))
         if unknown:
-            settable = [key for key in accepted if key not in context]
             raise ConfigError(
                 f"{self.kind} '{name}' does not take {', '.join(map(repr, unknown))}. "
                 f"Allowed keys: {', '.join(settable) or '(none)'}"
             )
-        return factory(**dict(options), **context)
+
+    def build(self, name: str, options: Mapping[str, Any], **context: Any) -> T:
+        """Call the factory with ``options`` (from config) plus ``context`` (from the caller).
+
+        Raises:
+            ConfigError: as :meth:`check`.
+        """
+        self.check(name, options, tuple(context))
+        return self.get(name)(**dict(options), **context)
+
+    def build_block(self, block: Mapping[str, Any], **context: Any) -> T:
+        """:meth:`build` from a config block ``{name: <registered name>, <key>: <value>, ...}``."""
+        name, options = name_and_options(block)
+        return self.build(name, options, **context)
+
+
+def name_and_options(block: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A config block ``{name: ..., <key>: <value>, ...}`` split into its name and its options."""
+    options = dict(block)
+    return str(options.pop("name")), options

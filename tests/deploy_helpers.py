@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pflower.deploy import Deployment, Endpoints, Security, launch, terminate
+from pflower.deploy.local import Deployment
+from pflower.deploy.processes import launch, terminate
+from pflower.deploy.topology import Endpoints, Security
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.5
-               ) -> Any:
+def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: float = 0.5) -> Any:
     """Poll ``condition`` until it returns something truthy (returned); fail after ``timeout``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -85,9 +86,13 @@ def simulation(overrides: Sequence[str], run_dir: Path, log: Path) -> Background
 
     Hydra's own output (``.hydra/``) goes next to ``run_dir`` rather than into ``./runs``.
     """
-    command = [str(Path(sys.executable).parent / "pflower"), *overrides,
-               f"output_dir={run_dir}", f"hydra.run.dir={run_dir.parent / 'hydra'}",
-               "progress=false"]
+    command = [
+        str(Path(sys.executable).parent / "pflower"),
+        *overrides,
+        f"output_dir={run_dir}",
+        f"hydra.run.dir={run_dir.parent / 'hydra'}",
+        "progress=false",
+    ]
     tag = f"pflower-sim-{uuid.uuid4().hex[:8]}"
     _, popen = launch("simulation", command, log, tag, run_dir.parent / "flwr")
     return Background(popen, tag)
@@ -182,7 +187,8 @@ class Federation:
             self.deployment.start_supernode(index, runtime_port=port)
         else:
             self.deployment.start_supernode(
-                index, wrapper=self.spaces.wrapper(index),
+                index,
+                wrapper=self.spaces.wrapper(index),
                 superlink_host=self.spaces.host_ip(index),
                 runtime_port=self.deployment.endpoints.node_port,
             )
@@ -203,7 +209,9 @@ def federation(
     """
     spaces = Namespaces(num_nodes) if in_namespaces else None
     endpoints = Endpoints(
-        fleet_port=free_port(), control_port=free_port(), node_port=free_port(),
+        fleet_port=free_port(),
+        control_port=free_port(),
+        node_port=free_port(),
         fleet_bind="0.0.0.0" if in_namespaces else None,
     )
     deployment = Deployment(directory, num_nodes, endpoints, security or Security())

@@ -33,6 +33,7 @@ from flwr.server.client_proxy import ClientProxy
 
 from pflower.client.app import client_fn
 from pflower.config import RUN_CONFIG_KEY, overrides_to_string
+from pflower.core.strategy import PersonalizedStrategy
 from pflower.server.app import server_fn
 
 ClientFn = Callable[[Context], Client]
@@ -74,8 +75,12 @@ def run_inprocess(
     overrides: Sequence[str],
     run_dir: Path,
     make_client: ClientFn = client_fn,
+    strategies: list[PersonalizedStrategy] | None = None,
 ) -> tuple[list[dict[str, Any]], list[Context]]:
-    """Run an experiment in-process; returns the metrics.jsonl rows and the client contexts."""
+    """Run an experiment in-process; returns the metrics.jsonl rows and the client contexts.
+
+    If ``strategies`` is given, the server's strategy is appended to it (for its final state).
+    """
     overrides = [*overrides, f"output_dir={run_dir}", "progress=false"]
     run_config = {RUN_CONFIG_KEY: overrides_to_string(overrides)}
     server_context = Context(
@@ -83,7 +88,9 @@ def run_inprocess(
     )
     components = server_fn(server_context)
     assert components.strategy is not None and components.config is not None
-    num_clients = components.strategy.run.num_clients
+    if strategies is not None:
+        strategies.append(components.strategy)
+    num_clients = components.strategy.settings.num_clients
     contexts = [
         Context(
             run_id=1,

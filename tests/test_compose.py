@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 import yaml
 
-from pflower.deploy import COMPOSE_FILES, executable, render_compose
+from pflower.deploy.compose import COMPOSE_FILES, render_compose
+from pflower.deploy.processes import executable
 
 DOCKER = Path(__file__).resolve().parents[1] / "docker"
 BASE, TLS, GPU = "compose.yml", "with-tls.yml", "with-gpu.yml"
@@ -43,12 +44,14 @@ class Option:
 @cache
 def accepted_options(program: str) -> dict[str, Option]:
     """The long options in the usage of ``<program> --help`` (the installed executable)."""
-    help_text = subprocess.run([executable(program), "--help"], capture_output=True, text=True,
-                               check=True, timeout=60).stdout
+    help_text = subprocess.run(
+        [executable(program), "--help"], capture_output=True, text=True, check=True, timeout=60
+    ).stdout
     usage = help_text.split("\n\n", 1)[0]
     options = {}
-    for name, value in re.findall(r"(--[a-z][a-z0-9-]*)(?:[ =](\{[^}]*\}|[A-Z][A-Z0-9_]*))?",
-                                  usage):
+    for name, value in re.findall(
+        r"(--[a-z][a-z0-9-]*)(?:[ =](\{[^}]*\}|[A-Z][A-Z0-9_]*))?", usage
+    ):
         choices = tuple(value.strip("{}").split(",")) if value.startswith("{") else ()
         options[name] = Option(takes_value=bool(value), choices=choices)
     assert options, f"no options found in `{program} --help`"
@@ -144,8 +147,12 @@ def check_topology(config: dict[str, Any], tls: bool) -> None:
     nodes = sorted(n for n in services if n.startswith("supernode-"))
     num_nodes = len(nodes)
     assert num_nodes >= 1
-    assert set(services) == {"superlink", "serverapp", *nodes,
-                             *(f"clientapp-{i}" for i in range(num_nodes))}
+    assert set(services) == {
+        "superlink",
+        "serverapp",
+        *nodes,
+        *(f"clientapp-{i}" for i in range(num_nodes)),
+    }
 
     link = options["superlink"]
     _, fleet_port = _host_port(str(link["--fleet-api-address"]))
@@ -191,7 +198,8 @@ def check_topology(config: dict[str, Any], tls: bool) -> None:
         assert sorted(insecure) == sorted(options), "without TLS every service says --insecure"
         return
     assert sorted(insecure) == sorted(f"clientapp-{i}" for i in range(num_nodes)), (
-        "with TLS only the ClientApp executors (same-site runtime API) stay unencrypted")
+        "with TLS only the ClientApp executors (same-site runtime API) stay unencrypted"
+    )
     assert "--enable-supernode-auth" in link
     for flag in ("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"):
         assert str(link[flag]) in _binds(services["superlink"])
@@ -228,7 +236,8 @@ def test_committed_files_are_generated() -> None:
     expected = render_compose(3)
     for name, text in expected.items():
         assert (DOCKER / name).read_text() == text, (
-            f"docker/{name} differs from `pflower deploy compose --num-clients 3`")
+            f"docker/{name} differs from `pflower deploy compose --num-clients 3`"
+        )
 
 
 def test_base_topology(compose: dict[str, dict[str, Any]]) -> None:
@@ -254,14 +263,18 @@ def test_option_checker_rejects_unknown_and_malformed_flags() -> None:
         parse_command("flower-supernode", ["--isolation", "thread"])
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
-                    reason="docker/certs.sh needs openssl and ssh-keygen")
+@pytest.mark.skipif(
+    shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
+    reason="docker/certs.sh needs openssl and ssh-keygen",
+)
 def test_certs_script_makes_what_the_tls_overlay_mounts(tmp_path: Path) -> None:
-    subprocess.run([str(DOCKER / "certs.sh"), "-o", str(tmp_path), "-n", "3"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(DOCKER / "certs.sh"), "-o", str(tmp_path), "-n", "3"], check=True, capture_output=True
+    )
     overlay = yaml.safe_load((DOCKER / TLS).read_text())
-    mounted = {source for service in overlay["services"].values()
-               for source in _binds(service).values()}
+    mounted = {
+        source for service in overlay["services"].values() for source in _binds(service).values()
+    }
     assert mounted, "the TLS overlay mounts no certificates"
     for source in mounted:
         assert (tmp_path / Path(source).relative_to("certs")).is_file(), source
@@ -274,5 +287,9 @@ def test_certs_script_makes_what_the_tls_overlay_mounts(tmp_path: Path) -> None:
 )
 def test_docker_compose_accepts_the_files() -> None:
     files = [arg for name in (BASE, TLS, GPU) for arg in ("-f", str(DOCKER / name))]
-    subprocess.run(["docker", "compose", *files, "config", "--quiet"], check=True,
-                   capture_output=True, cwd=DOCKER)
+    subprocess.run(
+        ["docker", "compose", *files, "config", "--quiet"],
+        check=True,
+        capture_output=True,
+        cwd=DOCKER,
+    )

@@ -1,4 +1,4 @@
-"""Configuration composition/validation and the aggregate statistics of pflower.metrics."""
+"""Configuration composition and validation, and the per-stage statistics of a round."""
 
 from __future__ import annotations
 
@@ -10,15 +10,10 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from pflower.config import (
-    RUN_CONFIG_KEY,
-    compose_config,
-    config_from_run_config,
-    overrides_to_string,
-)
-from pflower.metrics import bottom_fraction_mean, rho, summarize_stage
+from pflower.compose import compose_config, config_from_run_config
+from pflower.config import RUN_CONFIG_KEY, overrides_to_string
 from pflower.registry import ConfigError
-from pflower.strategies import build_algorithm
+from pflower.results.statistics import bottom_fraction_mean, rho, summarize_stage
 
 
 @pytest.mark.parametrize(
@@ -27,10 +22,16 @@ from pflower.strategies import build_algorithm
         ("fraction=1.5", "fraction must be in (0, 1], got 1.5"),
         ("num_clients=0", "num_clients must be an integer >= 1"),
         ("rounds=0", "rounds must be an integer >= 1"),
-        ("train.optimizer=rmsprop", "train.optimizer must be 'sgd' or 'adam', got 'rmsprop'"),
+        ("rounds=ten", "Value 'ten' of type 'str' could not be converted to Integer"),
+        ("train.optimizer=rmsprop", "Invalid value 'rmsprop', expected one of [sgd, adam]"),
         ("train.lr=-1", "train.lr must be > 0"),
         ("min_clients=20", "min_clients must be between 1 and num_clients=10"),
         ("eval.every=0", "eval.every must be >= 1"),
+        ("backend.num_cpus_per_client=0", "backend.num_cpus_per_client must be > 0"),
+        ("train.lrr=0.1", "Allowed keys: local_epochs, local_steps, batch_size, optimizer, lr"),
+        ("model.widht=8", "Key 'widht' is not in struct\n    full_key: model.widht"),
+        ("partition.clases_per_client=3", "Allowed keys: classes_per_client, assignment"),
+        ("+dataset.size=3", "dataset 'digits' does not take 'size'. Allowed keys: image_size"),
     ],
 )
 def test_impossible_values_are_rejected_with_what_is_allowed(override: str, message: str) -> None:
@@ -40,21 +41,47 @@ def test_impossible_values_are_rejected_with_what_is_allowed(override: str, mess
 
 
 def test_unknown_strategy_lists_the_valid_names() -> None:
-    cfg = compose_config(["strategy=fedavg", "strategy.name=fedavgg"])
     with pytest.raises(ConfigError) as error:
-        build_algorithm(cfg.strategy)
-    assert "Unknown strategy 'fedavgg'" in str(error.value)
-    for name in ("fedavg", "fedavg_ft", "fedprox", "fliu", "local"):
-        assert name in str(error.value)
+        compose_config(["strategy=fedavgg"])
+    assert "Could not find 'strategy/fedavgg'" in str(error.value)
+    for name in ("fedavg", "fedavg_ft", "fedprox", "fliu", "local", "fliu10", "clt"):
+        assert f"\t{name}\n" in str(error.value)
 
 
-def test_unknown_and_bad_strategy_options_are_explained() -> None:
-    cfg = compose_config(["strategy=fliu", "+strategy.gama=0.3"])
+def test_strategy_options_are_checked_while_composing() -> None:
+    """Keys, types, allowed values and ranges come from the options dataclass alone."""
+    with pytest.raises(ConfigError, match=r"Key 'gama' not in 'FLIUOptions'(.|\n)*Allowed keys: "):
+        compose_config(["strategy=fliu", "strategy.gama=0.3"])
     with pytest.raises(ConfigError, match=r"does not take 'gama'\. Allowed keys: .*gamma"):
-        build_algorithm(cfg.strategy)
-    cfg = compose_config(["strategy=fliu", "strategy.gamma=1.5"])
+        compose_config(["strategy=fliu", "+strategy.gama=0.3"])
+    with pytest.raises(
+        ConfigError, match=r"Invalid value 'fix', expected one of \[adaptive, fixed\]"
+    ):
+        compose_config(["strategy=fliu", "strategy.gamma_mode=fix"])
     with pytest.raises(ConfigError, match=r"strategy.gamma must be in \[0, 1\], got 1.5"):
-        build_algorithm(cfg.strategy)
+        compose_config(["strategy=fliu", "strategy.gamma=1.5"])
+    with pytest.raises(ConfigError, match=r"strategy.mu must be >= 0, got -1.0"):
+        compose_config(["strategy=fedprox", "strategy.mu=-1"])
+    with pytest.raises(ConfigError, match=r"strategy 'fedavg' does not take 'gamma', 'gamma_mode'"):
+        compose_config(["strategy=fliu", "strategy.name=fedavg"])
+
+
+def test_defaults_are_declared_once_in_the_dataclasses() -> None:
+    """conf/ holds no run-level value and no YAML for a registered algorithm: the dataclasses
+    are the only place a default is written."""
+    from pflower.config import ExperimentConfig, conf_dir
+    from pflower.core.algorithm import ALGORITHMS
+
+    assert not any((conf_dir() / "strategy" / f"{name}.yaml").exists() for name in ALGORITHMS)
+    config_yaml = yaml.safe_load((conf_dir() / "config.yaml").read_text())
+    assert set(config_yaml) == {"defaults", "hydra"}
+    cfg = compose_config(["strategy=fliu10"])
+    assert cfg.rounds == ExperimentConfig.rounds
+    assert (cfg.strategy.gamma_mode, cfg.strategy.gamma, cfg.strategy.aggregation) == (
+        "fixed",
+        0.1,
+        "uniform",
+    )
 
 
 def test_flwr_run_config_composes_the_same_experiment_as_the_cli() -> None:

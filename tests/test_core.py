@@ -14,8 +14,8 @@ import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from pflower.client.app import client_fn
-from pflower.client.state import ClientState
-from pflower.strategies.base import RoundFailedError
+from pflower.core.state import ClientState
+from pflower.core.strategy import RoundFailedError
 from pflower.strategies.fliu import adaptive_gamma, mix
 from tests.inprocess import run_inprocess
 
@@ -29,6 +29,20 @@ BASE = [
     "train.batch_size=32",
     "train.lr=0.05",
 ]
+
+
+SUMMARY_KEYS = {
+    "status",
+    "error",
+    "rounds",
+    "final_round",
+    "final",
+    "last10",
+    "last10_rounds",
+    "failures",
+    "wall_time_s",
+    "config",
+}
 
 
 def stage_rows(rows: list[dict], stage: str, round_: int | None = None) -> list[dict]:
@@ -201,6 +215,9 @@ def test_a_round_where_every_client_failed_stops_the_run(tmp_path: Path) -> None
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["status"] == "failed"
     assert "injected failure on partition 0" in summary["error"]
+    # One shape for failed and completed runs, with the resolved configuration in both.
+    assert set(summary) == SUMMARY_KEYS
+    assert summary["config"]["strategy"]["name"] == "fedavg" and summary["final_round"] is None
 
 
 def test_a_run_with_no_reachable_client_stops_instead_of_idling(tmp_path: Path) -> None:
@@ -264,6 +281,19 @@ def test_partial_participation_is_seeded(tmp_path: Path) -> None:
     assert len({c for _, c in trained(first)}) > 3  # different clients in different rounds
 
 
+def test_training_does_not_depend_on_how_often_clients_are_evaluated(tmp_path: Path) -> None:
+    """Fit and evaluate sampling draw from independent per-round streams: evaluating every round
+    instead of every second round leaves which clients train, and what they train, unchanged."""
+    overrides = [*BASE, "strategy=fedavg", "fraction=0.5", "num_clients=6", "eval.fraction=0.5"]
+    every_round, _ = run_inprocess([*overrides, "rounds=4", "eval.every=1"], tmp_path / "a")
+    every_second, _ = run_inprocess([*overrides, "rounds=4", "eval.every=2"], tmp_path / "b")
+    for round_ in (2, 4):
+        for stage in ("L2", "G"):
+            assert comparable(stage_rows(every_round, stage, round_)) == comparable(
+                stage_rows(every_second, stage, round_)
+            )
+
+
 def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     rows, _ = run_inprocess(
         ["dataset=digits", "partition=pathological", "num_clients=10", "strategy=fliu"],
@@ -275,8 +305,15 @@ def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     assert np.mean([r["acc_local"] for r in final_l1]) > 0.85
     (g,) = stage_rows(rows, "G", 10)
     assert g["acc"] > 0.5
-    summary = (tmp_path / "summary.json").read_text()
-    assert '"L1"' in summary and '"rho_0.9"' in summary
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary) == SUMMARY_KEYS and summary["status"] == "completed"
+    assert summary["error"] is None and summary["final_round"] == 10
+    assert summary["config"]["strategy"]["gamma_mode"] == "adaptive"
+    assert summary["final"]["L1"]["rho_0.9"] >= 0
+    assert summary["last10_rounds"] == [10]  # 10 rounds: the last 10% is the final round
+    assert (
+        summary["last10"]["L1"]["acc_local"]["mean"] == summary["final"]["L1"]["acc_local"]["mean"]
+    )
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0
     assert (tmp_path / "plots" / "clients.png").stat().st_size > 0
     assert (tmp_path / "config.yaml").read_text().startswith("dataset:")

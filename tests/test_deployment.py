@@ -28,7 +28,9 @@ from typing import Any
 
 import pytest
 
-from pflower.deploy import Deployment, main, tagged_pids
+from pflower.deploy.cli import main
+from pflower.deploy.local import Deployment
+from pflower.deploy.processes import tagged_pids
 from tests.deploy_helpers import (
     REPO,
     Federation,
@@ -45,8 +47,12 @@ from tests.deploy_helpers import (
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
 EXPERIMENT = [
-    "dataset=digits", "partition=iid", "model=small_cnn", "strategy=fliu",
-    "train.local_epochs=1", "progress=false",
+    "dataset=digits",
+    "partition=iid",
+    "model=small_cnn",
+    "strategy=fliu",
+    "train.local_epochs=1",
+    "progress=false",
 ]
 COMPARED = [*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2"]
 """Two rounds, evaluated in the last: its L2 rows depend on the state kept from round 1."""
@@ -76,7 +82,8 @@ def assert_same_results(deployed: list[dict], simulated: list[dict]) -> None:
         for name, value in _compared_fields(expected).items():
             tolerance = ACC_TOLERANCE if name.startswith("acc") else LOSS_RTOL * abs(value)
             assert abs(got[name] - value) <= tolerance, (
-                f"{key} {name}: deployment {got[name]} vs simulation {value}")
+                f"{key} {name}: deployment {got[name]} vs simulation {value}"
+            )
 
 
 def assert_state_persisted(rows: list[dict]) -> None:
@@ -95,7 +102,8 @@ def assert_state_persisted(rows: list[dict]) -> None:
     for (round_, client), row in l1.items():
         assert abs(row["loss_global"] - global_loss[round_]) > 1e-6, (
             f"client {client} evaluated the bare global model in round {round_}: its state "
-            "did not reach the evaluating ClientApp")
+            "did not reach the evaluating ClientApp"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -129,13 +137,15 @@ def three_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Federation
         yield fed
 
 
-def test_deployment_matches_simulation(three_nodes: Federation, reference: Any,
-                                       tmp_path: Path) -> None:
+def test_deployment_matches_simulation(
+    three_nodes: Federation, reference: Any, tmp_path: Path
+) -> None:
     if three_nodes.spaces is not None:
         for index in range(3):
             pid = three_nodes.deployment.processes[f"supernode-{index}"].pid
-            identify = subprocess.run(["ip", "netns", "identify", str(pid)],
-                                      capture_output=True, text=True, check=True)
+            identify = subprocess.run(
+                ["ip", "netns", "identify", str(pid)], capture_output=True, text=True, check=True
+            )
             assert identify.stdout.strip() == three_nodes.spaces.name(index)
     run_dir = tmp_path / "run"
     run_id = three_nodes.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
@@ -154,8 +164,7 @@ def _received_train(log: Path, run_id: str, server_round: int) -> bool:
     return re.search(pattern, text) is not None
 
 
-def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_path: Path
-                                                   ) -> None:
+def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_path: Path) -> None:
     """Kill supernode-2 while it trains in round 1, restart it, and finish the run.
 
     Only round 2 is evaluated (fewer ClientApp processes); that round 1 went on with the two
@@ -163,14 +172,29 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
     """
     run_dir = tmp_path / "run"
     deployment = three_nodes.deployment
-    run_id = deployment.submit([*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2",
-                                "round_timeout=120", f"output_dir={run_dir}"])
+    run_id = deployment.submit(
+        [
+            *EXPERIMENT,
+            "num_clients=3",
+            "rounds=2",
+            "eval.every=2",
+            "round_timeout=120",
+            f"output_dir={run_dir}",
+        ]
+    )
     log = Path(deployment.processes["supernode-2"].log)
-    wait_until(lambda: _received_train(log, run_id, 1), RUN_TIMEOUT,
-               "round 1 to reach supernode-2", every=0.2)
+    wait_until(
+        lambda: _received_train(log, run_id, 1),
+        RUN_TIMEOUT,
+        "round 1 to reach supernode-2",
+        every=0.2,
+    )
     deployment.stop("supernode-2", signal.SIGTERM)
-    wait_until(lambda: any(r["stage"] == "failure" for r in read_rows(run_dir)), RUN_TIMEOUT,
-               "the failure of client 2 to be recorded")
+    wait_until(
+        lambda: any(r["stage"] == "failure" for r in read_rows(run_dir)),
+        RUN_TIMEOUT,
+        "the failure of client 2 to be recorded",
+    )
     three_nodes.start_node(2)
     status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(deployment)
@@ -178,11 +202,14 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
     rows = read_rows(run_dir)
     failures = [(r["round"], r["phase"], r["client"]) for r in rows if r["stage"] == "failure"]
     assert failures == [(1, "fit", 2)]
-    aggregated = re.findall(r"aggregate_fit: received (\d+) results and (\d+) failures",
-                            (run_dir / "run.log").read_text())
+    aggregated = re.findall(
+        r"aggregate_fit: received (\d+) results and (\d+) failures",
+        (run_dir / "run.log").read_text(),
+    )
     assert aggregated == [("2", "1"), ("3", "0")], "round 1 aggregated the 2 remaining clients"
     assert {c for (rnd, c) in stage_rows(rows, "L2") if rnd == 2} == {0, 1, 2}, (
-        "the restarted client trained in round 2")
+        "the restarted client trained in round 2"
+    )
     assert {c for (rnd, c) in stage_rows(rows, "L1") if rnd == 2} == {0, 1, 2}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(f["round"], f["client"]) for f in summary["failures"]] == [(1, 2)]
@@ -191,8 +218,10 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
 def _tls_handshake(port: int, ca: Path) -> str:
     """Open a TLS connection to ``127.0.0.1:port`` verified against ``ca``; the TLS version."""
     context = ssl.create_default_context(cafile=str(ca))
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw, \
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+    with (
+        socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
+        context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+    ):
         return str(tls.version())
 
 
@@ -206,24 +235,48 @@ def _answers_plain_http(port: int) -> bool:
             return False
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
-                    reason="docker/certs.sh needs openssl and ssh-keygen")
+@pytest.mark.skipif(
+    shutil.which("openssl") is None or shutil.which("ssh-keygen") is None,
+    reason="docker/certs.sh needs openssl and ssh-keygen",
+)
 def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> None:
     certs = tmp_path / "certs"
-    subprocess.run([str(REPO / "docker" / "certs.sh"), "-o", str(certs), "-n", "3"], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [str(REPO / "docker" / "certs.sh"), "-o", str(certs), "-n", "3"],
+        check=True,
+        capture_output=True,
+    )
     directory = tmp_path / "deploy"
     fleet, control = free_port(), free_port()
-    up = ["up", "--dir", str(directory), "-n", "2", "--fleet-port", str(fleet),
-          "--control-port", str(control), "--node-port", str(free_port()),
-          "--certificates", str(certs), "--node-keys", str(certs), "--timeout", "90"]
+    up = [
+        "up",
+        "--dir",
+        str(directory),
+        "-n",
+        "2",
+        "--fleet-port",
+        str(fleet),
+        "--control-port",
+        str(control),
+        "--node-port",
+        str(free_port()),
+        "--certificates",
+        str(certs),
+        "--node-keys",
+        str(certs),
+        "--timeout",
+        "90",
+    ]
     run_dir = tmp_path / "run"
     assert main(up) == 0, "pflower deploy up failed"
     deployment = Deployment.load(directory)
     try:
         assert main(["status", "--dir", str(directory)]) == 0
         assert {p.name for p in (directory / "logs").iterdir()} >= {
-            "superlink.log", "supernode-0.log", "supernode-1.log"}
+            "superlink.log",
+            "supernode-0.log",
+            "supernode-1.log",
+        }
 
         # TLS: both APIs speak only TLS, with a certificate that the CA vouches for
         for port in (fleet, control):
@@ -233,11 +286,14 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
         # authentication: supernode-2's key was never registered (`up` registered 0 and 1);
         # it tries to join while the registered nodes train, over TLS
         deployment.start_supernode(2, runtime_port=free_port())
-        run_id = deployment.submit([*EXPERIMENT, "num_clients=2", "rounds=1",
-                                    f"output_dir={run_dir}"])
+        run_id = deployment.submit(
+            [*EXPERIMENT, "num_clients=2", "rounds=1", f"output_dir={run_dir}"]
+        )
         wait_until(lambda: not deployment.alive("supernode-2"), 60, "supernode-2 to be refused")
-        assert "Failed to activate SuperNode" in Path(deployment.processes["supernode-2"].log
-                                                      ).read_text()
+        assert (
+            "Failed to activate SuperNode"
+            in Path(deployment.processes["supernode-2"].log).read_text()
+        )
         assert deployment.online_nodes() == 2
         status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(deployment)

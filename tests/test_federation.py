@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from pflower.datasets import federation as federation_module
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.datasets.federation import Federation, InputNoise, SplitConfig, build_federation
 from pflower.registry import ConfigError
@@ -176,6 +177,47 @@ def test_val_is_carved_from_train_and_disjoint() -> None:
         assert len(client.train) >= 1 and len(client.val) >= 1
         split = federation.client_val(0)
         assert len(split) == len(federation.clients[0].val)
+
+
+@pytest.mark.parametrize(
+    ("partition", "split"),
+    [
+        ({"name": "dir_label_skew", "disjoint": False}, {"pool": "all", "test_fraction": 0.2}),
+        ({"name": "dir_quantity_skew", "disjoint": False, "min_size": 20}, {}),
+        ({"name": "hybrid_skew", "disjoint": False, "min_size": 20}, {"stratify": False}),
+    ],
+)
+def test_sample_sharing_schemes_draw_held_out_shares_from_reserves(
+    partition: dict[str, Any], split: dict[str, Any]
+) -> None:
+    """Overlapping shares: tests and validation come from reserves no client trains on, with
+    the client's train class mix and the configured fractions."""
+    split = {**split, "val_fraction": 0.1}
+    fraction = split.get("test_fraction", 0.25)
+    federation = build(partition, split, dataset=toy_dataset(n_train=2000, n_test=500))
+    labels = labels_of(federation)
+    trains = [client.train for client in federation.clients]
+    trained = np.unique(np.concatenate(trains))
+    assert len(trained) < sum(map(len, trains))  # the scheme still lets clients share samples
+    held = np.concatenate([federation.global_test] + [c.val for c in federation.clients])
+    assert not np.intersect1d(held, trained).size
+    vals = np.concatenate([client.val for client in federation.clients])
+    assert not np.intersect1d(federation.global_test, vals).size  # separate reserves
+    for client in federation.clients:
+        n = len(client.train)
+        for share, part in ((client.test, fraction), (client.val, 0.1)):
+            assert len(share) == max(1, round(n * part / (1 - part)))
+            assert len(np.unique(share)) == len(share)
+            expected = np.bincount(labels[client.train], minlength=5) * len(share) / n
+            assert np.all(np.abs(np.bincount(labels[share], minlength=5) - expected) < 1)
+
+
+def test_a_leaking_scheme_that_does_not_declare_sharing_is_caught(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(federation_module, "shares_samples", lambda partitioner: False)
+    with pytest.raises(RuntimeError, match="held-out samples leak"):
+        build({"name": "dir_quantity_skew", "disjoint": False, "min_size": 20})
 
 
 def test_subsample_fraction_is_stratified() -> None:

@@ -32,8 +32,9 @@ from pflower.datasets.celeba import (
 )
 from pflower.datasets.cifar import load_cifar10, load_cifar100
 from pflower.datasets.digits import load_digits
+from pflower.datasets.idx import idx_source
 from pflower.datasets.loaders import DATASETS, load_dataset
-from pflower.datasets.sources import CorruptDatasetError
+from pflower.datasets.sources import CorruptDatasetError, locate
 from pflower.datasets.svhn import load_svhn
 from pflower.datasets.synthetic import load_synthetic
 from pflower.registry import ConfigError
@@ -90,36 +91,28 @@ CELEBA_COLUMNS = [
 ]
 
 
-def _shared_data() -> Path:
-    """The folder with the original MNIST/FMNIST files: the data root, else a ``shared/data``."""
-    candidates = [
-        resolve_data_root(None),
-        REPO / "shared" / "data",
-        REPO.parent / "shared" / "data",
-    ]
-    return next((path for path in candidates if (path / "mnist").is_dir()), candidates[0])
+def require_real_idx(name: str) -> Path:
+    """The folder with the original ``name`` (mnist, fmnist) files under the data root.
 
-
-SHARED_DATA = _shared_data()
-
-
-def _require_shared(folder: str) -> Path:
-    path = SHARED_DATA / folder
-    if not all((path / name).is_file() for name in IDX_FILES):
-        pytest.skip(f"original {folder} files not found under {SHARED_DATA}")
-    return path
+    The data root is found exactly as the loaders find it (``$PFLOWER_DATA``, else the user cache
+    directory). Without the files the test is skipped with the loader's own message: the files
+    looked for, the folder searched, and how to provide them.
+    """
+    try:
+        return locate(idx_source(name), resolve_data_root(None), download=False, verify=False)
+    except DatasetNotFoundError as missing:
+        pytest.skip(f"real {name} files not available. {' '.join(str(missing).split())}")
 
 
 # --- MNIST / Fashion-MNIST: the real files ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("name", "folder", "mean", "std"),
-    [("mnist", "mnist", 0.1307, 0.3081), ("fmnist", "fashion-mnist", 0.2860, 0.3530)],
+    ("name", "mean", "std"), [("mnist", 0.1307, 0.3081), ("fmnist", 0.2860, 0.3530)]
 )
-def test_real_idx_datasets(name: str, folder: str, mean: float, std: float) -> None:
-    _require_shared(folder)
-    dataset = load_dataset(name, {"root": str(SHARED_DATA)})
+def test_real_idx_datasets(name: str, mean: float, std: float) -> None:
+    require_real_idx(name)
+    dataset = load_dataset(name, {})
     assert dataset.train.images.shape == (60000, 1, 28, 28)
     assert dataset.test.images.shape == (10000, 1, 28, 28)
     assert dataset.train.images.dtype == torch.uint8
@@ -131,11 +124,12 @@ def test_real_idx_datasets(name: str, folder: str, mean: float, std: float) -> N
     normalized = dataset.normalize(dataset.train.images)
     assert abs(float(normalized.mean())) < 0.01
     assert abs(float(normalized.std()) - 1.0) < 0.01
-    assert load_dataset(name, {"root": str(SHARED_DATA)}) is dataset  # cached per process
+    assert load_dataset(name, {}) is dataset  # cached per process
+    assert load_dataset(name, {"root": str(resolve_data_root(None))}) is dataset  # same folder
 
 
 def test_mnist_torchvision_layout_and_mean_override(tmp_path: Path) -> None:
-    source = _require_shared("mnist")
+    source = require_real_idx("mnist")
     raw = tmp_path / "MNIST" / "raw"
     raw.mkdir(parents=True)
     for name in IDX_FILES:
@@ -148,7 +142,7 @@ def test_mnist_torchvision_layout_and_mean_override(tmp_path: Path) -> None:
 def test_mnist_download_uses_official_names_and_md5(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source = _require_shared("mnist")
+    source = require_real_idx("mnist")
     requested = []
 
     def fake_download(url: str, root: str, filename: str, md5: str) -> None:
@@ -542,6 +536,33 @@ def test_data_root_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("PFLOWER_DATA", str(tmp_path / "from_env"))
     with pytest.raises(DatasetNotFoundError, match="from_env"):
         load_svhn()
+
+
+def test_relative_data_root_is_made_absolute_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A relative PFLOWER_DATA or dataset.root names the folder relative to the directory the
+    run starts in; links into it and later changes of directory keep working."""
+    images = np.random.default_rng(0).integers(0, 256, (4, 28, 28), dtype=np.uint8)
+    _write_tiny_mnist(tmp_path / "data" / "mnist", images, np.array([1, 2, 3, 4], dtype=np.uint8))
+    monkeypatch.chdir(tmp_path / "data")
+    monkeypatch.setenv("PFLOWER_DATA", "../data")
+    root = resolve_data_root(None)
+    assert root == tmp_path.resolve() / "data" and root.is_absolute()
+    assert resolve_data_root("../data") == root  # dataset.root: same rule
+    source = locate(idx_source("mnist"), root, download=False, verify=False)
+    torchvision_root = tmp_path / "tv"
+    (torchvision_root / "MNIST" / "raw").mkdir(parents=True)
+    for name in IDX_FILES:  # links to files under the (relative) data root must resolve
+        (torchvision_root / "MNIST" / "raw" / name).symlink_to(source / name)
+    monkeypatch.chdir(tmp_path / "tv")  # a relative root would now name another folder
+    assert len(idx.load_mnist(root=torchvision_root, verify=False).train) == 4
+    monkeypatch.chdir(tmp_path / "data")
+    dataset = load_dataset("mnist", {"verify": False})
+    assert dataset is load_dataset("mnist", {"root": str(root), "verify": False})
+    monkeypatch.chdir(tmp_path)  # "../data" now names tmp_path.parent/data: not the cached one
+    with pytest.raises(DatasetNotFoundError, match=f"not found under {tmp_path.parent / 'data'}"):
+        load_dataset("mnist", {"verify": False})
 
 
 def test_every_dataset_has_a_config_with_the_loader_defaults() -> None:

@@ -146,7 +146,7 @@ def test_resnet8_uses_kaiming_fan_out_init() -> None:
     assert torch.equal(model.bn1.bias, torch.zeros(64))
 
 
-# --- FedMPR regularization (specs/fedmpr.md §2.2) ---------------------------------------------
+# --- FedMPR regularization (Göksu & Pugeault, Sec. IV-B) ------------------------------------------
 
 
 def test_regularization_is_off_by_default_and_draws_no_random_numbers() -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import math
 import time
 from pathlib import Path
@@ -15,6 +14,8 @@ from flwr_datasets.partitioner import Partitioner
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from pflower.datasets.base import DatasetNotFoundError, resolve_data_root
+from pflower.datasets.idx import idx_source, read_idx
 from pflower.datasets.partitioners import (
     PARTITIONERS,
     IndexPartitioner,
@@ -22,10 +23,12 @@ from pflower.datasets.partitioners import (
     TestAwarePartitioner,
     build_partitioner,
     partition_labels,
+    shares_samples,
     to_hf_dataset,
 )
 from pflower.datasets.partitioners.allocation import largest_remainder, round_matrix
 from pflower.datasets.partitioners.sinkhorn import sinkhorn
+from pflower.datasets.sources import locate
 from pflower.registry import ConfigError
 
 SETTINGS = settings(
@@ -35,7 +38,6 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 CONF = Path(__file__).resolve().parents[1] / "conf"
-MNIST_LABELS = Path("/work/shared/data/mnist/train-labels-idx1-ubyte.gz")
 
 SCHEMES = {
     "iid",
@@ -230,10 +232,34 @@ def test_every_scheme_gives_valid_shares_or_a_clear_refusal(name: str) -> None:
         except ConfigError as error:
             assert name in str(error)
             return
-        overlap = name.startswith("diversifed")  # fixed-size draws may share samples (A11)
+        # a scheme that does not declare sample sharing must deal every sample at most once:
+        # the federation builder relies on it to keep test samples out of training
+        block = {"name": name, **SMALL_OPTIONS.get(name, {})}
+        overlap = shares_samples(build_partitioner(block, clients, seed))
         check_shares(result.train, len(labels), clients, disjoint=not overlap, complete=False)
 
     check()
+
+
+SHARING_SCHEMES = {
+    "dir_label_skew",
+    "dir_quantity_skew",
+    "hybrid_skew",
+    "diversifed_pathological",
+    "diversifed_dirichlet",
+    "diversifed_practical",
+}
+"""The schemes with a ``disjoint`` option; ``disjoint: false`` lets clients share samples."""
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMES))
+def test_sample_sharing_is_declared_exactly_by_disjoint_false(name: str) -> None:
+    block = yaml.safe_load((CONF / "partition" / f"{name}.yaml").read_text())
+    assert ("disjoint" in block) == (name in SHARING_SCHEMES)
+    for disjoint in (True, False) if name in SHARING_SCHEMES else (None,):
+        if disjoint is not None:
+            block["disjoint"] = disjoint
+        assert shares_samples(build_partitioner(block, 4, 0)) == (disjoint is False)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))
@@ -699,10 +725,21 @@ def test_diversifed_practical_dominant_groups() -> None:
         assert np.isin((np.arange(3000) % 9)[test], list(dominant)).sum() == 80
 
 
-@pytest.mark.skipif(not MNIST_LABELS.exists(), reason="MNIST files not in /work/shared/data")
+def real_mnist_train_labels() -> np.ndarray:
+    """MNIST's 60,000 training labels from the data root (found as the loaders find it).
+
+    Skips, naming the files looked for, the folder searched and how to provide them, when the
+    original files are not there.
+    """
+    try:
+        folder = locate(idx_source("mnist"), resolve_data_root(None), download=False, verify=False)
+    except DatasetNotFoundError as missing:
+        pytest.skip(f"real MNIST files not available. {' '.join(str(missing).split())}")
+    return read_idx(folder / "train-labels-idx1-ubyte.gz").astype(np.int64)
+
+
 def test_lsqs_on_real_mnist_labels() -> None:
-    with gzip.open(MNIST_LABELS, "rb") as stream:
-        labels = np.frombuffer(stream.read(), dtype=np.uint8, offset=8).astype(np.int64)
+    labels = real_mnist_train_labels()
     assert len(labels) == 60_000
     start = time.perf_counter()
     shares = run("lsqs", labels, 10, 0).train

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from pflower.deploy import executable, launch, terminate, wait_for_port
+from pflower.deploy.processes import executable, launch, terminate, wait_for_port
 from tests.deploy_helpers import free_port, read_rows, simulation
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
@@ -31,15 +31,30 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     port = free_port()
     tag = f"pflower-ray-{uuid.uuid4().hex[:8]}"
     ports = {
-        "--ray-client-server-port": free_port(), "--node-manager-port": free_port(),
-        "--object-manager-port": free_port(), "--metrics-export-port": free_port(),
-        "--runtime-env-agent-port": free_port(), "--dashboard-agent-listen-port": free_port(),
+        "--ray-client-server-port": free_port(),
+        "--node-manager-port": free_port(),
+        "--object-manager-port": free_port(),
+        "--metrics-export-port": free_port(),
+        "--runtime-env-agent-port": free_port(),
+        "--dashboard-agent-listen-port": free_port(),
         "--dashboard-agent-grpc-port": free_port(),
     }
     command = [
-        executable("ray"), "start", "--head", "--block", "--port", str(port), "--num-cpus", "2",
-        "--node-ip-address", "127.0.0.1", "--temp-dir", str(temp), "--include-dashboard",
-        "false", "--disable-usage-stats",
+        executable("ray"),
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--temp-dir",
+        str(temp),
+        "--include-dashboard",
+        "false",
+        "--disable-usage-stats",
         *[str(token) for flag, value in ports.items() for token in (flag, value)],
     ]
     _, popen = launch("ray-head", command, tmp_path / "ray-head.log", tag, temp / "flwr")
@@ -52,13 +67,22 @@ def ray_head(tmp_path: Path) -> Iterator[tuple[str, Path]]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def test_simulation_runs_on_existing_ray_cluster(ray_head: tuple[str, Path], tmp_path: Path
-                                                 ) -> None:
+def test_simulation_runs_on_existing_ray_cluster(
+    ray_head: tuple[str, Path], tmp_path: Path
+) -> None:
     address, session_root = ray_head
     run_dir = tmp_path / "run"
-    overrides = ["dataset=digits", "partition=iid", "model=small_cnn", "strategy=fliu",
-                 "num_clients=3", "rounds=2", "train.local_epochs=1", "backend=ray_cluster",
-                 f"backend.address={address}"]
+    overrides = [
+        "dataset=digits",
+        "partition=iid",
+        "model=small_cnn",
+        "strategy=fliu",
+        "num_clients=3",
+        "rounds=2",
+        "train.local_epochs=1",
+        "backend=ray_cluster",
+        f"backend.address={address}",
+    ]
     process = simulation(overrides, run_dir, tmp_path / "simulation.log")
     try:
         code = process.popen.wait(timeout=300)

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from pflower.report import main, write_report
 from pflower.reporting.groups import group_runs
-from pflower.reporting.runs import load_runs
+from pflower.reporting.report import main, write_report
 from pflower.reporting.stats import experiment_cells
+from pflower.results.rundir import load_runs
 
 
 def _client(client: int, acc_local: float, acc_global: float, loss_local: float) -> dict[str, Any]:
@@ -37,7 +37,7 @@ def write_run(
     l2: Sequence[tuple[float, float, float]] = (),
     g: float | None = None,
     lr: float = 0.05,
-    status: str = "ok",
+    status: str = "completed",
 ) -> Path:
     """A two-round run directory whose final round (2) has the given L1/L2 clients and G."""
     config = {
@@ -60,8 +60,8 @@ def write_run(
     if g is not None:
         rows += [{"round": 1, "stage": "G", "acc": 0.99}, {"round": 2, "stage": "G", "acc": g}]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    if status == "ok":
-        (path / "summary.json").write_text(json.dumps({"final_round": 2}))
+    if status == "completed":
+        (path / "summary.json").write_text(json.dumps({"status": "completed", "final_round": 2}))
     elif status == "failed":
         (path / "summary.json").write_text(json.dumps({"status": "failed", "error": "E: bad"}))
     return path
@@ -120,12 +120,20 @@ def test_report_tables_csv_and_listing_of_what_varies(sweep: Path, tmp_path: Pat
     assert "5 runs (3 completed, 1 failed, 1 incomplete) in 2 experiments" in text
     assert "| `train.lr` | 0.05, 0.1 |" in text
     assert "## train.lr=0.05" in text and "## train.lr=0.1" in text
-    assert "| FedAvg | 75.00 ± 5.00 (2) | 60.00 ± 0.00 (2) | 135.00 ± 5.00 (2) |" in text
-    assert "| FedAvg | 95.00 ± 0.00 (1) | 25.00 ± 0.00 (1) | 120.00 ± 0.00 (1) |" in text
-    assert "| FedAvg | 60.00 ± 5.00 (2) |" in text
+    # Two rounds: the last 10% of rounds is the final round, so both columns agree.
+    twice = lambda *cells: " | ".join(c for cell in cells for c in (cell, cell))  # noqa: E731
+    assert (
+        f"| FedAvg | {twice('75.00 ± 5.00 (2)', '60.00 ± 0.00 (2)', '135.00 ± 5.00 (2)')} |" in text
+    )
+    assert (
+        f"| FedAvg | {twice('95.00 ± 0.00 (1)', '25.00 ± 0.00 (1)', '120.00 ± 0.00 (1)')} |" in text
+    )
+    assert f"| FedAvg | {twice('60.00 ± 5.00 (2)')} |" in text
     assert "| FedAvg | 1.5 ± 0.5 (2) | 0.02 ± 0.02 (2) | 65.00 ± 5.00 (2) |" in text
     # The lr=0.1 run is reported on its own, never averaged with the others.
-    assert "| FedAvg | 20.00 ± 0.00 (1) | 20.00 ± 0.00 (1) | 40.00 ± 0.00 (1) |" in text
+    assert (
+        f"| FedAvg | {twice('20.00 ± 0.00 (1)', '20.00 ± 0.00 (1)', '40.00 ± 0.00 (1)')} |" in text
+    )
     assert "| failed | E: bad |" in text and "| incomplete |" in text
 
     with (out / "report.csv").open() as handle:
@@ -168,7 +176,27 @@ def test_methods_are_named_by_their_distinguishing_options(tmp_path: Path) -> No
         "FLIU",
         "FLIU10",
         "FLIU25",
-        "CLT",
+        "Local",
     ]
     report = write_report([tmp_path], tmp_path / "out").read_text()
-    assert "| CLT | - |" in report  # no stage G for local training
+    assert "| Local | - | - |" in report  # no stage G for local training
+
+
+def test_last10_averages_the_evaluated_rounds_among_the_last_tenth(tmp_path: Path) -> None:
+    """20 rounds: the window is rounds 19 and 20; round 18 (better) is outside it."""
+    path = tmp_path / "run"
+    path.mkdir()
+    config = {"seed": 0, "rounds": 20, "strategy": FEDAVG, "partition": {"name": "iid"}}
+    (path / "config.yaml").write_text(yaml.safe_dump(config))
+    rows = []
+    for round_, acc in ((18, 0.99), (19, 0.6), (20, 0.8)):
+        rows += [{"round": round_, "stage": "L1", **_client(c, acc, acc / 2, 1.0)} for c in (0, 1)]
+        rows.append({"round": round_, "stage": "G", "acc": acc, "loss": 1.0})
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "summary.json").write_text(json.dumps({"status": "completed", "final_round": 20}))
+    (experiment,) = group_runs(load_runs([tmp_path]))
+    cells = experiment_cells(experiment, eps=0.5)
+    assert cells["L1 Acc(L)"].mean == pytest.approx(0.8)
+    assert cells["L1 Acc(L) last10"].mean == pytest.approx(0.7)
+    assert cells["L1 Acc(G) last10"].mean == pytest.approx(0.35)
+    assert cells["G Acc(G) last10"].mean == pytest.approx(0.7)

@@ -38,11 +38,11 @@ def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     ):
         assert (run_dir / artifact).is_file(), artifact
     summary = json.loads((run_dir / "summary.json").read_text())
-    l1 = summary["stages"]["L1"]
+    l1 = summary["final"]["L1"]
     assert l1["num_clients"] == 4
     # 2 classes per client: local chance is 0.5, global chance 0.1.
     assert l1["acc_local"]["mean"] > 0.85
-    assert summary["stages"]["G"]["acc"] > 0.2
+    assert summary["final"]["G"]["acc"] > 0.2
     assert "round 4/4" in result.stdout  # the live view reported every round
 
 

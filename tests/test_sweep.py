@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import yaml
 from hydra.core.global_hydra import GlobalHydra
-from omegaconf import DictConfig
 
-from pflower import cli
+from pflower import cli, simulation
+from pflower.config import ExperimentConfig
 from pflower.reporting.stats import over_seeds
 from pflower.reporting.tables import format_cell
 from tests.inprocess import run_inprocess
@@ -44,11 +44,11 @@ Cli = Callable[..., None]
 def pflower(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
     """Call ``pflower <args>`` in this process, with experiments run in-process (no Ray)."""
 
-    def run_in_process(cfg: DictConfig, overrides: list[str], run_dir: Path) -> Path:
+    def run_in_process(settings: ExperimentConfig, overrides: list[str], run_dir: Path) -> Path:
         run_inprocess(overrides, run_dir)
         return run_dir
 
-    monkeypatch.setattr(cli, "run_experiment", run_in_process)
+    monkeypatch.setattr(simulation, "run_experiment", run_in_process)
 
     def call(*args: str) -> None:
         monkeypatch.setattr(sys, "argv", ["pflower", *args])
@@ -112,7 +112,10 @@ def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path: Path, pflower:
     assert summary["status"] == "failed"
     assert "11 classes per client" in summary["error"]
     assert "Traceback" in (failed / "error.txt").read_text()
-    assert json.loads((ok / "summary.json").read_text())["final_round"] == 2
+    completed = json.loads((ok / "summary.json").read_text())
+    assert completed["final_round"] == 2
+    assert set(summary) == set(completed)  # one shape for failed and completed runs
+    assert summary["config"]["partition"]["classes_per_client"] == 11
 
     with pytest.raises(SystemExit):
         pflower("report", str(sweep))

@@ -6,32 +6,39 @@ import torch
 from flwr.app import Context
 from flwr.client import Client, ClientApp
 
-from pflower.client.state import ClientState
-from pflower.config import config_from_run_config
-from pflower.experiment import Experiment
+from pflower.compose import config_from_run_config
+from pflower.core.algorithm import algorithm_of
+from pflower.core.experiment import Experiment
+from pflower.core.state import ClientState
 from pflower.registry import ConfigError
 
 
 def client_fn(context: Context) -> Client:
+    """The client of partition ``partition-id`` (node config), with the node's state."""
     cfg = config_from_run_config(context.run_config)
+    experiment = Experiment.of(cfg)
+    settings = experiment.settings
     partition_id = int(context.node_config["partition-id"])
     num_partitions = int(context.node_config["num-partitions"])
-    if num_partitions != cfg.num_clients:
+    if num_partitions != settings.num_clients:
         raise ConfigError(
             f"this node belongs to a federation of {num_partitions} partitions but the experiment "
-            f"has num_clients={cfg.num_clients}; start {cfg.num_clients} SuperNodes with "
-            f"num-partitions={cfg.num_clients}, or set num_clients={num_partitions}"
+            f"has num_clients={settings.num_clients}; start {settings.num_clients} SuperNodes "
+            f"with num-partitions={settings.num_clients}, or set num_clients={num_partitions}"
         )
-    torch.set_num_threads(cfg.train.threads)
-    experiment = Experiment.of(cfg)
-    algorithm = experiment.algorithm
-    return algorithm.client_class(
-        options=algorithm,
-        experiment=experiment,
-        data=experiment.client_data(partition_id),
-        model=experiment.shared_model(),
-        state=ClientState(context.state),
-    ).to_client()
+    torch.set_num_threads(settings.train.threads)
+    options = settings.strategy
+    return (
+        algorithm_of(options)
+        .client(
+            options=options,
+            experiment=experiment,
+            data=experiment.client_data(partition_id),
+            model=experiment.shared_model(),
+            state=ClientState(context.state),
+        )
+        .to_client()
+    )
 
 
 app = ClientApp(client_fn=client_fn)

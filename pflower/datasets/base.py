@@ -100,10 +100,18 @@ class ImageDataset:
 
 
 def resolve_data_root(root: str | os.PathLike[str] | None) -> Path:
-    """The data root: the configured one, else ``$PFLOWER_DATA``, else ``~/.cache/pflower/data``."""
+    """The absolute data root: ``root``, else ``$PFLOWER_DATA``, else the user cache directory.
+
+    The cache directory is ``$XDG_CACHE_HOME/pflower/data`` (default ``~/.cache/pflower/data``).
+    A relative root is taken relative to the current directory *now* and made absolute (and
+    normalized), so that later changes of directory, symlinks made to files under it, and error
+    messages all see the same folder. This is the one place that chooses the data root.
+    """
     if root:
-        return Path(root).expanduser()
-    if env := os.environ.get("PFLOWER_DATA"):
-        return Path(env).expanduser()
-    cache = os.environ.get("XDG_CACHE_HOME", str(Path.home() / ".cache"))
-    return Path(cache) / "pflower" / "data"
+        chosen = Path(root)
+    elif env := os.environ.get("PFLOWER_DATA"):
+        chosen = Path(env)
+    else:
+        cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+        chosen = Path(cache) / "pflower" / "data"
+    return chosen.expanduser().resolve()

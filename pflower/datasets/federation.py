@@ -19,8 +19,18 @@ How a federation is built (``split`` keys in brackets, see :class:`SplitConfig`)
    proportions of its train share, disjoint across clients: FLIU, FedMPR) or ``partitioner`` (drawn
    by the scheme itself: DiversiFed).
 4. ``val_fraction`` carves a validation share out of each client's train share.
-5. The global test set (``global_test``) is the union of the client test shares (DESIGN default)
-   or the official test split (FedMPR).
+5. The global test set (``global_test``) is the union of the client test shares (pflower's
+   default, as in FLIU, Sec. IV-B: "an aggregate data set, constructed from the individual client
+   test sets") or the official test split (FedMPR).
+
+Schemes that give one sample to several clients (``disjoint: false``, see
+:class:`~pflower.datasets.partitioners.SampleSharingScheme`) change steps 2-4: the held-out
+samples (``holdout`` tests, validation) are set aside in *reserves* before the scheme runs, and each
+client's held-out shares are drawn from them with its train class mix (:func:`_reserve`). Cutting
+them from the overlapping shares instead would make one client's test samples other clients'
+training samples. Every federation is checked before it is returned: no client test sample and no
+global test sample is in any client's train or validation share, and no validation sample is in
+any client's train share.
 """
 
 from __future__ import annotations
@@ -34,8 +44,18 @@ import numpy as np
 import torch
 
 from pflower.datasets.base import ImageDataset, ImageSplit
-from pflower.datasets.partitioners import partition_labels
-from pflower.datasets.partitioners.allocation import deal_by_class, round_matrix, stratified_choice
+from pflower.datasets.partitioners import (
+    TestAwarePartitioner,
+    build_partitioner,
+    partition_labels,
+    shares_samples,
+)
+from pflower.datasets.partitioners.allocation import (
+    deal_by_class,
+    largest_remainder,
+    round_matrix,
+    stratified_choice,
+)
 from pflower.registry import ConfigError
 
 
@@ -50,7 +70,7 @@ class ClientSplit:
 
 @dataclass(frozen=True)
 class InputNoise:
-    """Per-client Gaussian noise on normalized inputs: FLAME's quality skew (flame.md §4.3).
+    """Per-client Gaussian noise on normalized inputs: FLAME's quality skew (FLAME, Sec. VI-A).
 
     Client ``i`` adds noise of std ``std[i]`` (``sigma * i / K``; 0.0 = clean) to every normalized
     image it trains or evaluates on, test included. With ``fixed=False`` (FLAME's code) the noise is
@@ -223,10 +243,15 @@ def build_federation(
     pool = _concat(dataset.train, dataset.test)
     labels = pool.labels.numpy()
     groups = None if pool.groups is None else pool.groups.numpy()
-    subsample_rng, test_rng, val_rng = (
-        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3)
+    # spawn(4)[:3] equals spawn(3): adding the reserve generator changed no existing federation
+    subsample_rng, test_rng, val_rng, reserve_rng = (
+        np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(4)
     )
-    shared, official_test = _candidates(config, len(dataset.train), labels, subsample_rng)
+    candidates, official_test = _candidates(config, len(dataset.train), labels, subsample_rng)
+    partitioner = build_partitioner(partition, num_clients, seed)
+    _check_test_source(isinstance(partitioner, TestAwarePartitioner), config.client_test, name)
+    reserves = _reserve(config, shares_samples(partitioner), candidates, labels, reserve_rng)
+    shared = reserves.shared
     result = partition_labels(
         partition,
         num_clients,
@@ -235,18 +260,21 @@ def build_federation(
         None if groups is None else groups[shared],
         labels[official_test] if config.pool == "train" else None,
     )
-    _check_test_source(result.test is not None, config.client_test, name)
     trains = [test_rng.permutation(shared[share]) for share in result.train]
 
-    if config.client_test == "holdout":
+    if reserves.test is not None:
+        tests = _draw_matching(trains, reserves.test, labels, config.test_fraction, test_rng)
+    elif config.client_test == "holdout":
         trains, tests = _carve(trains, labels, config.test_fraction, config, test_rng, "test")
     elif config.client_test == "mirror":
         tests = _mirror(trains, official_test, labels, test_rng)
     else:
         assert result.test is not None
         tests = [official_test[share] for share in result.test]
-    _require_test_samples(tests, name)
-    if config.val_fraction > 0.0:
+    _require_test_samples(tests, name, config.client_test, reserves.test is not None)
+    if reserves.val is not None:
+        vals = _draw_matching(trains, reserves.val, labels, config.val_fraction, val_rng)
+    elif config.val_fraction > 0.0:
         trains, vals = _carve(trains, labels, config.val_fraction, config, val_rng, "validation")
     else:
         vals = [np.zeros(0, dtype=np.int64) for _ in trains]
@@ -260,7 +288,132 @@ def build_federation(
     clients = tuple(
         ClientSplit(train, test, val) for train, test, val in zip(trains, tests, vals, strict=True)
     )
+    check_no_leak(clients, global_test)
     return Federation(dataset, pool, clients, global_test, noise)
+
+
+@dataclass(frozen=True)
+class _Reserves:
+    """The samples a scheme shares out, and the held-out reserves set aside before it runs.
+
+    ``test``/``val`` are ``None`` where no reserve is needed: the held-out shares are then cut from
+    the client shares, or drawn from the official test split, as the split says.
+    """
+
+    shared: np.ndarray
+    test: np.ndarray | None = None
+    val: np.ndarray | None = None
+
+
+def _reserve(
+    config: SplitConfig,
+    sharing: bool,
+    candidates: np.ndarray,
+    labels: np.ndarray,
+    rng: np.random.Generator,
+) -> _Reserves:
+    """Set held-out samples aside before a sample-sharing scheme runs.
+
+    Why: a scheme with ``disjoint: false`` (FLAME's code for Dir(beta) label imbalance, Dir(beta)
+    quantity skew and hybrid skew) draws every client's share independently from the whole pool,
+    so shares overlap. Cutting each client's test share out of its own share afterwards, as the
+    code does, makes a test sample of one client a training sample of others: on MNIST with 10
+    clients and FLAME's 80/20 split, 48% (label), 52% (quantity) and 77% (hybrid) of the global
+    test set were trained on. The FLAME paper (Section VI-A, "Datasets") states the intent: "We
+    randomly select 20% of each dataset to create a testing set, leaving the remaining 80% as the
+    training set", i.e. test and training samples are disjoint.
+
+    What: for such a scheme, a stratified ``test_fraction`` of the candidates (``holdout`` only)
+    and then a stratified ``val_fraction`` of the rest are reserved first (sizes by
+    :func:`_held_out_size`); the scheme shares out only what is left, so its overlapping draws
+    can never reach a held-out sample. Each client's test (validation) share is then drawn from
+    the reserve by :func:`_draw_matching`, with its train class mix, so it follows the client's
+    distribution as a share cut from the client's own data would. Schemes that deal every sample
+    to one client keep the plain path (shares cut from the client's share, unchanged results).
+    """
+    if not sharing:
+        return _Reserves(candidates)
+    shared, test, val = candidates, None, None
+    if config.client_test == "holdout":
+        shared, test = _set_aside(shared, labels, config.test_fraction, rng)
+    if config.val_fraction > 0.0:
+        shared, val = _set_aside(shared, labels, config.val_fraction, rng)
+    return _Reserves(shared, test, val)
+
+
+def _set_aside(
+    indices: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(rest, reserve)``: a label-stratified ``fraction`` of ``indices`` set aside."""
+    chosen = stratified_choice(labels[indices], _held_out_size(len(indices), fraction), rng)
+    mask = np.zeros(len(indices), dtype=bool)
+    mask[chosen] = True
+    return indices[~mask], indices[mask]
+
+
+def _draw_matching(
+    trains: list[np.ndarray],
+    reserve: np.ndarray,
+    labels: np.ndarray,
+    fraction: float,
+    rng: np.random.Generator,
+) -> list[np.ndarray]:
+    """Per client, held-out samples from ``reserve`` with its train class mix.
+
+    A client with ``n`` train samples gets ``round(n * fraction / (1 - fraction))`` (at least
+    one), so they make ``fraction`` of its train plus held-out data; the classes follow its
+    train counts (largest remainder), each capped at what the reserve holds. Clients draw
+    independently, so two clients may share a held-out sample, just as the sample-sharing scheme
+    lets them share training samples; the shares are stratified whatever ``split.stratify`` says,
+    since the class is all that ties a reserved sample to a client.
+    """
+    reserve_labels = labels[reserve]
+    by_class = {int(label): reserve[reserve_labels == label] for label in np.unique(reserve_labels)}
+    return [_matching_share(labels[train], by_class, fraction, rng) for train in trains]
+
+
+def _matching_share(
+    train_labels: np.ndarray,
+    by_class: dict[int, np.ndarray],
+    fraction: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """One client's held-out share (see :func:`_draw_matching`) from the reserve's classes."""
+    classes, counts = np.unique(train_labels, return_counts=True)
+    total = max(1, round(len(train_labels) * fraction / (1.0 - fraction)))
+    wanted = largest_remainder(counts * (total / counts.sum()), total)
+    parts = [np.zeros(0, dtype=np.int64)]
+    for label, count in zip(classes, wanted, strict=True):
+        available = by_class.get(int(label), parts[0])
+        parts.append(rng.choice(available, min(int(count), len(available)), replace=False))
+    return np.concatenate(parts)
+
+
+def check_no_leak(clients: tuple[ClientSplit, ...], global_test: np.ndarray) -> None:
+    """Refuse a federation in which a held-out sample is also trained on.
+
+    No client's test sample and no global test sample may be in any client's train or validation
+    share, and no validation sample in any client's train share. The builder guarantees this by
+    construction; the check keeps it true for schemes added later.
+
+    Raises:
+        RuntimeError: the index of the first leaked sample and which shares hold it.
+    """
+    trained = np.concatenate([client.train for client in clients])
+    validated = np.concatenate([client.val for client in clients])
+    tested = np.concatenate([client.test for client in clients] + [global_test])
+    for held, used, what in (
+        (tested, np.concatenate([trained, validated]), "test sample is also a train/validation"),
+        (validated, trained, "validation sample is also a training"),
+    ):
+        leaked = np.intersect1d(held, used)
+        if len(leaked):
+            raise RuntimeError(
+                f"{len(leaked)} held-out samples leak (pool index {int(leaked[0])}: a {what} "
+                "sample); a partition scheme that gives one sample to several clients must "
+                "declare it (SampleSharingScheme.shares_samples) so the builder reserves "
+                "held-out samples first"
+            )
 
 
 def _candidates(
@@ -337,9 +490,8 @@ def _split_off(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(kept, carved)``: about ``fraction`` of ``indices`` carved off, both parts non-empty.
 
-    The carved part has ``n - floor((1 - fraction) * n)`` samples (scikit-learn's
-    ``train_test_split`` rule: 2630 at 0.25 gives 1972/658, fedala.md §4), clamped to
-    ``[1, n - 1]``; with ``stratify`` its class proportions follow the client's.
+    The carved part has :func:`_held_out_size` samples, clamped to ``[1, n - 1]``; with
+    ``stratify`` its class proportions follow the client's.
     """
     n = len(indices)
     if n < 2:
@@ -347,7 +499,7 @@ def _split_off(
             f"a client has {n} sample(s), too few to split off a {what} share; "
             "use fewer clients or a scheme with larger clients"
         )
-    size = min(max(n - math.floor((1.0 - fraction) * n + 1e-9), 1), n - 1)
+    size = min(max(_held_out_size(n, fraction), 1), n - 1)
     if stratify:
         carved = stratified_choice(labels[indices], size, rng)
     else:
@@ -355,6 +507,12 @@ def _split_off(
     mask = np.zeros(n, dtype=bool)
     mask[carved] = True
     return indices[~mask], indices[mask]
+
+
+def _held_out_size(n: int, fraction: float) -> int:
+    """``n - floor((1 - fraction) * n)``: scikit-learn's ``train_test_split`` rule (2630 samples
+    at 0.25 give 1972/658, as in PFLlib, which FedALA uses)."""
+    return n - math.floor((1.0 - fraction) * n + 1e-9)
 
 
 def _mirror(
@@ -367,9 +525,10 @@ def _mirror(
 
     Client ``k`` gets ``n_kl / n_l * M_l`` test samples of class ``l``, where ``n_kl`` is its train
     count, ``n_l`` the train samples of class ``l`` given to any client and ``M_l`` the class's
-    test samples (fliu.md §3.1, §4.3: ``A_test = P / N_l * M_l``), rounded without losing or
-    reusing a sample; the shares are disjoint and together use every test sample of every class
-    some client holds.
+    test samples (``A_test = P / N_l * M_l`` for FLIU's LS), rounded without losing or reusing a
+    sample; the shares are disjoint and together use every test sample of every class some client
+    holds. The FLIU paper does not say how client test sets are drawn; this is pflower's reading,
+    and it fits FLIU's Tab. II, where FedAvg's L1 Acc(L) equals its L1 Acc(G) on CIFAR-10.
     """
     classes = np.unique(labels)
     column = {label: j for j, label in enumerate(classes)}
@@ -385,11 +544,21 @@ def _mirror(
     return [official_test[share] for share in shares]
 
 
-def _require_test_samples(tests: list[np.ndarray], scheme: Any) -> None:
+def _require_test_samples(
+    tests: list[np.ndarray], scheme: Any, client_test: str, reserved: bool
+) -> None:
+    """Refuse a federation in which a client has no test sample, saying where tests come from."""
     empty = [client for client, share in enumerate(tests) if not len(share)]
-    if empty:
-        raise ConfigError(
-            f"partition '{scheme}' leaves clients {empty} without test samples (the official "
-            "test split has too few samples of their classes); use fewer clients, a larger "
-            "min_size, or client_test=holdout"
-        )
+    if not empty:
+        return
+    if reserved:
+        source, remedy = "the held-out reserve has none of their classes", "disjoint=true"
+    elif client_test == "mirror":
+        source = "the official test split has too few samples of their classes"
+        remedy = "client_test=holdout"
+    else:
+        source, remedy = "the scheme drew none", "a larger test_size"
+    raise ConfigError(
+        f"partition '{scheme}' leaves clients {empty} without test samples ({source}); "
+        f"use fewer clients, a larger min_size, or {remedy}"
+    )

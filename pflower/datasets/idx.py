@@ -5,8 +5,8 @@ uint32 sizes and the row-major data. Both datasets use type ``0x08`` (uint8): im
 ``(N, 28, 28)``, labels ``(N,)``. Parsing it with numpy is a few lines and avoids torchvision's
 ``processed/`` cache files.
 
-Accepted layouts under the data root: ``mnist/`` and ``fashion-mnist/`` (flat, as in
-``shared/data``) or torchvision's ``MNIST/raw/`` and ``FashionMNIST/raw/``.
+Accepted layouts under the data root: ``mnist/`` and ``fashion-mnist/`` (flat, the original
+file names) or torchvision's ``MNIST/raw/`` and ``FashionMNIST/raw/``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ _TRAIN_LABELS = "train-labels-idx1-ubyte.gz"
 _TEST_IMAGES = "t10k-images-idx3-ubyte.gz"
 _TEST_LABELS = "t10k-labels-idx1-ubyte.gz"
 
-# Official MD5s of the .gz files (the ones torchvision checks; shared/data/README.md lists them).
+# Official MD5s of the .gz files (the ones torchvision checks).
 _MNIST_MD5 = {
     _TRAIN_IMAGES: "f68b3c2dcbeaaa9fbdd348bbdeb94873",
     _TRAIN_LABELS: "d53e105ee54ea40749a09fcbcd1e9432",
@@ -70,8 +70,7 @@ def load_mnist(
         verify: check the official MD5 of each file.
         mean, std: normalization; default 0.1307 / 0.3081.
     """
-    source = _source("mnist", ("mnist", "MNIST/raw"), _MNIST_MD5, _MNIST_MIRRORS)
-    return _load("mnist", source, _MNIST_STATS, root, download, verify, mean, std)
+    return _load("mnist", idx_source("mnist"), _MNIST_STATS, root, download, verify, mean, std)
 
 
 def load_fmnist(
@@ -89,8 +88,23 @@ def load_fmnist(
         verify: check the official MD5 of each file.
         mean, std: normalization; default 0.2860 / 0.3530.
     """
-    source = _source("fmnist", ("fashion-mnist", "FashionMNIST/raw"), _FMNIST_MD5, _FMNIST_MIRRORS)
-    return _load("fmnist", source, _FMNIST_STATS, root, download, verify, mean, std)
+    return _load("fmnist", idx_source("fmnist"), _FMNIST_STATS, root, download, verify, mean, std)
+
+
+def idx_source(name: str) -> FileSource:
+    """The files of ``mnist`` or ``fmnist``: accepted layouts, checksums, how to obtain them.
+
+    With :func:`~pflower.datasets.sources.locate` and :func:`resolve_data_root` this answers
+    "are the original files under the data root, and where?" without reading them (tests use
+    it to skip with a message that names the files, the folder and the remedy).
+    """
+    if name == "mnist":
+        return _source("mnist", ("mnist", "MNIST/raw"), _MNIST_MD5, _MNIST_MIRRORS)
+    if name == "fmnist":
+        return _source(
+            "fmnist", ("fashion-mnist", "FashionMNIST/raw"), _FMNIST_MD5, _FMNIST_MIRRORS
+        )
+    raise ValueError(f"no IDX dataset named {name!r}; allowed: mnist, fmnist")
 
 
 def read_idx(path: Path) -> np.ndarray:

@@ -26,7 +26,7 @@ import functools
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
-from pflower.datasets.base import ImageDataset
+from pflower.datasets.base import ImageDataset, resolve_data_root
 from pflower.datasets.celeba import load_celeba_gender
 from pflower.datasets.cifar import load_cifar10, load_cifar100
 from pflower.datasets.digits import load_digits
@@ -54,14 +54,25 @@ def load_dataset(name: str, options: Mapping[str, Any]) -> ImageDataset:
 
     Clients call this on every Flower message, so equal arguments return the same object
     (do not modify its tensors in place). List values, e.g. Hydra ``ListConfig``, become tuples.
+    For a loader that reads files, ``root`` is resolved first (:func:`resolve_data_root`), so the
+    cache is keyed by the absolute folder actually read: a relative root, a changed
+    ``$PFLOWER_DATA`` or another working directory never returns another folder's dataset.
 
     Raises:
         ConfigError: unknown name, unknown option, or an invalid option value.
         DatasetNotFoundError: the dataset's files are missing.
         CorruptDatasetError: a file has the wrong checksum or format.
     """
+    options = _with_resolved_root(name, options)
     frozen = tuple(sorted((str(key), _freeze(key, value)) for key, value in options.items()))
     return _load_cached(name, frozen)
+
+
+def _with_resolved_root(name: str, options: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``options`` with ``root`` made absolute, for loaders that take a ``root``."""
+    if "root" not in DATASETS.accepted_keys(name):
+        return options
+    return {**options, "root": str(resolve_data_root(options.get("root")))}
 
 
 @functools.lru_cache(maxsize=_CACHE_SIZE)

@@ -1,9 +1,10 @@
 """What a partition looks like: per-client class histograms as a table, a heatmap, CSV and JSON.
 
-DESIGN §5 asks that every partition be reported. :func:`report_partition` does all of it for the
-``pflower partition`` command; the pieces are usable alone (e.g. :func:`class_histogram` in tests
-and notebooks). The heatmap follows FLIU's Figs. 2-4: clients by classes, sample counts as colour
-(and as numbers when the grid is small enough to read them).
+pflower reports every partition it builds, so that a data environment can be checked by eye.
+:func:`report_partition` does all of it for the ``pflower partition`` command; the pieces are
+usable alone (e.g. :func:`class_histogram` in tests and notebooks). The heatmap follows FLIU's
+Figs. 2-4: clients by classes, sample counts as colour (and as numbers when the grid is small
+enough to read them).
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """FedMPR's regularizers: dropout and Gaussian noise inside ResNet BasicBlocks.
 
-Specification: specs/fedmpr.md §2.2 (placement, rates, train/eval behaviour).
+Source: FedMPR (Göksu & Pugeault), Sec. IV-B "Regularization" (Eqs. 3-4): dropout and weight
+noise "within the basic blocks" (Figs. 4-5), at the rates d = 0.2 and σ = 0.4 of Sec. VII. The
+order inside a block is pflower's reading (see :class:`~pflower.models.resnet.BasicBlock`).
 
 Both act only at forward time and hold no parameters, so a regularized ResNet has exactly the
 ``state_dict`` of the plain one (one wire format for FedMPR, its ablations and the baselines):
@@ -10,7 +12,9 @@ Both act only at forward time and hold no parameters, so a regularized ResNet ha
 - **Noise** (Eq. 4) is sampled fresh on every training forward pass. In the weight modes it perturbs
   the conv weights used by that pass only: the perturbation is detached, so gradients are computed
   at the noisy weights and applied straight through to the clean stored weights, and the
-  parameters themselves never change. Modes (ambiguity A1 of the spec):
+  parameters themselves never change. Eq. 4 reads as absolute weight noise, but the paper calls σ
+  a noise "ratio" (Sec. VII), and an absolute σ = 0.4 would swamp ResNet conv weights (std about
+  0.02-0.06), so pflower's default is relative. Modes:
 
   ``weight_relative`` (default)  W + N(0, (σ·std(W))²), std taken per tensor
   ``weight_abs``                 W + N(0, σ²), the literal Eq. 4
@@ -19,7 +23,8 @@ Both act only at forward time and hold no parameters, so a regularized ResNet ha
 
 Blocks apply their :class:`Regularization` only in ``train()``; in ``eval()`` a block is the plain
 one and its output is deterministic. Randomness comes from torch's global RNG, so a client that
-wants its own stream (spec: seed = hash(global_seed, client_id, round)) seeds it before training.
+wants its own stream seeds it before training (pflower's reading of the paper's "randomly
+generated values specific to each client", Sec. IV-B: seed = hash(global_seed, client_id, round)).
 With ``dropout = noise_sigma = 0`` no random number is drawn, so the model reproduces the plain
 ResNet bit for bit.
 """

@@ -28,9 +28,9 @@ INITS = ("default", "kaiming")
 class BasicBlock(nn.Module):
     """Two 3x3 convs with BatchNorm plus a shortcut (1x1 conv + BN when the shape changes).
 
-    With regularization (train mode only, specs/fedmpr.md §2.2): ``conv1 (noisy weights) → BN1
-    → ReLU → Dropout → conv2 (noisy weights) → BN2 → + shortcut → ReLU``.
-    The shortcut is never regularized.
+    With regularization (train mode only; FedMPR, Sec. IV-B, in an order that is pflower's
+    reading): ``conv1 (noisy weights) → BN1 → ReLU → Dropout → conv2 (noisy weights) → BN2
+    → + shortcut → ReLU``. The shortcut is never regularized.
     """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
@@ -131,8 +131,9 @@ def apply_regularization(
 ) -> None:
     """Give every BasicBlock of the listed (1-based) ``stages`` this regularization, others none.
 
-    FedMPR's default is every block of stages 1-4; ``stages=[1, 2]`` is the "early stages only"
-    reading (specs/fedmpr.md §2.2). Parameters and ``state_dict`` are unchanged.
+    pflower's FedMPR default is every block of stages 1-4 (the paper: "within the basic blocks",
+    Sec. IV-B); ``stages=[1, 2]`` is the reading of its "particularly in the early stages of
+    feature extraction". Parameters and ``state_dict`` are unchanged.
 
     Raises:
         ConfigError: ``model`` is not a :class:`ResNet`, or a stage does not exist in it.

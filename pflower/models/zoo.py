@@ -51,10 +51,11 @@ def build_model(
 
 @MODELS.register("mnist_cnn")
 def mnist_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """McMahan et al. (2017) CNN with 'same' padding, FLIU's MNIST model (specs/fliu.md §5).
+    """McMahan et al. (2017) CNN with 'same' padding, FLIU's MNIST model (FLIU paper, Sec. IV-C).
 
     conv5x5(32, pad 2) → pool → conv5x5(64, pad 2) → pool → fc1 512 → fc.
-    1,663,370 parameters on 1x28x28 with 10 classes.
+    1,663,370 parameters on 1x28x28 with 10 classes (McMahan et al.'s count, which fixes the
+    padding).
     """
     return FeedForwardNet(
         "mnist_cnn",
@@ -72,9 +73,10 @@ def fliu_cifar_cnn(
     conv3_channels: int = 64,
     conv3_kernel: int = 3,
 ) -> nn.Module:
-    """FLIU's CIFAR-10 CNN: ``mnist_cnn`` plus a third conv before the FC layers (fliu.md §5).
+    """FLIU's CIFAR-10 CNN: ``mnist_cnn`` plus a third conv before the FC layers (Sec. IV-C).
 
-    The third conv (no pooling, 'same' padding) has configurable channels and odd kernel size.
+    The paper does not give the third conv's size, so it is pflower's choice: no pooling, 'same'
+    padding, configurable channels and odd kernel size.
     2,193,418 parameters on 3x32x32 with 10 classes (defaults).
     """
     _check_positive("conv3_channels", conv3_channels)
@@ -96,7 +98,7 @@ def fliu_cifar_cnn(
 
 @MODELS.register("fedavg_cnn")
 def fedavg_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """FedALA's 4-layer "FedAvgCNN" (PFLlib), no padding (specs/fedala.md §5).
+    """FedALA's 4-layer CNN ("Experimental Setup"), as PFLlib's "FedAvgCNN": no padding.
 
     conv5x5(32) → pool → conv5x5(64) → pool → fc1 512 → fc. Parameters: 582,026 on 1x28x28 /
     10 classes; 878,538 on 3x32x32 / 10; 924,708 on 3x32x32 / 100; 5,694,600 on 3x64x64 / 200.
@@ -114,7 +116,7 @@ def fedavg_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module
 def lenet_cnn(
     input_shape: tuple[int, int, int], num_classes: int, conv1_padding: int | None = None
 ) -> nn.Module:
-    """DiversiFed's LeNet-5-style CNN (specs/diversifed.md §4).
+    """DiversiFed's LeNet-5-style CNN (DiversiFed, Sec. V-B; 62.01K parameters in Table VIII).
 
     conv5x5(6) → pool → conv5x5(16) → pool → fc1 120 → fc2 84 → fc. 62,006 parameters on
     3x32x32 with 10 classes. ``conv1_padding = None`` pads inputs smaller than 32 px up to 32, as
@@ -135,7 +137,7 @@ def lenet_cnn(
 
 @MODELS.register("flame_cnn")
 def flame_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """FLAME's CIFAR-10 CNN (specs/flame.md §5.2).
+    """FLAME's CIFAR-10 CNN (FLAME, Sec. VI-A and Table II; layer sizes from the authors' code).
 
     conv3x3(16, pad 1) → pool → conv3x3(32, pad 1) → pool → fc1 128 → fc.
     268,650 parameters on 3x32x32 with 10 classes.
@@ -153,7 +155,7 @@ def flame_cnn(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
 def flame_cnn1(
     input_shape: tuple[int, int, int], num_classes: int, dropout: float = 0.2
 ) -> nn.Module:
-    """FLAME's "CNN1" for Medical-MNIST (specs/flame.md §5.2).
+    """FLAME's "CNN1" for Medical-MNIST (Sec. VI-A and Table II; sizes from the authors' code).
 
     conv3x3(32) → pool → conv3x3(16) → pool → dropout → fc1 64 → fc.
     206,678 parameters on 3x64x64 with 6 classes.
@@ -171,7 +173,7 @@ def flame_cnn1(
 
 @MODELS.register("flame_cnn2")
 def flame_cnn2(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
-    """FLAME's "CNN2" for FEMNIST (specs/flame.md §5.2).
+    """FLAME's "CNN2" for FEMNIST (Sec. VI-A and Table II; sizes from the authors' code).
 
     conv7x7(32, pad 3) → pool → conv3x3(64, pad 1) → pool → fc (no hidden layer).
     214,590 parameters on 1x28x28 with 62 classes (the paper's output width).
@@ -190,8 +192,9 @@ def mlp(
 ) -> nn.Module:
     """MLP on the flattened input: ``Linear + ReLU`` per ``hidden`` width, then ``fc``.
 
-    FLAME (specs/flame.md §5.2): hidden [128, 64], 109,386 parameters on 1x28x28 / 10 classes.
-    DiversiFed (specs/diversifed.md §4): hidden [64], 50,890 parameters.
+    FLAME (Sec. VI-A: two hidden layers; widths from the authors' code): hidden [128, 64],
+    109,386 parameters on 1x28x28 / 10 classes. DiversiFed (Sec. V-B: one hidden layer of 64
+    units; 50.89K parameters in Table VIII): hidden [64], 50,890 parameters.
     """
     widths = [int(width) for width in hidden]
     for width in widths:
@@ -219,7 +222,7 @@ def small_cnn(input_shape: tuple[int, int, int], num_classes: int, width: int = 
 def resnet8(
     input_shape: tuple[int, int, int], num_classes: int, width: int = 64, init: str = "kaiming"
 ) -> nn.Module:
-    """DiversiFed's ResNet-8 (fling ``resnet8``; specs/diversifed.md §4).
+    """DiversiFed's ResNet-8 (Sec. V-B), laid out as Fling's ``resnet8`` (1.26M in Table VIII).
 
     7x7 stride-2 stem + max-pool, three stages of one BasicBlock (widths w, 2w, 4w), Kaiming
     init. 1,258,404 parameters on 3x32x32 with 100 classes.
@@ -241,11 +244,11 @@ def resnet18(
 ) -> nn.Module:
     """ResNet-18 (four stages of two BasicBlocks, widths w, 2w, 4w, 8w).
 
-    - ``stem = "cifar"`` (FedMPR on 28-32 px images, specs/fedmpr.md §5): 3x3 stem, no max-pool;
+    - ``stem = "cifar"`` (FedMPR on 28-32 px images, Sec. V-C): 3x3 stem, no max-pool;
       11,173,962 parameters on 3x32x32 with 10 classes at width 64.
     - ``stem = "imagenet"`` (FedMPR's CelebA; FedALA's torchvision ``resnet18``, then also set
       ``init = "kaiming"``): 11,279,112 parameters on 3x64x64 with 200 classes at width 64.
-    - FedMPR's regularization (specs/fedmpr.md §2.2): ``dropout`` rate and ``noise_sigma`` with
+    - FedMPR's regularization (Sec. IV-B): ``dropout`` rate and ``noise_sigma`` with
       ``noise_mode`` in every BasicBlock of the ``reg_stages``, active in ``train()`` only. All 0
       by default, which is the plain ResNet-18 used by the baselines.
     """

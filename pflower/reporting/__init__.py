@@ -1,2 +1,3 @@
-"""Cross-run reports (``pflower report``): run loading, grouping by experiment, statistics over
-seeds, tables and figures. The command line lives in :mod:`pflower.report`."""
+"""Cross-run reports (``pflower report``): grouping runs into experiments, statistics over seeds,
+tables and figures. The command line is :mod:`pflower.reporting.report`; runs are read with
+:func:`pflower.results.rundir.load_runs`."""

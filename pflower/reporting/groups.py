@@ -4,9 +4,10 @@ Two runs belong to the same experiment exactly when their resolved configuration
 key except ``seed`` and ``output_dir``; only such runs are averaged. Each experiment is then placed
 in a report table by its configuration:
 
-- the *method* (table row) names the ``strategy.*`` block: FedAvg, CLT, FLIU (adaptive γ) or
-  FLIUxx (fixed γ = xx/100), plus any other strategy option that tells apart experiments which
-  would otherwise share a name (e.g. ``FedAvg (aggregation=uniform)``);
+- the *method* (table row) is the label the algorithm's options give themselves (e.g. FedAvg,
+  FLIU, FLIU25), plus any other strategy option that tells apart experiments which would
+  otherwise share a label (e.g. ``FedAvg (aggregation=uniform)``); methods are ordered as their
+  options order themselves (:meth:`~pflower.core.options.AlgorithmOptions.sort_key`);
 - the *partition* (column block) names the ``partition.*`` block the same way (IID, PATH, LS ...);
 - every other key that varies (``num_clients``, ``dataset.name``, ``train.lr`` ...) splits the
   report into *sections*, one per combination of values.
@@ -14,24 +15,21 @@ in a report table by its configuration:
 
 from __future__ import annotations
 
-import math
+import json
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pflower.reporting.runs import Run
+import pflower.strategies  # noqa: F401  (importing registers every algorithm)
+from pflower.core.algorithm import options_from_block
+from pflower.core.options import AlgorithmOptions
+from pflower.registry import ConfigError
+from pflower.results.rundir import RunResult
 
 NOT_GROUPED = ("seed", "output_dir")
 """Keys in which seeds of one experiment may differ."""
 
-_METHOD_NAMES = {
-    "fedavg": "FedAvg",
-    "fedprox": "FedProx",
-    "fedavg_ft": "FedAvg-FT",
-    "fliu": "FLIU",
-    "local": "CLT",
-}
 _PARTITION_NAMES = {"iid": "IID", "pathological": "PATH", "ls": "LS", "qs": "QS", "lsqs": "LSQS"}
 _ABSENT = object()
 
@@ -44,7 +42,7 @@ class Experiment:
     """Runs that differ only in seed, with their place in the report."""
 
     config: Config
-    runs: tuple[Run, ...]
+    runs: tuple[RunResult, ...]
     method: str
     partition: str
     section: str
@@ -71,9 +69,23 @@ def show(value: Any) -> str:
     return str(value)
 
 
-def experiment_key(run: Run) -> tuple[tuple[str, Any], ...]:
+def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
     """The run's configuration without the keys that seeds may differ in."""
-    return tuple(sorted((k, v) for k, v in run.config.items() if k not in NOT_GROUPED))
+    return tuple(sorted((k, v) for k, v in flatten(run.config).items() if k not in NOT_GROUPED))
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> Config:
+    """Dotted keys to hashable leaf values; lists become their JSON text."""
+    flat: Config = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{dotted}."))
+        elif isinstance(value, list):
+            flat[dotted] = json.dumps(value)
+        else:
+            flat[dotted] = value
+    return flat
 
 
 def _value_order(value: Any) -> tuple[int, float, str]:
@@ -96,16 +108,30 @@ def varying_keys(configs: Sequence[Config]) -> dict[str, list[str]]:
     return varying
 
 
+def options_of(config: Config) -> AlgorithmOptions | None:
+    """The algorithm options a flattened run configuration holds (None if no longer known)."""
+    block = {
+        key.removeprefix("strategy."): value
+        for key, value in config.items()
+        if key.startswith("strategy.")
+    }
+    try:
+        return options_from_block(block)
+    except ConfigError:
+        return None
+
+
 def method_name(config: Config) -> tuple[str, frozenset[str]]:
-    """The method's base name and the strategy keys that name fully determines."""
-    name = config.get("strategy.name")
-    if name == "fliu" and config.get("strategy.gamma_mode") == "fixed":
-        gamma = float(config["strategy.gamma"])
-        keys = {"strategy.name", "strategy.gamma_mode", "strategy.gamma"}
-        return f"FLIU{round(100 * gamma, 4):g}", frozenset(keys)
-    if name == "fliu":
-        return "FLIU", frozenset({"strategy.name", "strategy.gamma_mode"})
-    return _METHOD_NAMES.get(str(name), str(name)), frozenset({"strategy.name"})
+    """The method's label and the strategy keys that the label accounts for.
+
+    Keys that differ between experiments sharing a label are added to it by :func:`_labels`; a
+    label that accounts for every option (FLIU25 names γ) needs none of them.
+    """
+    options = options_of(config)
+    if options is None:
+        return str(config.get("strategy.name")), frozenset({"strategy.name"})
+    named = {"strategy.name", *(f"strategy.{key}" for key in options.label_keys())}
+    return options.label(), frozenset(named)
 
 
 def partition_name(config: Config) -> tuple[str, frozenset[str]]:
@@ -137,10 +163,12 @@ def _rank(value: Any, known: Iterable[str]) -> int:
 
 
 def _method_order(config: Config, method: str) -> tuple[Any, ...]:
-    """The paper's method order (FedAvg ... FLIU, FLIUxx by ascending γ, CLT), then the label."""
-    fixed = config.get("strategy.gamma_mode") == "fixed"
-    gamma = float(config["strategy.gamma"]) if fixed else -math.inf
-    return (_rank(config.get("strategy.name"), _METHOD_NAMES), gamma, method)
+    """The order the algorithms' options give (baselines, the papers' methods, local), then the
+    label; algorithms no longer known come last."""
+    options = options_of(config)
+    if options is None:
+        return (1, (), method)
+    return (0, options.sort_key(), method)
 
 
 def _partition_order(config: Config, partition: str) -> tuple[Any, ...]:
@@ -148,9 +176,9 @@ def _partition_order(config: Config, partition: str) -> tuple[Any, ...]:
     return (_rank(config.get("partition.name"), _PARTITION_NAMES), partition)
 
 
-def group_runs(runs: Iterable[Run]) -> list[Experiment]:
+def group_runs(runs: Iterable[RunResult]) -> list[Experiment]:
     """Group runs into experiments, in report order."""
-    by_key: dict[tuple[tuple[str, Any], ...], list[Run]] = defaultdict(list)
+    by_key: dict[tuple[tuple[str, Any], ...], list[RunResult]] = defaultdict(list)
     for run in runs:
         by_key[experiment_key(run)].append(run)
     configs = [dict(key) for key in by_key]

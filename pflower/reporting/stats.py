@@ -1,12 +1,15 @@
-"""Report statistics: one number per run and metric (final round), then mean ± std over seeds.
+"""Report statistics: per run and metric, the final-round value and the mean over the last 10% of
+rounds; then mean ± std over seeds.
 
-Per run, stage L1 and L2 statistics over clients come from :func:`pflower.metrics.summarize_stage`
-on the final round's rows: Acc(L) and Acc(G) are the unweighted client means (fliu.md §3.3),
-Acc = Acc(L) + Acc(G), rho_eps counts clients with Acc(L) > eps, the loss variance is the
-fairness measure of DESIGN.md §4 and "bottom-10%" is the mean Acc(L) of the worst tenth of the
-clients. G is the global model's accuracy on the global test set. Across seeds the report gives
-the mean, the population standard deviation (ddof = 0, fliu.md A11) and the number of seeds.
-Headline numbers are final-round values, never the best over rounds.
+Per run and round, stage L1 and L2 statistics over clients come from
+:func:`pflower.results.statistics.summarize_stage`: Acc(L) and Acc(G) are the unweighted client
+means (as in FLIU's Table I), Acc = Acc(L) + Acc(G), rho_eps counts clients with Acc(L) > eps, the
+loss variance over clients is the fairness measure, and "bottom-10%" is the mean Acc(L) of the
+worst tenth of the clients. G is the global model's accuracy on the global test set. The last-10%
+value averages a metric over the evaluated rounds among the last 10% of rounds
+(:func:`pflower.results.rundir.last_rounds`). Across seeds the report gives the mean, the
+population standard deviation (ddof = 0) and the number of seeds. Headline numbers are never the
+best over rounds.
 """
 
 from __future__ import annotations
@@ -14,13 +17,15 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-from pflower.metrics import summarize_stage
 from pflower.reporting.groups import Experiment
-from pflower.reporting.runs import Run
+from pflower.results.rundir import G, RunResult
+from pflower.results.statistics import summarize_stage
+
+LAST10 = " last10"
+"""Suffix of a metric key averaged over the last 10% of rounds."""
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,10 @@ class Metric:
     table: str
     column: str
     kind: str  # "percent", "count" or "value": how a cell is printed
+
+    def last10(self) -> Metric:
+        """The same metric averaged over the last 10% of rounds."""
+        return Metric(self.key + LAST10, self.table, f"{self.column} last10%", self.kind)
 
 
 @dataclass(frozen=True)
@@ -43,12 +52,15 @@ class Cell:
 
 
 def metrics(eps: float) -> list[Metric]:
-    """The report's columns in table order: FLIU Table I's accuracies, then fairness."""
+    """The report's columns in table order: FLIU Table I's accuracies, each final and averaged
+    over the last 10% of rounds side by side, then fairness at the final round."""
     columns = []
     for stage in ("L1", "L2"):
         for name in ("Acc(L)", "Acc(G)", "Acc"):
-            columns.append(Metric(f"{stage} {name}", stage, name, "percent"))
-    columns.append(Metric("G Acc(G)", "G", "Acc(G)", "percent"))
+            final = Metric(f"{stage} {name}", stage, name, "percent")
+            columns += [final, final.last10()]
+    final = Metric("G Acc(G)", "G", "Acc(G)", "percent")
+    columns += [final, final.last10()]
     for stage in ("L1", "L2"):
         table = f"Fairness {stage}"
         columns += [
@@ -59,15 +71,11 @@ def metrics(eps: float) -> list[Metric]:
     return columns
 
 
-def _final_rows(run: Run, stage: str) -> list[dict[str, Any]]:
-    return [r for r in run.rows if r["stage"] == stage and r["round"] == run.final_round]
-
-
-def run_results(run: Run, eps: float) -> dict[str, float]:
-    """The final-round value of every metric this run has (missing stages stay missing)."""
+def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, float]:
+    """The value of every metric the run has in ``server_round`` (missing stages stay missing)."""
     results: dict[str, float] = {}
     for stage in ("L1", "L2"):
-        rows = _final_rows(run, stage)
+        rows = run.stage_rows(stage, server_round)
         if not rows:
             continue
         summary = summarize_stage(rows, [eps])
@@ -80,10 +88,23 @@ def run_results(run: Run, eps: float) -> dict[str, float]:
             acc_global = summary["acc_global"]["mean"]
             results[f"{stage} Acc(G)"] = acc_global
             results[f"{stage} Acc"] = acc_local + acc_global
-    global_rows = _final_rows(run, "G")
+    global_rows = run.stage_rows(G, server_round)
     if global_rows:
         results["G Acc(G)"] = float(global_rows[0]["acc"])
     return results
+
+
+def run_results(run: RunResult, eps: float) -> dict[str, float]:
+    """Every metric at the final round, and (key suffix ``last10``) averaged over the evaluated
+    rounds in the last 10% of rounds."""
+    assert run.final_round is not None
+    final = round_results(run, run.final_round, eps)
+    window = [round_results(run, r, eps) for r in run.window()]
+    last10 = {
+        key + LAST10: float(np.mean([values[key] for values in window if key in values]))
+        for key in final
+    }
+    return {**final, **last10}
 
 
 def over_seeds(values: Sequence[float]) -> Cell:
@@ -92,8 +113,9 @@ def over_seeds(values: Sequence[float]) -> Cell:
     return Cell(float(array.mean()), float(array.std()), len(array))
 
 
-def completed(experiment: Experiment) -> list[Run]:
-    return [run for run in experiment.runs if run.status == "ok"]
+def completed(experiment: Experiment) -> list[RunResult]:
+    """The experiment's runs that completed."""
+    return [run for run in experiment.runs if run.status == "completed"]
 
 
 def experiment_cells(experiment: Experiment, eps: float) -> dict[str, Cell]:
@@ -129,6 +151,6 @@ def final_client_values(experiment: Experiment, stage: str, metric: str) -> list
     return [
         float(row[metric])
         for run in completed(experiment)
-        for row in _final_rows(run, stage)
+        for row in run.stage_rows(stage, run.final_round or 0)
         if metric in row
     ]

@@ -14,12 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from pflower.reporting.groups import Experiment, show, varying_keys
-from pflower.reporting.runs import Run
 from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
+from pflower.results.rundir import RunResult
 
 LEGEND = (
     "Cells: mean ± std over seeds (population std, ddof = 0), with the number of seeds in "
-    "parentheses, at each run's final round (never the best round). Acc(L): mean over clients of "
+    "parentheses, of each run's final-round value and, in the 'last10%' columns, of each run's "
+    "mean over the evaluated rounds among its last 10% of rounds (never the best round). "
+    "Fairness columns are final-round values. Acc(L): mean over clients of "
     "the accuracy on the client's own test split; Acc(G): the same clients' models on the global "
     "test set; Acc = Acc(L) + Acc(G) (0-200); G: the global model on the global test set; "
     "accuracies in %. ρ_ε: clients with Acc(L) > ε; loss var: variance over clients of the local "
@@ -143,7 +145,7 @@ def _problems(experiments: Sequence[Experiment]) -> list[str]:
         [f"`{run.path}`", e.method, e.partition, show(run.seed), run.status, run.error or ""]
         for e in experiments
         for run in e.runs
-        if run.status != "ok"
+        if run.status != "completed"
     ]
     if not rows:
         return []
@@ -162,13 +164,14 @@ def markdown(
 ) -> str:
     """The whole markdown report; ``figures`` maps section labels to image paths relative to the
     report file."""
-    runs: list[Run] = [run for e in experiments for run in e.runs]
-    counts = {status: sum(run.status == status for run in runs) for status in ("ok", "failed")}
-    incomplete = len(runs) - counts["ok"] - counts["failed"]
+    runs: list[RunResult] = [run for e in experiments for run in e.runs]
+    completed = sum(run.status == "completed" for run in runs)
+    failed = sum(run.status == "failed" for run in runs)
+    incomplete = len(runs) - completed - failed
     lines = [
         f"# {title}",
         "",
-        f"{len(runs)} runs ({counts['ok']} completed, {counts['failed']} failed, {incomplete} "
+        f"{len(runs)} runs ({completed} completed, {failed} failed, {incomplete} "
         f"incomplete) in {len(experiments)} experiments, read from "
         + ", ".join(f"`{source}`" for source in sources)
         + ".",

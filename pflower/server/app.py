@@ -10,11 +10,12 @@ from flwr.common import NDArrays
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from omegaconf import DictConfig
 
-from pflower.client.training import evaluate, set_weights
-from pflower.config import config_from_run_config
-from pflower.experiment import Experiment
-from pflower.server.recorder import RunRecorder
-from pflower.strategies.base import GlobalEvaluator, PersonalizedStrategy, RunSettings
+from pflower.compose import config_from_run_config
+from pflower.core.algorithm import algorithm_of
+from pflower.core.experiment import Experiment
+from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
+from pflower.core.training import evaluate, set_weights
+from pflower.results.rundir import RunRecorder
 
 
 def run_directory(cfg: DictConfig) -> Path:
@@ -29,10 +30,11 @@ def global_evaluator(experiment: Experiment) -> GlobalEvaluator:
     model = experiment.new_model()
     test = experiment.global_test
     prepare = experiment.prepare()
+    batch_size = experiment.settings.eval.batch_size
 
     def evaluate_global(weights: NDArrays) -> dict[str, float]:
         set_weights(model, weights)
-        result = evaluate(model, test, prepare, experiment.cfg.eval.batch_size)
+        result = evaluate(model, test, prepare, batch_size)
         return {"acc": result.accuracy, "loss": result.loss}
 
     return evaluate_global
@@ -41,21 +43,10 @@ def global_evaluator(experiment: Experiment) -> GlobalEvaluator:
 def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
     """The configured algorithm's Strategy, wired to a recorder writing into ``run_dir``."""
     experiment = Experiment.of(cfg)
-    algorithm = experiment.algorithm
-    run = RunSettings(
-        num_clients=cfg.num_clients,
-        rounds=cfg.rounds,
-        seed=cfg.seed,
-        fraction=cfg.fraction,
-        min_clients=cfg.min_clients,
-        eval_every=cfg.eval.every,
-        eval_fraction=cfg.eval.fraction,
-        max_failed_fraction=cfg.failures.max_failed_fraction,
-        round_timeout=cfg.round_timeout,
-    )
-    return algorithm.strategy_class(
-        options=algorithm,
-        run=run,
+    options = experiment.settings.strategy
+    return algorithm_of(options).strategy(
+        options=options,
+        settings=experiment.settings,
         initial_weights=experiment.initial_weights(),
         evaluate_global=global_evaluator(experiment),
         recorder=RunRecorder(run_dir, cfg),
@@ -63,11 +54,13 @@ def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
 
 
 def server_fn(context: Context) -> ServerAppComponents:
+    """The Strategy and the number of rounds of the experiment in the run config."""
     cfg = config_from_run_config(context.run_config)
     strategy = build_strategy(cfg, run_directory(cfg))
+    settings = strategy.settings
     return ServerAppComponents(
         strategy=strategy,
-        config=ServerConfig(num_rounds=cfg.rounds, round_timeout=cfg.round_timeout),
+        config=ServerConfig(num_rounds=settings.rounds, round_timeout=settings.round_timeout),
     )
 
 

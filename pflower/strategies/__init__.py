@@ -1,14 +1,12 @@
-"""The algorithms: one module each, registered by config name in :data:`ALGORITHMS`.
+"""The algorithms: one module each, holding its Strategy, its client and its options.
 
-The modules are imported on first use (:func:`load_algorithms`), which keeps this package
-importable from the client and experiment code that the algorithms themselves build on.
+Importing this package imports every algorithm module in it, which registers each algorithm under
+its config name (:func:`pflower.core.algorithm.register_algorithm`): a new algorithm is a new
+module here and nothing else.
 """
 
-from pflower.strategies.registry import (
-    ALGORITHMS,
-    AlgorithmOptions,
-    build_algorithm,
-    load_algorithms,
-)
+import importlib
+import pkgutil
 
-__all__ = ["ALGORITHMS", "AlgorithmOptions", "build_algorithm", "load_algorithms"]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")

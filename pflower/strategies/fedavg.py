@@ -7,10 +7,12 @@ locally trained copy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from pflower.client.base import PersonalClient
-from pflower.strategies.base import PersonalizedStrategy
-from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import PersonalizedStrategy
 
 
 class FedAvgStrategy(PersonalizedStrategy["FedAvgOptions"]):
@@ -21,8 +23,10 @@ class FedAvgClient(PersonalClient["FedAvgOptions"]):
     """Trains the received global model; evaluates it unchanged at stage L1."""
 
 
-@ALGORITHMS.register("fedavg")
-@dataclass(frozen=True)
+@register_algorithm("fedavg", strategy=FedAvgStrategy, client=FedAvgClient)
+@dataclass
 class FedAvgOptions(AlgorithmOptions):
-    strategy_class = FedAvgStrategy
-    client_class = FedAvgClient
+    """FedAvg has only the common options (``aggregation``: weighted by n_k, as in the paper)."""
+
+    display_name: ClassVar[str] = "FedAvg"
+    display_rank: ClassVar[int] = 0

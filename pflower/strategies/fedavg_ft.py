@@ -8,14 +8,16 @@ optimizer settings; the fine-tuned weights are never uploaded.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
-from pflower.client.base import PersonalClient
-from pflower.client.training import get_weights, set_weights
-from pflower.registry import ConfigError
-from pflower.strategies.base import PersonalizedStrategy
-from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+from pflower.config import require
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import PersonalizedStrategy
+from pflower.core.training import get_weights, set_weights
 
 
 class FedAvgFTStrategy(PersonalizedStrategy["FedAvgFTOptions"]):
@@ -34,19 +36,21 @@ class FedAvgFTClient(PersonalClient["FedAvgFTOptions"]):
         return get_weights(self.model)
 
 
-@ALGORITHMS.register("fedavg_ft")
-@dataclass(frozen=True)
+@register_algorithm("fedavg_ft", strategy=FedAvgFTStrategy, client=FedAvgFTClient)
+@dataclass
 class FedAvgFTOptions(AlgorithmOptions):
     """Attributes:
     finetune_epochs: local epochs of fine-tuning before evaluation (0 gives FedAvg).
     """
 
-    strategy_class = FedAvgFTStrategy
-    client_class = FedAvgFTClient
+    display_name: ClassVar[str] = "FedAvg-FT"
+    display_rank: ClassVar[int] = 2
 
     finetune_epochs: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.finetune_epochs < 0:
-            raise ConfigError(f"strategy.finetune_epochs must be >= 0, got {self.finetune_epochs}")
+        require(
+            self.finetune_epochs >= 0,
+            f"strategy.finetune_epochs must be >= 0, got {self.finetune_epochs}",
+        )

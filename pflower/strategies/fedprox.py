@@ -1,22 +1,31 @@
-"""FedProx (Li et al., MLSys 2020): FedAvg with a proximal term on the client.
+"""FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in
+Heterogeneous Networks", MLSys 2020.
 
-Each client minimizes ``loss + mu/2 * ||w - w_global||^2`` during local training; the server
-averages as FedAvg does.
+Each client k approximately minimizes h_k(w; w^t) = F_k(w) + (μ/2)‖w − w^t‖² (Sec. 3, Alg. 2)
+with the round's local SGD, where w^t is the global model it received; the server averages as
+FedAvg does. The proximal term covers the trainable parameters; BatchNorm statistics are not
+parameters and are left to the data.
+
+Deviation: Alg. 2 lets clients run a variable number of local steps (γ-inexact solutions); here
+every client runs the configured epochs or steps, as in the paper's experiments with no
+stragglers. μ = 0 is FedAvg exactly.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
-from pflower.client.base import PersonalClient
-from pflower.client.training import Regularizer
-from pflower.registry import ConfigError
-from pflower.strategies.base import PersonalizedStrategy
-from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+from pflower.config import require
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import PersonalizedStrategy
+from pflower.core.training import Regularizer
 
 
 class FedProxStrategy(PersonalizedStrategy["FedProxOptions"]):
@@ -27,35 +36,39 @@ class FedProxClient(PersonalClient["FedProxOptions"]):
     """Adds the proximal term ``mu/2 ||w - w_global||^2`` to the local loss."""
 
     def regularizer(self, global_weights: NDArrays, config: dict[str, Scalar]) -> Regularizer:
-        mu = self.options.mu
-        names = list(self.model.state_dict())
-        anchors = {
-            name: torch.from_numpy(array).clone()
-            for name, array in zip(names, global_weights, strict=True)
-        }
-
-        def proximal_term(model: nn.Module) -> torch.Tensor:
-            squared = [
-                (param - anchors[name]).pow(2).sum() for name, param in model.named_parameters()
-            ]
-            return 0.5 * mu * torch.stack(squared).sum()
-
-        return proximal_term
+        return proximal_term(self.model, global_weights, self.options.mu)
 
 
-@ALGORITHMS.register("fedprox")
-@dataclass(frozen=True)
+def proximal_term(model: nn.Module, anchor_weights: NDArrays, mu: float) -> Regularizer:
+    """The loss term w ↦ (μ/2)‖w − w^t‖² over ``model``'s trainable parameters, where w^t are
+    ``anchor_weights`` (in ``state_dict`` order, as they arrive from the server)."""
+    names = list(model.state_dict())
+    anchors = {
+        name: torch.from_numpy(array).clone()
+        for name, array in zip(names, anchor_weights, strict=True)
+    }
+
+    def term(current: nn.Module) -> torch.Tensor:
+        squared = [
+            (param - anchors[name]).pow(2).sum() for name, param in current.named_parameters()
+        ]
+        return 0.5 * mu * torch.stack(squared).sum()
+
+    return term
+
+
+@register_algorithm("fedprox", strategy=FedProxStrategy, client=FedProxClient)
+@dataclass
 class FedProxOptions(AlgorithmOptions):
     """Attributes:
-    mu: weight of the proximal term (0 gives FedAvg).
+    mu: weight μ of the proximal term (0 gives FedAvg).
     """
 
-    strategy_class = FedProxStrategy
-    client_class = FedProxClient
+    display_name: ClassVar[str] = "FedProx"
+    display_rank: ClassVar[int] = 1
 
     mu: float = 0.01
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.mu < 0:
-            raise ConfigError(f"strategy.mu must be >= 0, got {self.mu}")
+        require(self.mu >= 0, f"strategy.mu must be >= 0, got {self.mu}")

@@ -1,39 +1,59 @@
-"""FLIU: Federated Learning with Individualized Updates (Hussaini, Theiß, Stein), spec fliu.md §2.
+"""FLIU: Federated Learning with Individualized Updates.
+
+Hussaini, Theiß and Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical
+Analysis of Personalized Federated Learning in Heterogeneous Data Environments", Sec. III.
 
 FedAvg plus one client-side step. After the server averages the clients' trained models into Θ^t
-(uniformly by default, Alg. 1), client k replaces its model with
+(uniformly, 1/K, as in Alg. 1), client k replaces its model with
 
     θ̃_k^t = γ_k · θ_k^t + (1 − γ_k) · Θ^t          (Eq. 3)
 
-where θ_k^t is its own trained model of round t. θ̃_k^t is evaluated at stage L1 and is the start
-model of round t+1. γ_k is fixed (FLIUxx: γ = xx/100) or, in adaptive mode, a step function of the
-client's relative data size n_k / (n/K) (Eq. 4, strict ">" checked top-down).
+where θ_k^t is its own trained model of round t. θ̃_k^t is evaluated at stage L1 (Fig. 1) and is
+the start model of round t+1. γ_k is fixed (FLIUxx: γ = xx/100, Sec. IV) or, in adaptive mode, a
+step function of the client's size n_k relative to n/K (Eq. 4; ">" checked top-down, so
+n_k = n/K gives 0.25).
 
-γ = 0 is FedAvg with uniform aggregation, γ = 1 is local training (CLT).
+Identities: γ = 0 is FedAvg with uniform aggregation, γ = 1 is local training (CLT).
 
-Wire protocol (§2.4): clients upload θ_k^t and n_k, never the mixed model. The server learns n and
-K from round-1 results and sends them in every later config, so clients can compute γ_k.
-The mix is recomputed wherever it is needed (evaluate at round t, fit at round t+1): evaluate never
-writes state, and nothing relies on evaluate having run.
+What crosses the wire: clients upload θ_k^t and n_k, never the mixed model (Alg. 1 averages the
+trained models). The server learns n and K from the clients' reported sizes and sends them in
+every fit and evaluate config (keys ``n_total`` and ``num_clients``), so clients can compute γ_k.
+The client keeps θ_k^t in its state (``fliu_local``); the mix is recomputed wherever it is needed
+(evaluate at round t, fit at round t+1), so evaluate never writes state and nothing relies on
+evaluate having run.
+
+Deviation: none in the algorithm. Alg. 1 leaves the round-1 start model implicit; every client
+starts from the common Θ^0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
+from typing import Any, ClassVar
 
 from flwr.common import NDArrays, Scalar
 
-from pflower.client.base import PersonalClient, server_round
-from pflower.registry import ConfigError
-from pflower.strategies.base import PersonalizedStrategy
-from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+from pflower.config import require
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient, server_round
+from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.strategy import PersonalizedStrategy
 
 LOCAL_MODEL = "fliu_local"
 META = "fliu_meta"
 
 ADAPTIVE_STEPS = ((10.0, 0.90), (5.0, 0.75), (1.0, 0.50), (0.5, 0.25))
 """(size ratio n_k / m, γ) of Eq. 4, checked top-down with strict ">"; below all: γ = 0.10."""
+
+
+class GammaMode(StrEnum):
+    """How γ_k is chosen."""
+
+    adaptive = "adaptive"
+    """Eq. 4, from the client's relative data size."""
+    fixed = "fixed"
+    """``gamma`` for every client (FLIU10 ... FLIU90)."""
 
 
 def adaptive_gamma(num_examples: int, total_examples: int, num_clients: int) -> float:
@@ -73,7 +93,7 @@ class FLIUClient(PersonalClient["FLIUOptions"]):
     """Keeps θ_k^t (its last trained model) and mixes it with each new global model."""
 
     def gamma(self, config: dict[str, Scalar]) -> float:
-        if self.options.gamma_mode == "fixed":
+        if self.options.gamma_mode == GammaMode.fixed:
             return self.options.gamma
         return adaptive_gamma(
             len(self.data.train), int(config["n_total"]), int(config["num_clients"])
@@ -99,32 +119,44 @@ class FLIUClient(PersonalClient["FLIUOptions"]):
         return self.individualized(global_weights, config)
 
     def fit_metrics(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
-        if self.options.gamma_mode == "fixed" or "n_total" in config:
+        if self.options.gamma_mode == GammaMode.fixed or "n_total" in config:
             return {"gamma": self.gamma(config)}
         return {}
 
 
-@ALGORITHMS.register("fliu")
-@dataclass(frozen=True)
+@register_algorithm("fliu", strategy=FLIUStrategy, client=FLIUClient)
+@dataclass
 class FLIUOptions(AlgorithmOptions):
     """Attributes:
     gamma_mode: ``adaptive`` (Eq. 4 from n_k) or ``fixed`` (``gamma`` for every client).
     gamma: the fixed personalization factor γ in [0, 1] (FLIU10 = 0.1, ...).
-    aggregation: uniform 1/K as in Alg. 1 (default), or weighted by n_k (ablation, A7).
+    aggregation: uniform 1/K as in Alg. 1 (default), or weighted by n_k (an ablation).
     """
 
-    strategy_class = FLIUStrategy
-    client_class = FLIUClient
+    display_name: ClassVar[str] = "FLIU"
+    display_rank: ClassVar[int] = 100
 
-    gamma_mode: Literal["adaptive", "fixed"] = "adaptive"
+    gamma_mode: GammaMode = GammaMode.adaptive
     gamma: float = 0.5
-    aggregation: Literal["weighted", "uniform"] = "uniform"
+    aggregation: Aggregation = Aggregation.uniform
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.gamma_mode not in ("adaptive", "fixed"):
-            raise ConfigError(
-                f"strategy.gamma_mode must be 'adaptive' or 'fixed', got {self.gamma_mode!r}"
-            )
-        if not 0.0 <= self.gamma <= 1.0:
-            raise ConfigError(f"strategy.gamma must be in [0, 1], got {self.gamma}")
+        require(0.0 <= self.gamma <= 1.0, f"strategy.gamma must be in [0, 1], got {self.gamma}")
+
+    def label(self) -> str:
+        """``FLIU`` (adaptive γ) or ``FLIUxx`` for the fixed γ = xx/100."""
+        if self.gamma_mode == GammaMode.adaptive:
+            return self.display_name
+        return f"{self.display_name}{round(100 * self.gamma, 4):g}"
+
+    def label_keys(self) -> tuple[str, ...]:
+        """The label names the mode, and γ when it is fixed (adaptive FLIU ignores ``gamma``)."""
+        if self.gamma_mode == GammaMode.adaptive:
+            return ("gamma_mode",)
+        return ("gamma_mode", "gamma")
+
+    def sort_key(self) -> tuple[Any, ...]:
+        """FLIU (adaptive) first, then FLIUxx by ascending γ."""
+        gamma = -1.0 if self.gamma_mode == GammaMode.adaptive else self.gamma
+        return (self.display_rank, gamma, self.label())

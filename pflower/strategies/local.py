@@ -2,18 +2,21 @@
 
 Every client trains its own model on its own data, starting from the common Θ^0, and never adopts
 anything from the server. The server still averages the uploaded models, only to report stage G
-(FLIU spec §3.2, A14: the uniform average of the local models).
+(the uniform average of the local models; the FLIU paper's CLT, Sec. IV, reports no global
+model, so this stage G is pflower's addition for comparison).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
-from pflower.client.base import PersonalClient
-from pflower.strategies.base import PersonalizedStrategy
-from pflower.strategies.registry import ALGORITHMS, AlgorithmOptions
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import PersonalizedStrategy
 
 LOCAL_MODEL = "local_model"
 
@@ -37,8 +40,10 @@ class LocalClient(PersonalClient["LocalOptions"]):
         return self.state.get_arrays(LOCAL_MODEL) or global_weights
 
 
-@ALGORITHMS.register("local")
-@dataclass(frozen=True)
+@register_algorithm("local", strategy=LocalStrategy, client=LocalClient)
+@dataclass
 class LocalOptions(AlgorithmOptions):
-    strategy_class = LocalStrategy
-    client_class = LocalClient
+    """Local training has only the common options; ``aggregation`` applies to stage G alone."""
+
+    display_name: ClassVar[str] = "Local"
+    display_rank: ClassVar[int] = 1000

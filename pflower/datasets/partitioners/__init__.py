@@ -29,9 +29,11 @@ from pflower.datasets.partitioners.base import (
     IndexPartitioner,
     InputNoiseScheme,
     Partition,
+    SampleSharingScheme,
     TestAwarePartitioner,
     build_partitioner,
     partition_labels,
+    shares_samples,
     to_hf_dataset,
 )
 
@@ -40,8 +42,10 @@ __all__ = [
     "IndexPartitioner",
     "InputNoiseScheme",
     "Partition",
+    "SampleSharingScheme",
     "TestAwarePartitioner",
     "build_partitioner",
     "partition_labels",
+    "shares_samples",
     "to_hf_dataset",
 ]

@@ -1,13 +1,14 @@
 """Whole-sample integerization of real allocations, and the schemes defined by a count matrix.
 
-FLIU (fliu.md §4, "Integerization") turns a real allocation ``A[k, l]`` (client ``k``, class ``l``,
-column sums = class sizes) into sample counts by the largest-remainder rule per column: floor every
-entry, then give the samples left over one each to the largest fractional parts (ties to the lower
-client). That uses every sample exactly once, but a client's total can drift from its real total by
-up to ``L - 1`` samples. :func:`round_matrix` therefore follows it with a *controlled rounding*
-repair: single samples move between clients along augmenting paths until every client's total is
-the floor or ceiling of its real total too, while every entry stays the floor or ceiling of its
-real value and every column sum stays exact (such a rounding always exists: Bacharach, 1966). For
+FLIU's Dirichlet environments (FLIU paper, Sec. IV-A3 to IV-A5) define a real allocation
+``A[k, l]`` (client ``k``, class ``l``, column sums = class sizes); the paper does not say how it
+becomes sample counts. pflower uses the largest-remainder rule per column: floor every entry, then
+give the samples left over one each to the largest fractional parts (ties to the lower client).
+That uses every sample exactly once, but a client's total can drift from its real total by up to
+``L - 1`` samples. :func:`round_matrix` therefore follows it with a *controlled rounding* repair:
+single samples move between clients along augmenting paths until every client's total is the
+floor or ceiling of its real total too, while every entry stays the floor or ceiling of its real
+value and every column sum stays exact (such a rounding always exists: Bacharach, 1966). For
 FLIU's label skew this is what makes client sizes equal up to one sample, as the paper claims.
 
 :class:`CountMatrixPartitioner` is the base of every scheme that is fully described by such a
@@ -33,7 +34,7 @@ def largest_remainder(values: np.ndarray, total: int) -> np.ndarray:
     """Integers that sum to ``total``, each the floor or ceiling of its entry of ``values``.
 
     ``values`` must sum to ``total`` up to less than one. Floors first; the remaining units go to
-    the largest fractional parts, ties to the lower index (fliu.md §4).
+    the largest fractional parts, ties to the lower index (so the result is deterministic).
     """
     values = np.asarray(values, dtype=np.float64)
     floors = np.floor(values + _EPS)
@@ -128,7 +129,7 @@ def deal_by_class(
     """Per client, positions of ``counts[k, j]`` samples of class ``classes[j]``, disjoint.
 
     Each class's positions are shuffled and handed out in consecutive blocks, client 0 first
-    (fliu.md §4). A class may have more samples than its column sum; the rest stay unassigned.
+    (pflower's rule). A class may have more samples than its column sum; the rest stay unassigned.
     """
     shares: list[list[np.ndarray]] = [[] for _ in range(counts.shape[0])]
     for column, label in enumerate(classes):
@@ -164,8 +165,9 @@ class CountMatrixPartitioner(IndexPartitioner):
     """A scheme given by a real ``clients x classes`` allocation, rounded and dealt out.
 
     Subclasses implement :meth:`_allocation`. With ``max_draws > 1`` a random allocation is
-    redrawn until every client holds at least ``min_size`` samples (FLIU's small-client guard,
-    fliu.md §4.4 and A6); after ``max_draws`` failures the request is refused.
+    redrawn until every client holds at least ``min_size`` samples (pflower's small-client guard
+    for FLIU's QS and LSQS, Sec. IV-A4 and IV-A5, where the paper does not say what happens to tiny
+    clients); after ``max_draws`` failures the request is refused.
     """
 
     def __init__(

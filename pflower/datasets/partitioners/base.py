@@ -14,6 +14,10 @@ Two optional capabilities extend the plain interface:
   Schemes without it only split the pool; the federation builder derives the test shares.
 - :class:`InputNoiseScheme` is a scheme that also perturbs inputs per client (FLAME's quality
   skew): it exposes one Gaussian noise std per client, which the federation carries to the clients.
+- :class:`SampleSharingScheme` is a scheme that may give one sample to several clients (the
+  ``disjoint: false`` variants that reproduce FLAME's and Fling's code). The federation builder
+  must know this *before* it runs the scheme: it then reserves the held-out samples first, so that
+  no client's test sample can be another client's training sample.
 
 :func:`partition_labels` is the one place that builds a scheme from its config block, runs it and
 turns whatever goes wrong into a :class:`~pflower.registry.ConfigError` naming the scheme.
@@ -196,6 +200,25 @@ class InputNoiseScheme(Protocol):
     def fixed_noise(self) -> bool:
         """True: one draw per sample, reused; False: a fresh draw at every access."""
         ...
+
+
+@runtime_checkable
+class SampleSharingScheme(Protocol):
+    """A scheme whose clients may receive the same sample (overlapping shares)."""
+
+    @property
+    def shares_samples(self) -> bool:
+        """True when two clients' shares may intersect (as configured)."""
+        ...
+
+
+def shares_samples(partitioner: Partitioner) -> bool:
+    """Whether ``partitioner`` may give one sample to several clients.
+
+    Schemes that do not implement :class:`SampleSharingScheme` (all of Flower Datasets' own, and
+    every scheme without a ``disjoint`` option) deal each sample to at most one client.
+    """
+    return isinstance(partitioner, SampleSharingScheme) and partitioner.shares_samples
 
 
 def columns_of(dataset: datasets.Dataset) -> tuple[np.ndarray, np.ndarray | None]:

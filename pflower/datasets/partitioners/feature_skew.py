@@ -1,13 +1,13 @@
 """Feature- and quality-skew schemes: clients differ in *how* their inputs look.
 
 ===================== ===========================================================================
-name                  scheme (spec)
+name                  scheme (source)
 ===================== ===========================================================================
 ``quality_skew``      FLAME "Gau(sigma)": contiguous blocks; client ``i`` adds Gaussian noise of
-                      std ``sigma * i / K`` to its normalized inputs (flame.md §4.3, §10.9)
-``feature_skew``      FLAME "#writers": consecutive writers per client (flame.md §4.5)
+                      std ``sigma * i / K`` to its normalized inputs (FLAME, Sec. VI-A)
+``feature_skew``      FLAME "#writers": consecutive writers per client (FLAME, Sec. VI-A)
 ``attribute_groups``  FedMPR CelebA high shift: attribute ``i`` to client ``i mod K``
-                      (fedmpr.md §3.5, A10)
+                      (FedMPR, Sec. V-B; the mapping is pflower's choice)
 ===================== ===========================================================================
 
 ``feature_skew`` and ``attribute_groups`` read the per-sample ``group`` column (writer ids,
@@ -35,15 +35,15 @@ def _require_groups(groups: np.ndarray | None, scheme: str, meaning: str) -> np.
 
 @PARTITIONERS.register("quality_skew")
 class QualitySkewPartitioner(IndexPartitioner):
-    """FLAME noise-based quality skew "Gau(sigma)" (flame.md §4.3).
+    """FLAME noise-based quality skew "Gau(sigma)" (FLAME paper, Sec. VI-A, "Partitions").
 
     The pool is cut into ``K`` equal contiguous blocks in pool order (client ``i`` gets rows
-    ``[i*N/K, (i+1)*N/K)``); ``shuffle_before_split`` shuffles first (flame.md §10.9: a properly
-    IID split for class-sorted data). The split itself carries no noise: :attr:`noise_std` tells the
-    federation that client ``i`` adds Gaussian noise of std ``sigma * i / K`` (std, as in FLAME's
-    code, not variance; client 0 is clean) to every normalized train and test input.
-    ``fixed_noise: false`` redraws the noise at every access (FLAME's code); ``true`` draws it once
-    per sample.
+    ``[i*N/K, (i+1)*N/K)``, as FLAME's code does); ``shuffle_before_split`` shuffles first
+    (pflower's option: a properly IID split for class-sorted data such as Medical-MNIST). The
+    split itself carries no noise: :attr:`noise_std` tells the federation that client ``i`` adds
+    Gaussian noise of std ``sigma * i / K`` (std, as in FLAME's code, though the paper says
+    variance; client 0 is clean) to every normalized train and test input. ``fixed_noise: false``
+    redraws the noise at every access (FLAME's code); ``true`` draws it once per sample.
     """
 
     def __init__(
@@ -79,10 +79,11 @@ class QualitySkewPartitioner(IndexPartitioner):
 
 @PARTITIONERS.register("feature_skew")
 class WriterPartitioner(IndexPartitioner):
-    """FLAME feature skew "#writers" (flame.md §4.5).
+    """FLAME feature skew "#writers" (FLAME paper, Sec. VI-A; "#writers = 338" in Table III).
 
     Writers (``group`` ids, in ascending id order) are dealt out ``W // K`` consecutive writers
-    per client with all of their samples; the last ``W mod K`` writers are dropped.
+    per client with all of their samples; the last ``W mod K`` writers are dropped (as FLAME's
+    code does).
     """
 
     def _partition(
@@ -104,13 +105,15 @@ class WriterPartitioner(IndexPartitioner):
 
 @PARTITIONERS.register("attribute_groups")
 class AttributeGroupsPartitioner(IndexPartitioner):
-    """FedMPR CelebA-Gender high shift (fedmpr.md §3.5, A10): attribute ``i`` -> client ``i mod K``.
+    """FedMPR CelebA-Gender high shift (Sec. V-B): attribute ``i`` -> client ``i mod K``.
 
     ``group`` is the index of the sample's single active attribute in the canonical attribute
     order; client ``k`` gets every sample whose attribute index is ``k`` modulo ``K`` (for 5
-    attributes and ``K = 2``: client 0 gets attributes 0, 2, 4; client 1 gets 1, 3). The loader
-    already balances genders within every attribute; ``equal_sizes`` (default, fedmpr.md §3.5 [R])
-    then downsamples every client to the smallest client's size, keeping its label proportions.
+    attributes and ``K = 2``: client 0 gets attributes 0, 2, 4; client 1 gets 1, 3). The paper
+    uses mutually exclusive attributes for high shift (Sec. V-B, Fig. 6) but does not say how they
+    map to clients; round-robin is pflower's choice. The loader already balances genders within
+    every attribute; ``equal_sizes`` (pflower's default; the paper gives no client sizes) then
+    downsamples every client to the smallest client's size, keeping its label proportions.
     """
 
     def __init__(self, num_partitions: int, seed: int, equal_sizes: bool = True) -> None:

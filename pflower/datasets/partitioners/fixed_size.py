@@ -1,14 +1,17 @@
-"""DiversiFed's fixed-size clients (diversifed.md §3), whose test shares are part of the scheme.
+"""DiversiFed's fixed-size clients (DiversiFed, Sec. V-A), whose test shares are part of the scheme.
 
 Every client gets exactly ``train_size`` training samples from the pool (300 for FMNIST, 500 for
 CIFAR and PathMNIST) and ``test_size`` (100) test samples from the official test split with the
 same label distribution. A client's label distribution is a :class:`Recipe`: a few sources (sets
-of classes) and their weights; its samples are drawn without replacement within the client. As
-in Fling, which the paper's code builds on, clients are sampled independently, so different
-clients may share samples (A11); ``disjoint: true`` draws every sample at most once instead.
+of classes) and their weights; its samples are drawn without replacement within the client. The
+paper does not say whether clients may share samples; pflower follows Fling (the authors' group's
+framework, used for FedCAC in Sec. V-B), where clients are sampled independently, so different
+clients may share samples; ``disjoint: true`` draws every sample at most once instead.
+Training samples come from the pool and test samples from the official test split, so shared
+samples never put a test sample into training.
 
 ============================ ================================================================
-name                         recipe (spec)
+name                         recipe (source)
 ============================ ================================================================
 ``diversifed_pathological``  ``classes_per_client`` distinct random classes, equal counts
 ``diversifed_dirichlet``     class weights ``q_i ~ Dir(alpha * 1_C)`` per client
@@ -43,7 +46,7 @@ class Recipe:
     weights: np.ndarray
 
     def counts(self, size: int) -> np.ndarray:
-        """Samples per source for a client of ``size`` samples (diversifed.md §3, Fling's rule).
+        """Samples per source for a client of ``size`` samples (Fling's rule; the paper has none).
 
         Every source but the last gets ``round(size * weight)``, clipped so that the running
         total stays within ``size``; the last source gets the rest.
@@ -65,6 +68,11 @@ class FixedSizePartitioner(TestAwarePartitioner):
         check_count("train_size", train_size)
         check_count("test_size", test_size)
         self._train_size, self._test_size, self._disjoint = train_size, test_size, disjoint
+
+    @property
+    def shares_samples(self) -> bool:
+        """True with ``disjoint: false``: clients' shares may intersect."""
+        return not self._disjoint
 
     def _partition_with_test(
         self, labels: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator
@@ -111,9 +119,9 @@ class FixedSizePartitioner(TestAwarePartitioner):
 
 @PARTITIONERS.register("diversifed_pathological")
 class DiversifedPathologicalPartitioner(FixedSizePartitioner):
-    """DiversiFed pathological (diversifed.md §3): each client draws ``classes_per_client``
-    distinct classes uniformly, independently of the others, with equal counts per class
-    (150 + 150 train and 50 + 50 test for FMNIST)."""
+    """DiversiFed pathological (Sec. V-A, "Pathological non-IID"): each client draws
+    ``classes_per_client`` distinct classes uniformly, independently of the others, with equal
+    counts per class (150 + 150 train and 50 + 50 test for FMNIST)."""
 
     def __init__(
         self,
@@ -142,8 +150,9 @@ class DiversifedPathologicalPartitioner(FixedSizePartitioner):
 
 @PARTITIONERS.register("diversifed_dirichlet")
 class DiversifedDirichletPartitioner(FixedSizePartitioner):
-    """DiversiFed Dirichlet (diversifed.md §3): per client, class weights ``q_i ~ Dir(alpha)``;
-    train and test use the same ``q_i`` (alpha in {0.1, 0.5, 1.0}, A8)."""
+    """DiversiFed Dirichlet (Sec. V-A, "Dirichlet non-IID"): per client, class weights
+    ``q_i ~ Dir(alpha)``; train and test use the same ``q_i`` (alpha in {0.1, 0.5, 1.0}: pflower's
+    reading of the three settings of Sec. V-D and Table II)."""
 
     def __init__(
         self,
@@ -168,13 +177,14 @@ class DiversifedDirichletPartitioner(FixedSizePartitioner):
 
 @PARTITIONERS.register("diversifed_practical")
 class DiversifedPracticalPartitioner(FixedSizePartitioner):
-    """DiversiFed practical (diversifed.md §3, A10; PathMNIST in the paper).
+    """DiversiFed practical (Sec. V-A, "Practical non-IID", and Sec. V-E; PathMNIST in the paper).
 
     The sorted classes are cut into ``num_groups`` contiguous dominant sets ({0-2}, {3-5}, {6-8}
     for 9 classes) and the clients into ``num_groups`` near-equal consecutive groups (7/7/6 for 20
     clients). A client draws ``dominant_fraction`` of its samples at random from its group's
     pooled dominant classes and the rest from the pooled other classes (400 + 100 train,
-    80 + 20 test).
+    80 + 20 test). The 80/20 rule and the three groups are the paper's; the dominant sets, group
+    sizes and client count are pflower's defaults.
     """
 
     def __init__(

@@ -1,20 +1,20 @@
 """Label-skew schemes: each client sees a different mix of classes.
 
 ======================== ==========================================================================
-name                     scheme (spec)
+name                     scheme (source)
 ======================== ==========================================================================
-``pathological``         ``classes_per_client`` classes per client (fliu.md §4.2): ``balanced``
+``pathological``         ``classes_per_client`` classes per client (FLIU, Sec. IV-A2): ``balanced``
                          (every class held equally often, duplicates repaired) or ``random``
                          (independent draws; Flower Datasets' :class:`PathologicalPartitioner`)
 ``shards``               McMahan et al.'s sorted shards (Flower Datasets' ShardPartitioner)
 ``dirichlet``            per-class Dir(alpha) proportions with a minimum client size and retries
-                         (Flower Datasets' :class:`DirichletPartitioner`; fedmpr.md §3.2)
-``ls``                   FLIU label skew: Dirichlet rows, Sinkhorn to equal sizes (fliu.md §4.3)
-``class_groups``         disjoint contiguous class groups, FedMPR high shift (fedmpr.md §3.1)
-``q_label_skew``         FLAME "#label = q" shards (flame.md §4.1)
-``dir_label_skew``       FLAME "Dir(beta)" label imbalance, disjoint or as its code (flame.md §4.2)
-``pflib_pathological``   PFLlib's pathological split with class budgets (fedala.md §4)
-``pflib_practical``      PFLlib's practical Dir(beta) split with balancing (fedala.md §4)
+                         (Flower Datasets' :class:`DirichletPartitioner`; FedMPR, Fig. 8d)
+``ls``                   FLIU label skew: Dirichlet rows, Sinkhorn to equal sizes (Sec. IV-A3)
+``class_groups``         disjoint contiguous class groups, FedMPR high shift (Sec. V-A)
+``q_label_skew``         FLAME "#label = q" shards (FLAME, Sec. VI-A)
+``dir_label_skew``       FLAME "Dir(beta)" label imbalance, disjoint or as its code (Sec. VI-A)
+``pflib_pathological``   PFLlib's pathological split with class budgets (FedALA's setting)
+``pflib_practical``      PFLlib's practical Dir(beta) split with balancing (FedALA's setting)
 ======================== ==========================================================================
 """
 
@@ -68,12 +68,13 @@ def pathological(
     classes_per_client: int = 2,
     assignment: Literal["balanced", "random"] = "balanced",
 ) -> Partitioner:
-    """``classes_per_client`` distinct classes per client (fliu.md §4.2, A4).
+    """``classes_per_client`` distinct classes per client (FLIU paper, Sec. IV-A2: two classes).
 
     ``balanced`` (default): every class is held by ``K*k/L`` clients (see
     :class:`BalancedPathologicalPartitioner`). ``random``: every client draws its classes
     independently; each class is split evenly among the clients that drew it and classes nobody
-    drew are dropped (logged), the literal reading of the paper.
+    drew are dropped (logged), the literal reading of the paper. ``balanced`` is pflower's default
+    because it fits FLIU's Tab. II, where FedAvg's L1 Acc(L) equals its L1 Acc(G) on CIFAR-10 PATH.
     """
     check_num_partitions(num_partitions)
     check_count("classes_per_client", classes_per_client)
@@ -89,7 +90,7 @@ def pathological(
 
 
 class BalancedPathologicalPartitioner(CountMatrixPartitioner):
-    """FLIU PATH, balanced mode (fliu.md §4.2).
+    """FLIU PATH (FLIU paper, Sec. IV-A2), balanced mode (pflower's default).
 
     A list of ``K*k`` slots holds every class equally often (``K*k/L`` times; when that is not an
     integer, randomly chosen classes get one slot more), is shuffled and cut into ``K`` clients of
@@ -176,9 +177,9 @@ def dirichlet(
 ) -> DirichletPartitioner:
     """Per class, proportions over clients ~ Dir(alpha); redraw until every client has ``min_size``.
 
-    The classic label-skew partition (Hsu et al. 2019; fedmpr.md §3.2 for many clients). Flower
-    Datasets' implementation: samples cut at the cumulative proportions, at most 10 redraws, then a
-    clear error.
+    The classic label-skew partition (Hsu et al. 2019), which FedMPR uses for 50 and 100 clients
+    (Sec. VI, Fig. 8d). Flower Datasets' implementation: samples cut at the cumulative proportions,
+    at most 10 redraws, then a clear error.
     """
     check_num_partitions(num_partitions)
     check_concentration("alpha", alpha)
@@ -190,11 +191,13 @@ def dirichlet(
 
 @PARTITIONERS.register("ls")
 class LabelSkewPartitioner(CountMatrixPartitioner):
-    """FLIU label skew (fliu.md §4.3, A1): Dirichlet label mixes with equal client sizes.
+    """FLIU label skew (FLIU paper, Sec. IV-A3): Dirichlet label mixes with equal client sizes.
 
     Every row of ``P`` is drawn from Dir(alpha); Sinkhorn-Knopp scales ``P`` to row sums ``n/K``
-    and column sums ``N_l`` (the corrected marginals of A1); the counts are integerized without
-    losing a sample, so client sizes differ by at most one.
+    and column sums ``N_l``. The paper's row sums "K/L" (with column sums 1) cannot hold for
+    K != L; pflower uses L/K, here in sample counts, which gives the constant client sizes the
+    paper states. The counts are integerized without losing a sample, so client sizes differ by
+    at most one.
     """
 
     def __init__(self, num_partitions: int, seed: int, alpha: float = 1.0) -> None:
@@ -210,11 +213,12 @@ class LabelSkewPartitioner(CountMatrixPartitioner):
 
 @PARTITIONERS.register("class_groups")
 class ClassGroupsPartitioner(CountMatrixPartitioner):
-    """FedMPR high shift (fedmpr.md §3.1-3.2): the sorted classes cut into ``K`` contiguous groups.
+    """FedMPR high shift (FedMPR, Sec. V-A): the sorted classes cut into ``K`` contiguous groups.
 
     Client ``k`` gets every sample of the classes of group ``k`` (``K = 2`` on 10 classes: 0-4 and
-    5-9; ``K = 10``: one class each). No class is shared. ``samples_per_class`` caps how many
-    samples of each class a client keeps (the paper's samples-per-client sweep).
+    5-9, as in Sec. V-A; ``K = 10``: one class each, as in App. IX-B). No class is shared.
+    Contiguous groups for other ``K`` are pflower's choice. ``samples_per_class`` caps how many
+    samples of each class a client keeps (the paper's samples-per-client sweep, Fig. 8b).
     """
 
     def __init__(
@@ -244,12 +248,13 @@ class ClassGroupsPartitioner(CountMatrixPartitioner):
 def q_label_shards(
     labels: np.ndarray, num_clients: int, q: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
-    """FLAME's "#label = q" split (flame.md §4.1) of ``labels`` into ``num_clients`` shares.
+    """FLAME's "#label = q" split (FLAME, Sec. VI-A) of ``labels`` into ``num_clients`` shares.
 
     Each class (positions in ascending order) is cut into ``ceil(q*m/C)`` contiguous shards; for
     each client in turn the shard list is shuffled and the first ``q`` shards are taken. A client
     may draw two shards of one class, so ``q`` bounds its number of labels; leftover shards stay
-    unassigned.
+    unassigned. The paper gives each client "2-6 shards randomly"; the shard details follow the
+    authors' code.
     """
     classes = np.unique(labels)
     check_classes_per_client(q, len(classes))
@@ -273,7 +278,7 @@ def q_label_shards(
 
 @PARTITIONERS.register("q_label_skew")
 class QLabelSkewPartitioner(IndexPartitioner):
-    """FLAME quantity-based label imbalance "#label = q" (flame.md §4.1): :func:`q_label_shards`."""
+    """FLAME quantity-based label imbalance "#label = q" (Sec. VI-A): :func:`q_label_shards`."""
 
     def __init__(self, num_partitions: int, seed: int, q: int = 2) -> None:
         super().__init__(num_partitions, seed)
@@ -290,12 +295,15 @@ class QLabelSkewPartitioner(IndexPartitioner):
 def dir_label_skew(
     num_partitions: int, seed: int, beta: float = 0.5, disjoint: bool = True, min_size: int = 10
 ) -> DirichletLabelPartitioner:
-    """FLAME distribution-based label imbalance "Dir(beta)" (flame.md §4.2, §10.10).
+    """FLAME distribution-based label imbalance "Dir(beta)" (FLAME paper, Sec. VI-A).
 
-    ``disjoint: true`` (default, NIID-Bench practice): each class is permuted and cut at
-    cumulative Dir(beta) proportions. ``disjoint: false`` (FLAME's code): client ``i``
-    independently draws ``int(p_i * n_k)`` samples of class ``k`` without replacement, so clients
-    may share samples. Both redraw until every client has ``min_size`` samples.
+    ``disjoint: true`` (pflower's default, NIID-Bench practice, so that no sample is in two
+    clients' data): each class is permuted and cut at cumulative Dir(beta) proportions.
+    ``disjoint: false`` (FLAME's code): client ``i`` independently draws ``int(p_i * n_k)``
+    samples of class ``k`` without replacement, so clients may share samples (the federation
+    builder then reserves every held-out sample before the scheme runs, see
+    :mod:`pflower.datasets.federation`). Both redraw until every client has ``min_size`` samples
+    (pflower's choice, as NIID-Bench; FLAME's code has no minimum).
     """
     check_concentration("beta", beta)
     return DirichletLabelPartitioner(num_partitions, seed, beta, min_size, False, disjoint)
@@ -324,6 +332,11 @@ class DirichletLabelPartitioner(IndexPartitioner):
         check_count("min_size", min_size, minimum=0)
         self._concentration, self._min_size = concentration, min_size
         self._balance, self._disjoint = balance, disjoint
+
+    @property
+    def shares_samples(self) -> bool:
+        """True with ``disjoint: false``: clients' shares may intersect."""
+        return not self._disjoint
 
     def _partition(
         self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
@@ -375,7 +388,10 @@ class DirichletLabelPartitioner(IndexPartitioner):
 
 @PARTITIONERS.register("pflib_pathological")
 class PflibPathologicalPartitioner(IndexPartitioner):
-    """PFLlib's pathological split with ``balance=False``, as used by FedALA (fedala.md §4).
+    """PFLlib's pathological split with ``balance=False``, as used by FedALA.
+
+    FedALA ("Experimental Setup") gives 2/2/10 classes of MNIST/CIFAR-10/CIFAR-100 to each client,
+    with disjoint samples; the algorithm below is that of PFLlib, the authors' library.
 
     Every client has a budget of ``classes_per_client`` classes. Classes are visited in order;
     class ``l`` goes to the first ``int(K*c/L)`` clients (at least one) that still have budget, in
@@ -384,9 +400,9 @@ class PflibPathologicalPartitioner(IndexPartitioner):
     random size in ``[max(per/10, least_samples/L), per)`` with ``per = n_l / holders``; the last
     holder gets the rest. Classes left without a holder are dropped (logged).
 
-    Re-derived from the spec, not from PFLlib's (GPL) code. Deviation: the lower bound of a
-    random size is at least one sample and a size falls back to ``floor(per)`` when the range is
-    empty, where PFLlib would draw zero-size blocks or fail.
+    Written from a description of PFLlib's algorithm, not from its (GPL) code. Deviation: the
+    lower bound of a random size is at least one sample and a size falls back to ``floor(per)``
+    when the range is empty, where PFLlib would draw zero-size blocks or fail.
     """
 
     def __init__(
@@ -434,13 +450,14 @@ class PflibPathologicalPartitioner(IndexPartitioner):
 def pflib_practical(
     num_partitions: int, seed: int, beta: float = 0.1, least_samples: int = 40
 ) -> DirichletLabelPartitioner:
-    """PFLlib's practical Dir(beta) split, as used by FedALA (fedala.md §4).
+    """PFLlib's practical Dir(beta) split, as used by FedALA ("Experimental Setup", beta = 0.1).
 
     Per class, proportions ~ Dir(beta); a client already holding at least ``N/K`` samples gets
     proportion zero (balancing); the class's shuffled samples are cut at the cumulative
     proportions; all is redrawn until every client holds ``least_samples`` (= batch / (1 - 0.75)
-    = 40 in the paper). Re-derived from the spec, not from PFLlib's (GPL) code. Deviation: after
-    :data:`MAX_DRAWS` draws the request is refused instead of looping forever.
+    = 40 with FedALA's batch size 10). Written from a description of PFLlib's algorithm, not from
+    its (GPL) code. Deviation: after :data:`MAX_DRAWS` draws the request is refused instead of
+    looping forever.
     """
     check_concentration("beta", beta)
     return DirichletLabelPartitioner(num_partitions, seed, beta, least_samples, True, True)

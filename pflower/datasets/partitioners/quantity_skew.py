@@ -1,15 +1,15 @@
 """Quantity-skew schemes: clients differ in how much data they hold (and possibly its labels).
 
 ===================== ========================================================================
-name                  scheme (spec)
+name                  scheme (source)
 ===================== ========================================================================
 ``qs``                FLIU quantity skew: sizes ~ Dir(alpha), classes in global proportions
-                      (fliu.md §4.4)
+                      (FLIU, Sec. IV-A4)
 ``lsqs``              FLIU label + quantity skew: Dirichlet sizes and label mixes, Sinkhorn
-                      (fliu.md §4.5)
-``dir_quantity_skew`` FLAME "Dir(beta)" quantity skew with a size floor (flame.md §4.4)
+                      (FLIU, Sec. IV-A5)
+``dir_quantity_skew`` FLAME "Dir(beta)" quantity skew with a size floor (FLAME, Sec. VI-A)
 ``hybrid_skew``       FLAME hybrid: half the clients "#label = q", half quantity skew
-                      (flame.md §4.6)
+                      (FLAME, Sec. VI-A)
 ===================== ========================================================================
 """
 
@@ -43,12 +43,13 @@ def _client_proportions(num_clients: int, alpha: float, rng: np.random.Generator
 
 @PARTITIONERS.register("qs")
 class QuantitySkewPartitioner(CountMatrixPartitioner):
-    """FLIU quantity skew (fliu.md §4.4): ``A[k, l] = q_k * N_l`` with ``q ~ Dir(alpha * 1_K)``.
+    """FLIU quantity skew (Sec. IV-A4): ``A[k, l] = q_k * N_l`` with ``q ~ Dir(alpha * 1_K)``.
 
     Each client's classes are in global proportions while its size is about ``q_k * n``. The
     small-client guard redraws ``q`` up to ``max_draws`` times until every client holds
-    ``min_size`` samples (fliu.md A6); the "at least one test sample" half of that guard is the
-    federation builder's check on the test shares.
+    ``min_size`` samples (pflower's choice: the paper does not say what happens to tiny or empty
+    clients); the "at least one test sample" half of that guard is the federation builder's check
+    on the test shares.
     """
 
     def __init__(
@@ -69,11 +70,12 @@ class QuantitySkewPartitioner(CountMatrixPartitioner):
 
 @PARTITIONERS.register("lsqs")
 class LabelQuantitySkewPartitioner(CountMatrixPartitioner):
-    """FLIU label + quantity skew (fliu.md §4.5, A5).
+    """FLIU label + quantity skew (FLIU paper, Sec. IV-A5).
 
     ``q ~ Dir(alpha * 1_K)`` gives the sizes and rows of ``P ~ Dir(alpha * 1_L)`` the label mixes;
     Sinkhorn-Knopp scales ``P`` to row sums ``q_k * n`` and column sums ``N_l``; both are redrawn
-    until every client holds ``min_size`` samples (at most ``max_draws`` draws).
+    until every client holds ``min_size`` samples (at most ``max_draws`` draws). The paper says
+    only that both draws are Dirichlet; combining them in one Sinkhorn fit is pflower's choice.
     """
 
     def __init__(
@@ -103,12 +105,14 @@ def dirichlet_size_shares(
     disjoint: bool,
     rng: np.random.Generator,
 ) -> list[np.ndarray]:
-    """FLAME quantity skew (flame.md §4.4, §10.10): positions ``0..n-1`` shared by Dir(beta) sizes.
+    """FLAME quantity skew (FLAME, Sec. VI-A): positions ``0..n-1`` shared by Dir(beta) sizes.
 
     ``disjoint``: the positions are permuted and cut at the sizes ``q_i * n`` (largest remainder),
     after raising every client below ``min_size`` to it by taking from the largest client.
     Otherwise (FLAME's code) client ``i`` draws ``max(min_size, int(q_i * n))`` positions of the
-    whole pool independently, so clients overlap.
+    whole pool independently, so clients overlap (the federation builder then reserves every
+    held-out sample before the scheme runs, see :mod:`pflower.datasets.federation`). The size
+    floor comes from FLAME's code; the paper does not mention one.
     """
     q = rng.dirichlet(np.full(num_clients, beta))
     if not disjoint:
@@ -134,7 +138,11 @@ def dirichlet_size_shares(
 
 @PARTITIONERS.register("dir_quantity_skew")
 class DirQuantitySkewPartitioner(IndexPartitioner):
-    """FLAME quantity skew "Dir(beta)" (flame.md §4.4); see :func:`dirichlet_size_shares`."""
+    """FLAME quantity skew "Dir(beta)" (FLAME, Sec. VI-A); see :func:`dirichlet_size_shares`.
+
+    ``disjoint: true`` is pflower's default, so that no sample is in two clients' data;
+    ``disjoint: false`` is FLAME's code.
+    """
 
     def __init__(
         self,
@@ -149,6 +157,11 @@ class DirQuantitySkewPartitioner(IndexPartitioner):
         check_count("min_size", min_size)
         self._beta, self._min_size, self._disjoint = beta, min_size, disjoint
 
+    @property
+    def shares_samples(self) -> bool:
+        """True with ``disjoint: false``: clients' shares may intersect."""
+        return not self._disjoint
+
     def _partition(
         self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
     ) -> Sequence[np.ndarray]:
@@ -159,13 +172,15 @@ class DirQuantitySkewPartitioner(IndexPartitioner):
 
 @PARTITIONERS.register("hybrid_skew")
 class HybridSkewPartitioner(IndexPartitioner):
-    """FLAME hybrid skew "#label = q, Dir(beta)" (flame.md §4.6).
+    """FLAME hybrid skew "#label = q, Dir(beta)" (FLAME paper, Sec. VI-A: half the clients each).
 
     Clients ``0 .. ceil(K/2)-1`` get the "#label = q" split (:func:`q_label_shards`), clients
     ``ceil(K/2) .. K-1`` the Dir(beta) quantity skew (:func:`dirichlet_size_shares`).
-    ``disjoint: true`` (default, flame.md §10.10) gives each half its own random half of the pool;
-    ``disjoint: false`` (FLAME's code) runs both halves on the whole pool, so a sample can be in
-    both halves (and, in the quantity half, in several clients).
+    ``disjoint: true`` (pflower's default, so that no sample is in two clients' data) gives each
+    half its own random half of the pool; ``disjoint: false`` (FLAME's code) runs both halves on
+    the whole pool, so a sample can be in both halves (and, in the quantity half, in several
+    clients); the federation builder then reserves every held-out sample before the scheme runs
+    (see :mod:`pflower.datasets.federation`).
     """
 
     def __init__(
@@ -183,6 +198,11 @@ class HybridSkewPartitioner(IndexPartitioner):
         check_concentration("beta", beta)
         check_count("min_size", min_size)
         self._q, self._beta, self._min_size, self._disjoint = q, beta, min_size, disjoint
+
+    @property
+    def shares_samples(self) -> bool:
+        """True with ``disjoint: false``: clients' shares may intersect."""
+        return not self._disjoint
 
     def _partition(
         self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator

@@ -1,7 +1,9 @@
 """Sinkhorn-Knopp (iterative proportional fitting) to given row and column sums.
 
-FLIU's label-skew environments (fliu.md §4.3, A1) draw a random ``clients x classes`` matrix and
-rescale it so that row ``k`` sums to client ``k``'s size and column ``l`` to class ``l``'s size.
+FLIU's label-skew environments (FLIU paper, Sec. IV-A3 and IV-A5) draw a random
+``clients x classes`` matrix and rescale it so that row ``k`` sums to client ``k``'s size and
+column ``l`` to class ``l``'s size. (The paper states normalized row sums "K/L" with column sums 1,
+which cannot hold for K != L; working in sample counts avoids the slip.)
 The result is the matrix closest in KL divergence to the draw under those marginals, so it keeps
 the draw's label skew while fixing the client sizes.
 """
@@ -26,9 +28,9 @@ def sinkhorn(
 ) -> np.ndarray:
     """Scale the rows and columns of a positive ``matrix`` to the given sums.
 
-    Alternates a row step and a column step (fliu.md §4.3) until the largest relative row error
-    is below ``tol``; column sums are exact after every column step. Warns if ``max_iter`` steps
-    do not reach ``tol`` and returns the last iterate.
+    Alternates a row step and a column step (the Sinkhorn-Knopp algorithm of FLIU, Sec. IV-A3)
+    until the largest relative row error is below ``tol``; column sums are exact after every
+    column step. Warns if ``max_iter`` steps do not reach ``tol`` and returns the last iterate.
 
     Raises:
         ValueError: shapes disagree, a target is not positive, or the totals differ.

@@ -1,9 +1,11 @@
 """Schemes without label skew: random IID and stratified IID.
 
-- ``iid``: fliu.md §4.1 and flame.md §4.7 — shuffle, then cut into ``K`` nearly equal contiguous
-  parts (Flower Datasets' :class:`IidPartitioner` on a seeded shuffle of the rows).
-- ``stratified_iid``: FedMPR's low shift (fedmpr.md §3.1, §3.2, §3.5 LC) — every class split into
-  ``K`` equal disjoint parts; class counts per client differ by at most one, and so do sizes.
+- ``iid``: FLIU's IID environment (FLIU paper, Sec. IV-A1; FLAME's paper has no IID setting, so
+  there it serves tests) — shuffle, then cut into ``K`` nearly equal contiguous parts (Flower
+  Datasets' :class:`IidPartitioner` on a seeded shuffle of the rows).
+- ``stratified_iid``: FedMPR's low shift (FedMPR, Sec. V-A; more clients in Fig. 8c; the mutually
+  inclusive CelebA-Gender of Sec. V-B) — every class split into ``K`` equal disjoint parts; class
+  counts per client differ by at most one, and so do sizes.
 """
 
 from __future__ import annotations
@@ -39,17 +41,17 @@ class ShuffledIidPartitioner(IidPartitioner):
 
 @PARTITIONERS.register("iid")
 def iid(num_partitions: int, seed: int) -> ShuffledIidPartitioner:
-    """Random equal split (fliu.md §4.1): sizes differ by at most one sample."""
+    """Random equal split (FLIU paper, Sec. IV-A1): sizes differ by at most one sample."""
     return ShuffledIidPartitioner(num_partitions, seed)
 
 
 @PARTITIONERS.register("stratified_iid")
 class StratifiedIidPartitioner(CountMatrixPartitioner):
-    """Each class split evenly over all clients (fedmpr.md §3.1 low shift).
+    """Each class split evenly over all clients (FedMPR's low shift, Sec. V-A).
 
     Args:
         samples_per_class: if set, each client keeps at most this many samples of each class
-            (fedmpr.md §3.1's sweep over samples per client); the rest stay unassigned.
+            (FedMPR's Fig. 8a sweep over samples per client); the rest stay unassigned.
     """
 
     def __init__(

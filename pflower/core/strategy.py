@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from enum import IntEnum
+from typing import Any, ClassVar, Generic
 
 import numpy as np
 from flwr.common import (
@@ -39,9 +40,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from pflower.strategies.registry import AlgorithmOptions
-
-OptionsT = TypeVar("OptionsT", bound=AlgorithmOptions)
+from pflower.config import ExperimentConfig
+from pflower.core.options import Aggregation, OptionsT
+from pflower.results.rundir import L1, L2, Recorder, client_row
 
 GlobalEvaluator = Callable[[NDArrays], dict[str, float]]
 """Evaluates a global model on the global test set; returns ``{"acc": ..., "loss": ...}``."""
@@ -51,22 +52,21 @@ class RoundFailedError(RuntimeError):
     """Too many clients of a round failed: the run stops rather than continue on too little."""
 
 
-@dataclass(frozen=True)
-class RunSettings:
-    """Run-level settings the server needs (from the composed config)."""
+class Phase(IntEnum):
+    """What a random stream is used for; each phase has its own stream per round."""
 
-    num_clients: int
-    rounds: int
-    seed: int
-    fraction: float = 1.0
-    min_clients: int = 1
-    eval_every: int = 1
-    eval_fraction: float = 1.0
-    max_failed_fraction: float = 0.5
-    round_timeout: float | None = None
+    FIT_SAMPLING = 1
+    EVALUATE_SAMPLING = 2
 
-    def is_eval_round(self, server_round: int) -> bool:
-        return server_round % self.eval_every == 0 or server_round == self.rounds
+
+def round_rng(seed: int, phase: Phase, server_round: int) -> np.random.Generator:
+    """The random stream of ``phase`` in ``server_round``.
+
+    Every (seed, phase, round) has its own stream, independent of every other, so changing how
+    often clients are evaluated never changes which clients train, and a resumed run draws exactly
+    what the uninterrupted run drew.
+    """
+    return np.random.default_rng([seed, int(phase), server_round])
 
 
 @dataclass(frozen=True)
@@ -79,31 +79,6 @@ class ClientUpdate:
     metrics: dict[str, Scalar]
 
 
-class Recorder:
-    """Receives what the strategy observes; the server app writes it to disk (no-op here)."""
-
-    def client_stage(self, server_round: int, stage: str, rows: Sequence[dict[str, Any]]) -> None:
-        """Per-client metrics of stage ``L1`` or ``L2``."""
-
-    def global_stage(self, server_round: int, metrics: dict[str, float]) -> None:
-        """Metrics of the global model (stage ``G``)."""
-
-    def failures(self, server_round: int, phase: str, failed: dict[int | str, str]) -> None:
-        """Clients (partition id, or node id if unknown) that failed, with their errors."""
-
-    def fit_done(self, server_round: int) -> None:
-        """The training phase of ``server_round`` is aggregated (marks round timing)."""
-
-    def round_done(self, server_round: int) -> None:
-        """All results of ``server_round`` are in."""
-
-    def finish(self) -> None:
-        """The last round is done."""
-
-    def fail(self, error: str) -> None:
-        """The run stops with ``error``."""
-
-
 class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     """Flower FedAvg machinery plus the personalized-FL protocol (see module docstring)."""
 
@@ -113,25 +88,24 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def __init__(
         self,
         options: OptionsT,
-        run: RunSettings,
+        settings: ExperimentConfig,
         initial_weights: NDArrays,
         evaluate_global: GlobalEvaluator | None = None,
         recorder: Recorder | None = None,
     ) -> None:
         super().__init__(
-            fraction_fit=run.fraction,
-            fraction_evaluate=run.eval_fraction,
-            min_fit_clients=min(run.min_clients, run.num_clients),
-            min_evaluate_clients=min(run.min_clients, run.num_clients),
-            min_available_clients=run.num_clients,
+            fraction_fit=settings.fraction,
+            fraction_evaluate=settings.eval.fraction,
+            min_fit_clients=settings.min_clients,
+            min_evaluate_clients=settings.min_clients,
+            min_available_clients=settings.num_clients,
             initial_parameters=ndarrays_to_parameters(initial_weights),
             accept_failures=True,
         )
         self.options = options
-        self.run = run
+        self.settings = settings
         self.evaluate_global = evaluate_global
         self.recorder = recorder or Recorder()
-        self._rng = np.random.default_rng(run.seed)
         self._partition_of: dict[str, int] = {}
         self._num_train: dict[int, int] = {}
         self._sent: dict[str, dict[str, int]] = {}
@@ -161,11 +135,16 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     # --------------------------------------------------------------------- shared helpers
     def average(self, updates: Sequence[ClientUpdate]) -> NDArrays:
         """Mean of the updates' weights: sample-weighted or uniform (``options.aggregation``)."""
-        if self.options.aggregation == "uniform":
+        if self.options.aggregation == Aggregation.uniform:
             weights = np.ones(len(updates))
         else:
             weights = np.array([u.num_examples for u in updates], dtype=np.float64)
         return weighted_mean([u.weights for u in updates], weights)
+
+    @property
+    def global_weights(self) -> NDArrays:
+        """The current global model (after the last aggregation; Θ^0 before round 1)."""
+        return list(self._global_weights)
 
     @property
     def client_sizes(self) -> dict[int, int]:
@@ -176,7 +155,11 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        proxies = self._sample(client_manager, self.run.fraction)
+        proxies = self._sample(
+            client_manager,
+            self.settings.fraction,
+            round_rng(self.settings.seed, Phase.FIT_SAMPLING, server_round),
+        )
         self._sent[f"fit-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         return [
             (
@@ -198,9 +181,11 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         current = self._global_weights
         updates, rejected = self._collect_updates(results, current)
         self._check_failures(server_round, "fit", updates, rejected, failures)
-        if self.run.is_eval_round(server_round):
+        if self.settings.is_eval_round(server_round):
             self.recorder.client_stage(
-                server_round, "L2", [_stage_row(u.partition_id, u.metrics) for u in updates]
+                server_round,
+                L2,
+                [client_row(server_round, L2, u.partition_id, u.metrics) for u in updates],
             )
         new_weights = self.aggregate(server_round, updates, current)
         self._global_weights = new_weights
@@ -213,7 +198,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         """Stage G: the global model on the global test set (server side)."""
         if not self.has_global_model or self.evaluate_global is None:
             return None
-        if server_round > 0 and not self.run.is_eval_round(server_round):
+        if server_round > 0 and not self.settings.is_eval_round(server_round):
             return None
         metrics = self.evaluate_global(parameters_to_ndarrays(parameters))
         self.recorder.global_stage(server_round, metrics)
@@ -222,9 +207,13 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def configure_evaluate(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        if not self.run.is_eval_round(server_round):
+        if not self.settings.is_eval_round(server_round):
             return []
-        proxies = self._sample(client_manager, self.run.eval_fraction)
+        proxies = self._sample(
+            client_manager,
+            self.settings.eval.fraction,
+            round_rng(self.settings.seed, Phase.EVALUATE_SAMPLING, server_round),
+        )
         self._sent[f"evaluate-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         return [
             (
@@ -243,12 +232,15 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        rows = [_stage_row(self._partition_of[proxy.cid], res.metrics) for proxy, res in results]
+        rows = [
+            client_row(server_round, L1, self._partition_of[proxy.cid], res.metrics)
+            for proxy, res in results
+        ]
         returned = {self._partition_of[proxy.cid] for proxy, _ in results}
         self._record_missing(server_round, "evaluate", returned, failures)
-        self.recorder.client_stage(server_round, "L1", sorted(rows, key=lambda r: r["client"]))
+        self.recorder.client_stage(server_round, L1, sorted(rows, key=lambda r: r["client"]))
         self.recorder.round_done(server_round)
-        if server_round == self.run.rounds:
+        if server_round == self.settings.rounds:
             self.recorder.finish()
         if not rows:
             return None, {}
@@ -266,7 +258,8 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
 
         def ask(proxy: ClientProxy) -> dict[str, Scalar]:
             ins = GetPropertiesIns({})
-            return proxy.get_properties(ins, timeout=self.run.round_timeout, group_id=0).properties
+            timeout = self.settings.round_timeout
+            return proxy.get_properties(ins, timeout=timeout, group_id=0).properties
 
         with ThreadPoolExecutor(max_workers=min(32, len(new))) as pool:
             futures = {proxy.cid: pool.submit(ask, proxy) for proxy in new}
@@ -280,7 +273,9 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             self._partition_of[cid] = partition_id
             self._num_train[partition_id] = int(properties["num_train"])
 
-    def _sample(self, client_manager: ClientManager, fraction: float) -> list[ClientProxy]:
+    def _sample(
+        self, client_manager: ClientManager, fraction: float, rng: np.random.Generator
+    ) -> list[ClientProxy]:
         """A seeded sample of connected clients, chosen by partition id (not by node id).
 
         Before the first round the server waits for all ``num_clients`` nodes. Before later rounds
@@ -296,23 +291,24 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             (p for p in client_manager.all().values() if p.cid in self._partition_of),
             key=lambda p: self._partition_of[p.cid],
         )
-        if len(proxies) < self.run.min_clients:
+        if len(proxies) < self.settings.min_clients:
             message = (
                 f"only {len(proxies)} client(s) reachable, fewer than min_clients="
-                f"{self.run.min_clients}; nothing can be trained"
+                f"{self.settings.min_clients}; nothing can be trained"
             )
             self.recorder.fail(message)
             raise RoundFailedError(message)
         count = max(int(len(proxies) * fraction), min(self.min_fit_clients, len(proxies)))
         if count >= len(proxies):
             return proxies
-        chosen = self._rng.choice(len(proxies), size=count, replace=False)
+        chosen = rng.choice(len(proxies), size=count, replace=False)
         return [proxies[i] for i in sorted(chosen)]
 
     @property
     def _rejoin_timeout(self) -> int:
         """Seconds a round waits for missing nodes to reconnect: the round timeout, else 600."""
-        return int(self.run.round_timeout) if self.run.round_timeout else 600
+        timeout = self.settings.round_timeout
+        return int(timeout) if timeout else 600
 
     def _collect_updates(
         self, results: list[tuple[ClientProxy, FitRes]], current: NDArrays
@@ -357,10 +353,10 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         problem = None
         if not updates:
             problem = f"Round {server_round}: all {sent} clients failed, nothing to aggregate.\n"
-        elif len(failed) > self.run.max_failed_fraction * sent:
+        elif len(failed) > self.settings.failures.max_failed_fraction * sent:
             problem = (
                 f"Round {server_round}: {len(failed)} of {sent} clients failed, more than "
-                f"failures.max_failed_fraction={self.run.max_failed_fraction}.\n"
+                f"failures.max_failed_fraction={self.settings.failures.max_failed_fraction}.\n"
             )
         if problem:
             self.recorder.fail(problem + _describe(failed))
@@ -399,10 +395,6 @@ def weighted_mean(arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
             acc += (weight / total) * array
         averaged.append(acc.astype(layer[0].dtype))
     return averaged
-
-
-def _stage_row(partition_id: int, metrics: dict[str, Scalar]) -> dict[str, Any]:
-    return {"client": partition_id, **{k: v for k, v in metrics.items() if k != "partition_id"}}
 
 
 def _failure_text(failure: Any) -> str:

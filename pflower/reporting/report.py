@@ -20,8 +20,8 @@ from pathlib import Path
 
 from pflower.reporting.figures import accuracy_per_round, client_distribution
 from pflower.reporting.groups import group_runs
-from pflower.reporting.runs import load_runs
 from pflower.reporting.tables import Section, markdown, sections, write_csv, write_values_csv
+from pflower.results.rundir import load_runs
 
 
 def _parser() -> argparse.ArgumentParser:

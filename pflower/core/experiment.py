@@ -9,7 +9,7 @@ experiments are cached per process, keyed by the resolved configuration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property, lru_cache
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -17,13 +17,13 @@ from flwr.common import NDArrays
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pflower.client.training import Prepare, TrainSettings, get_weights
-from pflower.config import options_of
+from pflower.config import ExperimentConfig
+from pflower.core.training import Prepare, TrainSettings, get_weights
 from pflower.datasets.base import ImageSplit
 from pflower.datasets.federation import Federation, build_federation
 from pflower.datasets.loaders import load_dataset
 from pflower.models import build_model
-from pflower.strategies.registry import AlgorithmOptions, build_algorithm
+from pflower.registry import name_and_options
 
 
 @dataclass(frozen=True)
@@ -38,48 +38,57 @@ class ClientData:
     prepare: Prepare
 
 
+_CACHED_EXPERIMENTS = 4
+_EXPERIMENTS: dict[str, Experiment] = {}
+"""Experiments built in this process, oldest first (a per-process cache, never client state)."""
+
+
 class Experiment:
-    """The federation, model factory and algorithm options of one composed config."""
+    """The federation and the model factory of one composed config, and its typed settings."""
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
+        settings = OmegaConf.to_object(cfg)
+        assert isinstance(settings, ExperimentConfig)
+        self.settings = settings
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Experiment:
-        """The (per-process cached) experiment for ``cfg``."""
-        return _cached_experiment(OmegaConf.to_yaml(cfg, resolve=True))
+        """The (per-process cached) experiment for ``cfg``, keyed by its resolved YAML."""
+        key = OmegaConf.to_yaml(cfg, resolve=True)
+        if key not in _EXPERIMENTS:
+            if len(_EXPERIMENTS) >= _CACHED_EXPERIMENTS:
+                del _EXPERIMENTS[next(iter(_EXPERIMENTS))]
+            _EXPERIMENTS[key] = cls(cfg)
+        return _EXPERIMENTS[key]
 
     @cached_property
     def federation(self) -> Federation:
-        dataset = load_dataset(self.cfg.dataset.name, options_of(self.cfg.dataset))
+        settings = self.settings
+        dataset = load_dataset(*name_and_options(settings.dataset))
         return build_federation(
             dataset,
-            num_clients=self.cfg.num_clients,
-            seed=self.cfg.seed,
-            partition=OmegaConf.to_container(self.cfg.partition, resolve=True),
-            split=OmegaConf.to_container(self.cfg.split, resolve=True),
+            num_clients=settings.num_clients,
+            seed=settings.seed,
+            partition=settings.partition,
+            split=settings.split,
         )
-
-    @cached_property
-    def algorithm(self) -> AlgorithmOptions:
-        return build_algorithm(self.cfg.strategy)
 
     @cached_property
     def global_test(self) -> ImageSplit:
         """The global test set, stratified-subsampled if ``eval.global_test_max_samples`` is set."""
         split = self.federation.global_test_split()
-        limit = self.cfg.eval.global_test_max_samples
+        limit = self.settings.eval.global_test_max_samples
         if limit is None or limit >= len(split):
             return split
-        return split.subset(_stratified_subsample(split.labels.numpy(), limit, self.cfg.seed))
+        return split.subset(_stratified_subsample(split.labels.numpy(), limit, self.settings.seed))
 
     def new_model(self) -> nn.Module:
         """A freshly initialized model; the seed makes Θ^0 identical wherever it is built."""
-        torch.manual_seed(self.cfg.seed)
+        torch.manual_seed(self.settings.seed)
         dataset = self.federation.dataset
         return build_model(
-            self.cfg.model.name,
-            options_of(self.cfg.model),
+            *name_and_options(self.settings.model),
             dataset.input_shape,
             dataset.num_classes,
         )
@@ -148,31 +157,20 @@ class Experiment:
 
     def train_settings(self, server_round: int) -> TrainSettings:
         """Local training settings of round ``server_round`` (learning rate decayed per round)."""
-        train = self.cfg.train
+        train = self.settings.train
         return TrainSettings(
             epochs=train.local_epochs,
             steps=train.local_steps,
             batch_size=train.batch_size,
             optimizer=train.optimizer,
-            lr=train.lr * train.lr_decay ** (server_round - 1),
+            lr=train.lr_at(server_round),
             momentum=train.momentum,
             weight_decay=train.weight_decay,
         )
 
-    def is_eval_round(self, server_round: int) -> bool:
-        """Stages L1/L2/G are evaluated every ``eval.every`` rounds and always in the last."""
-        return server_round % self.cfg.eval.every == 0 or server_round == self.cfg.rounds
-
 
 def _already_prepared(images: torch.Tensor) -> torch.Tensor:
     return images
-
-
-@lru_cache(maxsize=4)
-def _cached_experiment(resolved_yaml: str) -> Experiment:
-    cfg = OmegaConf.create(resolved_yaml)
-    assert isinstance(cfg, DictConfig)
-    return Experiment(cfg)
 
 
 def _stratified_subsample(labels: np.ndarray, limit: int, seed: int) -> np.ndarray:

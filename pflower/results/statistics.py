@@ -1,4 +1,4 @@
-"""Per-client results -> the aggregate statistics of DESIGN.md §4.
+"""Per-client results of one stage and round -> the aggregate statistics pflower reports.
 
 For each stage (L1, L2) and each per-client metric the summary holds the sample-weighted and the
 unweighted mean over clients, the standard deviation (ddof=0), the minimum, the mean of the worst

@@ -1,7 +1,8 @@
 """PersonalClient: the NumPyClient every algorithm's client derives from.
 
-The base class runs the shared protocol of DESIGN.md §4; an algorithm overrides only the hooks
-that hold its mathematics:
+The base class runs the evaluation protocol every algorithm shares (stages L1 and L2 of the FLIU
+paper, Hussaini et al., Sec. III, each on the client's own test split and on the global test set);
+an algorithm overrides only the hooks that hold its mathematics:
 
 - :meth:`start_model`: the weights local training starts from (default: the global model);
 - :meth:`regularizer`: an extra loss term during local training (default: none);
@@ -16,7 +17,7 @@ client's own test split and on the global test set.
 
 from __future__ import annotations
 
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic
 
 import numpy as np
 import torch
@@ -24,8 +25,10 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
-from pflower.client.state import ClientState
-from pflower.client.training import (
+from pflower.core.experiment import ClientData, Experiment
+from pflower.core.options import OptionsT
+from pflower.core.state import ClientState
+from pflower.core.training import (
     Regularizer,
     TrainSettings,
     evaluate,
@@ -33,10 +36,6 @@ from pflower.client.training import (
     set_weights,
     train,
 )
-from pflower.experiment import ClientData, Experiment
-from pflower.strategies.registry import AlgorithmOptions
-
-OptionsT = TypeVar("OptionsT", bound=AlgorithmOptions)
 
 
 class PersonalClient(NumPyClient, Generic[OptionsT]):
@@ -102,7 +101,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
     ) -> float:
         """Train ``self.model`` on the client's train split; data order seeded per round/client."""
         seed = np.random.SeedSequence(
-            [self.experiment.cfg.seed, server_round(config), self.partition_id]
+            [self.experiment.settings.seed, server_round(config), self.partition_id]
         ).generate_state(1)[0]
         generator = torch.Generator().manual_seed(int(seed))
         return train(
@@ -111,7 +110,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
 
     def stage_metrics(self) -> dict[str, Scalar]:
         """Accuracy and loss of ``self.model`` on the local and on the global test set."""
-        batch_size = self.experiment.cfg.eval.batch_size
+        batch_size = self.experiment.settings.eval.batch_size
         local = evaluate(self.model, self.data.test, self.data.prepare, batch_size)
         global_ = evaluate(self.model, self.data.global_test, self.experiment.prepare(), batch_size)
         return {
@@ -141,7 +140,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
             "train_loss": train_loss,
             **self.fit_metrics(config),
         }
-        if self.experiment.is_eval_round(server_round(config)):
+        if self.experiment.settings.is_eval_round(server_round(config)):
             metrics.update(self.stage_metrics())
         return self.upload(trained, parameters, config), len(self.data.train), metrics
 

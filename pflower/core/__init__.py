@@ -1,0 +1,10 @@
+"""The shared machinery every algorithm builds on, side by side:
+
+- :mod:`.strategy`: :class:`~.strategy.PersonalizedStrategy`, the server half;
+- :mod:`.client`: :class:`~.client.PersonalClient`, the client half;
+- :mod:`.options`: :class:`~.options.AlgorithmOptions`, the config schema of an algorithm;
+- :mod:`.algorithm`: the registry that ties the three together under a config name;
+- :mod:`.state`: typed access to a client's memory across rounds (``context.state``);
+- :mod:`.training`: the local training and evaluation loops;
+- :mod:`.experiment`: the federation, models and settings both sides derive from the config.
+"""

@@ -1,0 +1,212 @@
+"""``pflower deploy``: the command line of the local deployment and the compose files.
+
+``up|status|down`` start, inspect and stop a :class:`~pflower.deploy.local.Deployment`, whose
+process table stays in the deployment directory between commands; ``run`` submits an
+experiment to it; ``compose`` writes the docker-compose files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+from pathlib import Path
+
+from pflower.deploy.compose import render_compose
+from pflower.deploy.local import CONNECTION, DEFAULT_DIR, STATE_FILE, Deployment
+from pflower.deploy.topology import Endpoints, Security
+
+
+def _security_from(args: argparse.Namespace) -> Security:
+    """The TLS material named by ``--certificates``/``--node-keys``, as absolute paths."""
+    certificates = Path(args.certificates).resolve() if args.certificates else None
+    node_keys = Path(args.node_keys).resolve() if args.node_keys else None
+    return Security(certificates, node_keys)
+
+
+def _up(args: argparse.Namespace) -> int:
+    """Start the SuperLink and the SuperNodes; on failure, stop whatever was started."""
+    directory = Path(args.dir)
+    if (directory / STATE_FILE).exists() and _any_alive(Deployment.load(directory)):
+        print(f"a deployment is already running in {directory}; `pflower deploy down` first")
+        return 1
+    directory.mkdir(parents=True, exist_ok=True)
+    endpoints = Endpoints(args.host, args.fleet_port, args.control_port, args.node_port)
+    deployment = Deployment(directory, args.num_clients, endpoints, _security_from(args))
+    try:
+        deployment.start_superlink(args.timeout)
+        if deployment.security.node_keys is not None:
+            deployment.register_nodes()
+        for index in range(args.num_clients):
+            deployment.start_supernode(index)
+        deployment.save()
+        deployment.wait_for_nodes(args.num_clients, args.timeout)
+    except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as error:
+        deployment.stop_all()
+        print(f"deployment failed: {error}\nlogs: {deployment.logs}")
+        return 1
+    except BaseException:  # Ctrl-C or a bug: leave nothing running
+        deployment.stop_all()
+        raise
+    _print_status(deployment)
+    print(
+        f"\nsubmit a run:  pflower deploy run --dir {args.dir} <hydra overrides>"
+        f"\nor with flwr:   FLWR_HOME={deployment.cli_home} flwr run . {CONNECTION} "
+        f"--run-config 'overrides=\"num_clients={args.num_clients} ...\"' --stream"
+    )
+    return 0
+
+
+def _any_alive(deployment: Deployment) -> bool:
+    """Whether any process of ``deployment`` still runs."""
+    return any(deployment.alive(name) for name in deployment.processes)
+
+
+def _print_status(deployment: Deployment) -> bool:
+    """Print the endpoints and every process's state; whether all processes run."""
+    all_alive = True
+    print(f"deployment {deployment.tag} in {deployment.directory}")
+    print(
+        f"  Control API {deployment.endpoints.control_address}, "
+        f"Fleet API {deployment.endpoints.fleet_address}, "
+        f"TLS {'on' if deployment.security.ca else 'off'}, "
+        f"SuperNode auth {'on' if deployment.security.node_keys else 'off'}"
+    )
+    for name, process in deployment.processes.items():
+        alive = deployment.alive(name)
+        all_alive &= alive
+        print(
+            f"  {name:14s} pid {process.pid:<8d} {'running' if alive else 'STOPPED':8s} "
+            f"log {process.log}"
+        )
+    return all_alive
+
+
+def _status(args: argparse.Namespace) -> int:
+    """Show the deployment; exit code 1 if there is none or a process stopped."""
+    directory = Path(args.dir)
+    if not (directory / STATE_FILE).exists():
+        print(f"no deployment in {directory}")
+        return 1
+    deployment = Deployment.load(directory)
+    return 0 if _print_status(deployment) else 1
+
+
+def _down(args: argparse.Namespace) -> int:
+    """Stop every process of the deployment and forget it (its logs stay)."""
+    directory = Path(args.dir)
+    if not (directory / STATE_FILE).exists():
+        print(f"no deployment in {directory}")
+        return 0
+    deployment = Deployment.load(directory)
+    deployment.stop_all()
+    (directory / STATE_FILE).unlink()
+    print(f"stopped deployment {deployment.tag}; logs kept in {deployment.logs}")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Submit an experiment and follow its log until it ends; 0 if it completed.
+
+    ``num_clients`` defaults to the deployment's node count and ``output_dir`` to
+    ``runs/<date>/<time>`` under the current directory.
+    """
+    directory = Path(args.dir)
+    if not (directory / STATE_FILE).exists():
+        print(f"no deployment in {directory}; `pflower deploy up` first")
+        return 1
+    deployment = Deployment.load(directory)
+    overrides = list(args.overrides)
+    if not any(o.startswith("num_clients=") for o in overrides):
+        overrides.insert(0, f"num_clients={deployment.num_clients}")
+    if not any(o.startswith("output_dir=") for o in overrides):
+        stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
+        overrides.append(f"output_dir={Path('runs').resolve() / stamp}")
+    run_id = deployment.submit(overrides)
+    print(f"run {run_id} started; following its log (Ctrl-C stops following, not the run)")
+    try:
+        status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
+    except KeyboardInterrupt:
+        print(
+            f"\nstopped following run {run_id}; it goes on. Stop it with: "
+            f"FLWR_HOME={deployment.cli_home} flwr stop {run_id} {CONNECTION}"
+        )
+        return 130
+    print(f"run {run_id}: {status}")
+    return 0 if status == "finished:completed" else 1
+
+
+def _compose(args: argparse.Namespace) -> int:
+    """Write the docker-compose files for ``--num-clients`` nodes into ``--out``."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, text in render_compose(args.num_clients).items():
+        (out / name).write_text(text)
+        print(f"wrote {out / name}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    """The parser of ``pflower deploy``; each subcommand sets its ``handler``."""
+    parser = argparse.ArgumentParser(
+        prog="pflower deploy",
+        description="A SuperLink and N SuperNodes as local processes (up/status/run/down), "
+        "or the docker-compose files for N nodes (compose).",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_dir(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add ``--dir``, the deployment directory, to ``command``."""
+        command.add_argument(
+            "--dir",
+            default=str(DEFAULT_DIR),
+            help=f"deployment directory: logs, state, process table (default: {DEFAULT_DIR})",
+        )
+        return command
+
+    up = with_dir(commands.add_parser("up", help="start the SuperLink and the SuperNodes"))
+    up.add_argument("-n", "--num-clients", type=int, default=3)
+    up.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address the SuperLink listens on and the SuperNodes dial",
+    )
+    up.add_argument("--fleet-port", type=int, default=Endpoints.fleet_port)
+    up.add_argument("--control-port", type=int, default=Endpoints.control_port)
+    up.add_argument(
+        "--node-port",
+        type=int,
+        default=Endpoints.node_port,
+        help="runtime API port of SuperNode 0 (node i: +i)",
+    )
+    up.add_argument(
+        "--certificates",
+        help="TLS: directory with ca.crt, server.pem, server.key (docker/certs.sh)",
+    )
+    up.add_argument(
+        "--node-keys",
+        help="SuperNode authentication: directory with "
+        "supernode-<i>[.pub] keys (needs --certificates)",
+    )
+    up.add_argument("--timeout", type=float, default=60.0)
+    up.set_defaults(handler=_up)
+    with_dir(commands.add_parser("status", help="show the processes")).set_defaults(handler=_status)
+    with_dir(commands.add_parser("down", help="stop every process")).set_defaults(handler=_down)
+    run = with_dir(commands.add_parser("run", help="run an experiment on the deployment"))
+    run.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
+    run.set_defaults(handler=_run)
+    compose = commands.add_parser("compose", help="write the docker-compose files")
+    compose.add_argument("-n", "--num-clients", type=int, default=3)
+    compose.add_argument("--out", default="docker", help="directory (default: docker)")
+    compose.set_defaults(handler=_compose)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    """``pflower deploy up|status|run|down|compose``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ValueError as error:
+        print(f"error: {error}")
+        return 2

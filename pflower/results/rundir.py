@@ -1,0 +1,370 @@
+"""The run directory: the one place that writes and reads a run's results.
+
+Layout::
+
+    config.yaml      the resolved configuration
+    metrics.jsonl    one JSON row per event, each with ``round`` and ``stage``:
+                       G        the global model on the global test set (``acc``, ``loss``)
+                       L1, L2   one row per client (``client`` = partition id, ``acc_local``,
+                                ``loss_local``, ``acc_global``, ``loss_global``, ``num_test``,
+                                plus the algorithm's own scalars)
+                       failure  a client that failed (``phase``, ``client``, ``error``)
+                       time     the round's training phase was aggregated (``fit_done_unix_s``)
+    summary.json     written when the run ends, completed or failed, always in one shape:
+                     ``status``, ``error``, ``rounds`` (planned), ``final_round`` (last round with
+                     results), ``final`` (stage aggregates of that round), ``last10`` (the same
+                     aggregates averaged over the evaluated rounds among the last 10% of
+                     rounds), ``failures``, ``wall_time_s`` and the resolved ``config``
+    plots/           accuracy.png (per round, by stage), clients.png (final per-client accuracy)
+    run.log          Flower's log
+    error.txt        the traceback, when the run failed with an exception
+
+Stage L1 is the client's deployable model after it received the server's message (before local
+training), L2 the model after local training, G the global model (the stages of the FLIU paper,
+Hussaini et al., Sec. III and Fig. 1). Headline numbers
+are final-round values, shown beside the last-10% mean; never the best round.
+
+:class:`Recorder` is what the server strategy reports to; :class:`RunRecorder` writes the files;
+:func:`load_run` reads them back (for ``pflower report``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+from rich.console import Console
+
+from pflower.results.statistics import summarize_stage
+
+G, L1, L2 = "G", "L1", "L2"
+"""The evaluation stages."""
+CLIENT_STAGES = (L1, L2)
+STAGES = (G, L1, L2)
+FAILURE, TIME = "failure", "time"
+"""Row kinds that carry no accuracy."""
+
+LAST_FRACTION = 0.1
+"""Share of the final rounds whose evaluated rounds are averaged into ``last10``."""
+
+Row = dict[str, Any]
+Status = Literal["completed", "failed", "incomplete"]
+
+
+def client_row(server_round: int, stage: str, partition_id: int, metrics: Mapping[str, Any]) -> Row:
+    """A client's stage row (``partition_id`` in the metrics is replaced by ``client``)."""
+    values = {k: v for k, v in metrics.items() if k != "partition_id"}
+    return {"round": server_round, "stage": stage, "client": partition_id, **values}
+
+
+def last_rounds(rounds: int) -> range:
+    """The last 10% of ``rounds`` (at least the final round): the ``last10`` window."""
+    width = max(1, math.ceil(LAST_FRACTION * rounds))
+    return range(rounds - width + 1, rounds + 1)
+
+
+def round_summary(rows: Iterable[Row], server_round: int, thresholds: Sequence[float]) -> Row:
+    """Aggregates of every stage evaluated in ``server_round`` (see :mod:`.statistics`)."""
+    in_round = [r for r in rows if r["round"] == server_round]
+    summary: Row = {}
+    for stage in CLIENT_STAGES:
+        stage_rows = [r for r in in_round if r["stage"] == stage]
+        if stage_rows:
+            summary[stage] = summarize_stage(stage_rows, thresholds)
+    global_rows = [r for r in in_round if r["stage"] == G]
+    if global_rows:
+        summary[G] = {k: v for k, v in global_rows[0].items() if k not in ("round", "stage")}
+    return summary
+
+
+def mean_of_summaries(summaries: Sequence[Row]) -> Row:
+    """Leaf-wise mean of round summaries; a leaf missing from some rounds is averaged over the
+    rounds that have it."""
+    merged: Row = {}
+    keys = dict.fromkeys(key for summary in summaries for key in summary)
+    for key in keys:
+        values = [summary[key] for summary in summaries if key in summary]
+        if isinstance(values[0], Mapping):
+            merged[key] = mean_of_summaries(values)
+        elif all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            merged[key] = float(np.mean(values))
+    return merged
+
+
+def evaluated_rounds(rows: Iterable[Row]) -> list[int]:
+    """Rounds (> 0) that have stage rows, ascending."""
+    return sorted({r["round"] for r in rows if r["stage"] in STAGES and r["round"] > 0})
+
+
+def headline(rows: Sequence[Row], rounds: int, thresholds: Sequence[float]) -> Row:
+    """``final_round``, ``final`` and ``last10`` of a run with ``rounds`` planned rounds.
+
+    ``final`` holds the aggregates of the last evaluated round; ``last10`` their mean over the
+    evaluated rounds in :func:`last_rounds` (evaluated every round, that is the last 10% of rounds;
+    with ``eval.every > 1``, only the evaluated ones among them).
+    """
+    evaluated = evaluated_rounds(rows)
+    if not evaluated:
+        return {"final_round": None, "final": {}, "last10": {}, "last10_rounds": []}
+    window = [r for r in evaluated if r in last_rounds(rounds)] or evaluated[-1:]
+    return {
+        "final_round": evaluated[-1],
+        "final": round_summary(rows, evaluated[-1], thresholds),
+        "last10": mean_of_summaries([round_summary(rows, r, thresholds) for r in window]),
+        "last10_rounds": window,
+    }
+
+
+def resolved_config(cfg: DictConfig) -> dict[str, Any]:
+    """The configuration as plain JSON/YAML values (enums as their names)."""
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    assert isinstance(container, dict)
+    return container
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: never half written."""
+    temporary = path.with_name(f".{path.name}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
+
+
+def write_summary(
+    run_dir: Path,
+    cfg: DictConfig,
+    rows: Sequence[Row],
+    status: Literal["completed", "failed"],
+    error: str | None = None,
+    wall_time_s: float | None = None,
+) -> Path:
+    """Write ``summary.json`` (the same shape for completed and failed runs)."""
+    config = resolved_config(cfg)
+    summary = {
+        "status": status,
+        "error": error,
+        "rounds": config.get("rounds"),
+        **headline(rows, int(config.get("rounds", 0)), config["eval"]["rho_thresholds"]),
+        "failures": [r for r in rows if r["stage"] == FAILURE],
+        "wall_time_s": wall_time_s,
+        "config": config,
+    }
+    path = run_dir / "summary.json"
+    _write_atomic(path, json.dumps(summary, indent=2))
+    return path
+
+
+def record_failure(run_dir: Path, cfg: DictConfig, error: BaseException) -> None:
+    """Mark ``run_dir`` as failed by ``error`` raised outside the strategy (e.g. a sweep job whose
+    simulation could not start): ``error.txt`` with the traceback, ``config.yaml`` if no recorder
+    wrote one yet, and ``summary.json`` with whatever rows were recorded."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / "config.yaml"
+    if not config_path.exists():
+        config_path.write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    (run_dir / "error.txt").write_text("".join(traceback.format_exception(error)))
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "failed":
+        return  # the strategy already recorded why the run stopped
+    write_summary(run_dir, cfg, read_rows(run_dir), "failed", f"{type(error).__name__}: {error}")
+
+
+class Recorder:
+    """What the server strategy observes, as events; the base class records nothing."""
+
+    def client_stage(self, server_round: int, stage: str, rows: Sequence[Row]) -> None:
+        """Per-client rows of stage ``L1`` or ``L2`` (built with :func:`client_row`)."""
+
+    def global_stage(self, server_round: int, metrics: Mapping[str, float]) -> None:
+        """Metrics of the global model (stage ``G``)."""
+
+    def failures(self, server_round: int, phase: str, failed: Mapping[int | str, str]) -> None:
+        """Clients (partition id, or a node description) that failed, with their errors."""
+
+    def fit_done(self, server_round: int) -> None:
+        """The training phase of ``server_round`` is aggregated (marks round timing)."""
+
+    def round_done(self, server_round: int) -> None:
+        """All results of ``server_round`` are in."""
+
+    def finish(self) -> None:
+        """The last round is done."""
+
+    def fail(self, error: str) -> None:
+        """The run stops with ``error``."""
+
+
+class RunRecorder(Recorder):
+    """Writes a run directory as the run goes, and prints one line per round if asked to."""
+
+    def __init__(self, run_dir: Path, cfg: DictConfig, console: Console | None = None) -> None:
+        self.run_dir = run_dir
+        self.cfg = cfg
+        self.rounds = int(cfg.rounds)
+        self.thresholds = list(cfg.eval.rho_thresholds)
+        self.console = (console or _console()) if cfg.progress else None
+        self.rows: list[Row] = []
+        self._started = time.monotonic()
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self._log_handler = logging.FileHandler(run_dir / "run.log")
+        self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        logging.getLogger("flwr").addHandler(self._log_handler)
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        self._metrics_file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
+
+    def _write(self, row: Row) -> None:
+        self.rows.append(row)
+        self._metrics_file.write(json.dumps(row) + "\n")
+        self._metrics_file.flush()
+
+    def client_stage(self, server_round: int, stage: str, rows: Sequence[Row]) -> None:
+        for row in rows:
+            self._write(row)
+
+    def global_stage(self, server_round: int, metrics: Mapping[str, float]) -> None:
+        self._write({"round": server_round, "stage": G, **metrics})
+
+    def failures(self, server_round: int, phase: str, failed: Mapping[int | str, str]) -> None:
+        for client, error in failed.items():
+            row = {"round": server_round, "stage": FAILURE, "phase": phase, "client": client}
+            self._write({**row, "error": error})
+            if self.console:
+                self.console.print(
+                    f"[red]round {server_round}: client {client} failed ({phase}): {error}"
+                )
+
+    def fit_done(self, server_round: int) -> None:
+        self._write({"round": server_round, "stage": TIME, "fit_done_unix_s": time.time()})
+
+    def round_done(self, server_round: int) -> None:
+        if self.console:
+            self.console.print(self._progress_line(server_round))
+
+    def _progress_line(self, server_round: int) -> str:
+        summary = round_summary(self.rows, server_round, self.thresholds)
+        parts = [f"round {server_round}/{self.rounds}", f"{self._elapsed():6.1f}s"]
+        for stage in CLIENT_STAGES:
+            if stage in summary and "acc_local" in summary[stage]:
+                parts.append(
+                    f"{stage} acc(L) {summary[stage]['acc_local']['mean']:.3f} "
+                    f"acc(G) {summary[stage]['acc_global']['mean']:.3f}"
+                )
+        if G in summary:
+            parts.append(f"G acc {summary[G]['acc']:.3f}")
+        return " | ".join(parts)
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def finish(self) -> None:
+        """Write summary.json and the plots (the last round is complete)."""
+        write_summary(self.run_dir, self.cfg, self.rows, "completed", None, self._elapsed())
+        self._close()
+        from pflower.results.plots import plot_run  # matplotlib only when a run ends
+
+        plot_run(self.rows, self.rounds, self.run_dir / "plots")
+        if self.console:
+            self.console.print(f"[green]results written to {self.run_dir}")
+
+    def fail(self, error: str) -> None:
+        """The run stops with ``error``: record it in summary.json and release the files."""
+        write_summary(self.run_dir, self.cfg, self.rows, "failed", error, self._elapsed())
+        self._close()
+
+    def _close(self) -> None:
+        self._metrics_file.close()
+        logging.getLogger("flwr").removeHandler(self._log_handler)
+        self._log_handler.close()
+
+
+def _console() -> Console:
+    """A console that never wraps a round's line when the output is a pipe or a CI log."""
+    if sys.stdout.isatty():
+        return Console()
+    return Console(width=250, soft_wrap=True)
+
+
+# ---------------------------------------------------------------------------- reading back
+@dataclass(frozen=True)
+class RunResult:
+    """One run directory as read back: configuration, status and evaluation rows."""
+
+    path: Path
+    config: dict[str, Any]
+    status: Status
+    error: str | None = None
+    final_round: int | None = None
+    rows: list[Row] = field(default_factory=list)
+
+    @property
+    def seed(self) -> Any:
+        """The run's seed."""
+        return self.config.get("seed")
+
+    @property
+    def rounds(self) -> int:
+        """The planned number of rounds."""
+        return int(self.config.get("rounds", self.final_round or 0))
+
+    def stage_rows(self, stage: str, server_round: int) -> list[Row]:
+        """Rows of ``stage`` in ``server_round``."""
+        return [r for r in self.rows if r["stage"] == stage and r["round"] == server_round]
+
+    def window(self) -> list[int]:
+        """The evaluated rounds averaged into the last-10% values."""
+        evaluated = evaluated_rounds(self.rows)
+        return [r for r in evaluated if r in last_rounds(self.rounds)] or evaluated[-1:]
+
+
+def read_rows(run_dir: Path) -> list[Row]:
+    """Every row of ``metrics.jsonl`` (none if the file does not exist)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    with path.open(encoding="utf-8") as lines:
+        return [json.loads(line) for line in lines if line.strip()]
+
+
+def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Run directories at or below ``paths`` (sweep directories are searched recursively),
+    each once, in path order. Hydra's own ``.hydra/config.yaml`` copies are not runs."""
+    found: set[Path] = set()
+    for path in paths:
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is not a directory (expected a sweep or run dir)")
+        for config in path.rglob("config.yaml"):
+            if ".hydra" not in config.relative_to(path).parts:
+                found.add(config.parent.resolve())
+    return sorted(found)
+
+
+def load_run(run_dir: Path) -> RunResult:
+    """Read one run directory; evaluation rows are kept only for completed runs.
+
+    A directory with a configuration but no summary is *incomplete* (still running, or killed).
+    """
+    config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    assert isinstance(config, dict)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return RunResult(run_dir, config, "incomplete")
+    summary = json.loads(summary_path.read_text())
+    if summary["status"] == "failed":
+        return RunResult(run_dir, config, "failed", error=summary.get("error"))
+    rows = [row for row in read_rows(run_dir) if row["stage"] in STAGES]
+    return RunResult(run_dir, config, "completed", final_round=summary["final_round"], rows=rows)
+
+
+def load_runs(paths: Iterable[Path]) -> list[RunResult]:
+    """Every run at or below ``paths``."""
+    return [load_run(run_dir) for run_dir in find_run_dirs(paths)]
