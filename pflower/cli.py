@@ -75,11 +75,15 @@ def _simulate(cfg: DictConfig) -> None:
 def _partition(cfg: DictConfig) -> None:
     validate(cfg)
     from pflower.core.experiment import Experiment
+    from pflower.datasets.partitioners.from_file import write_federation
     from pflower.datasets.report import report_partition
 
     out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
-    written = report_partition(Experiment.of(cfg).federation, out_dir, console)
+    federation = Experiment.of(cfg).federation
+    written = report_partition(federation, out_dir, console)
     console.print(f"partition report written to {written}")
+    indices = write_federation(out_dir / "partition_indices.json", federation, cfg.split.pool)
+    console.print(f"client index lists (partition=from_file) written to {indices}")
 
 
 def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:

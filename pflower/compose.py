@@ -30,7 +30,15 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm's options)
-from pflower.config import ExperimentConfig, conf_dir, overrides_from_run_config
+from pflower.config import (
+    AttackConfig,
+    AttackKind,
+    ExperimentConfig,
+    RobustConfig,
+    RobustKind,
+    conf_dir,
+    overrides_from_run_config,
+)
 from pflower.core.algorithm import get_algorithm
 from pflower.core.options import check_keys
 from pflower.datasets.federation import SplitConfig
@@ -43,6 +51,10 @@ SCHEMA_NAME = "pflower_schema"
 """The ConfigStore name of the run-level schema that ``conf/config.yaml`` extends."""
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=ExperimentConfig)
+for _attack in AttackKind:  # attack=<name>: the run-level attack group
+    ConfigStore.instance().store(group="attack", name=_attack.value, node=AttackConfig(_attack))
+for _robust in RobustKind:  # robust=<name>: the run-level robust-aggregation group
+    ConfigStore.instance().store(group="robust", name=_robust.value, node=RobustConfig(_robust))
 
 _MODEL_CONTEXT = ("input_shape", "num_classes")
 _PARTITION_CONTEXT = ("num_partitions", "seed")

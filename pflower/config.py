@@ -169,6 +169,102 @@ class FailuresConfig:
         )
 
 
+class SelectionSplit(StrEnum):
+    """Which split picks a client's personalized or global model (``selection.split``)."""
+
+    test = "test"
+    """The better of the two on the client's own test split (the FLAME paper's hybrid model, an
+    oracle choice)."""
+    val = "val"
+    """The better of the two on the client's validation share (needs ``split.val_fraction > 0``);
+    ties go to the personalized model; the chosen model's test accuracy is reported."""
+
+
+@dataclass
+class SelectionConfig:
+    """Model selection between a personalized (PM) and a global model (GM) (``selection.*``).
+
+    Applies to algorithms whose clients hold both models; each client then reports PM, GM and the
+    hybrid model HM (the better of the two) at stage L1.
+
+    Attributes:
+        split: ``test`` (oracle, as in the FLAME paper) or ``val`` (honest holdout choice).
+    """
+
+    split: SelectionSplit = SelectionSplit.test
+
+
+class AttackKind(StrEnum):
+    """Byzantine attacks (``attack=<name>``; FLAME paper, Sec. VI-B3; see pflower.robust)."""
+
+    none = "none"
+    label_flip = "label_flip"
+    """Label poisoning: honest training on labels drawn uniformly from the classes."""
+    same_value = "same_value"
+    """Upload c·1, c ~ N(0, noise_std²) per round."""
+    sign_flip = "sign_flip"
+    """Upload −|c|·w (the received model), c ~ N(0, noise_std²)."""
+    gaussian = "gaussian"
+    """Upload a vector drawn from N(0, noise_std² I)."""
+
+
+@dataclass
+class AttackConfig:
+    """The attack group (``attack=none|label_flip|same_value|sign_flip|gaussian``).
+
+    Attributes:
+        name: the attack.
+        fraction: share of malicious clients; |M| = max(1, floor(fraction * num_clients)).
+        noise_std: σ of the attack's noise (the FLAME paper's variance 0.1: σ = √0.1).
+    """
+
+    name: AttackKind = AttackKind.none
+    fraction: float = 0.2
+    noise_std: float = 0.1**0.5
+
+    def __post_init__(self) -> None:
+        require(
+            0.0 <= self.fraction < 1.0, f"attack.fraction must be in [0, 1), got {self.fraction}"
+        )
+        require(self.noise_std >= 0, f"attack.noise_std must be >= 0, got {self.noise_std}")
+
+
+class RobustKind(StrEnum):
+    """Robust aggregators (``robust=<name>``; see pflower.robust)."""
+
+    none = "none"
+    multi_krum = "multi_krum"
+    trimmed_mean = "trimmed_mean"
+    median = "median"
+
+
+@dataclass
+class RobustConfig:
+    """The robust-aggregation group (``robust=none|multi_krum|trimmed_mean|median``).
+
+    Replaces the server's (weighted) mean of client models in every algorithm that averages.
+
+    Attributes:
+        name: the aggregator.
+        num_malicious: f of Multi-Krum (null: the number of malicious clients of ``attack``).
+        trim_fraction: share cut at each end per coordinate by ``trimmed_mean``, in [0, 0.5).
+    """
+
+    name: RobustKind = RobustKind.none
+    num_malicious: int | None = None
+    trim_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        require(
+            self.num_malicious is None or self.num_malicious >= 0,
+            f"robust.num_malicious must be null or >= 0, got {self.num_malicious}",
+        )
+        require(
+            0.0 <= self.trim_fraction < 0.5,
+            f"robust.trim_fraction must be in [0, 0.5), got {self.trim_fraction}",
+        )
+
+
 @dataclass
 class BackendConfig:
     """Flower's simulation backend (``backend=local|ray_cluster``).
@@ -211,7 +307,11 @@ class ExperimentConfig:
         fraction: share of clients sampled for training each round.
         min_clients: never sample fewer clients than this.
         round_timeout: seconds to wait for client replies each round (null: no limit).
-        train, eval, failures: see their classes.
+        connect_timeout: seconds the server waits for nodes: before round 1 for all
+            ``num_clients`` of them (then the run fails, naming the expected and the connected
+            nodes), before a later round for nodes that left (then it goes on without them).
+        connect_log_every: seconds between the log lines that name the nodes still missing.
+        train, eval, failures, selection, attack, robust: see their classes.
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
         progress: print a line per round to the terminal.
     """
@@ -228,9 +328,14 @@ class ExperimentConfig:
     fraction: float = 1.0
     min_clients: int = 1
     round_timeout: float | None = None
+    connect_timeout: float = 300.0
+    connect_log_every: float = 10.0
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     failures: FailuresConfig = field(default_factory=FailuresConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    attack: AttackConfig = field(default_factory=AttackConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
     output_dir: str | None = None
     progress: bool = True
 
@@ -249,6 +354,20 @@ class ExperimentConfig:
         require(
             self.round_timeout is None or self.round_timeout > 0,
             f"round_timeout must be null or > 0 seconds, got {self.round_timeout!r}",
+        )
+        if self.selection.split == SelectionSplit.val and isinstance(self.split, Mapping):
+            require(
+                float(self.split.get("val_fraction", 0.0)) > 0.0,
+                "selection.split=val needs a validation share: set split.val_fraction > 0 "
+                "(e.g. 0.1)",
+            )
+        require(
+            self.connect_timeout > 0,
+            f"connect_timeout must be > 0 seconds, got {self.connect_timeout!r}",
+        )
+        require(
+            self.connect_log_every > 0,
+            f"connect_log_every must be > 0 seconds, got {self.connect_log_every!r}",
         )
 
     def is_eval_round(self, server_round: int) -> bool:

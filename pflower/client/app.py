@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from flwr.app import Context
 from flwr.client import Client, ClientApp
@@ -11,6 +13,18 @@ from pflower.core.algorithm import algorithm_of
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.registry import ConfigError
+
+
+class _QuietActorShutdown(logging.Filter):
+    """Drops Flower's "Manually terminating ClientAppActor" warning. Flower logs it from every Ray
+    actor at the normal end of every simulation, where nothing is wrong, and Ray forwards it to the
+    user's console."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Manually terminating")
+
+
+logging.getLogger("flwr").addFilter(_QuietActorShutdown())
 
 
 def client_fn(context: Context) -> Client:

@@ -6,9 +6,14 @@ an algorithm overrides only the hooks that hold its mathematics:
 
 - :meth:`start_model`: the weights local training starts from (default: the global model);
 - :meth:`regularizer`: an extra loss term during local training (default: none);
+- :meth:`after_step`: a function run after every optimizer step (default: none);
 - :meth:`remember`: what to keep in ``context.state`` after training (default: nothing);
 - :meth:`upload`: what to send back (default: the trained weights);
-- :meth:`personalize`: the deployable model at stage L1 (default: the global model).
+- :meth:`personalize`: the deployable model at stage L1 (default: the global model);
+- :meth:`global_model_for_eval`: the client's global model, for algorithms that hold both a
+  personalized and a global model (default: None). When given, stage L1 also reports the
+  personalized model (PM), the global model (GM) and the hybrid model (HM: the better of the two,
+  chosen on the split ``selection.split`` names), as in the FLAME paper (Zhu et al., Sec. IV-D).
 
 ``fit`` trains and evaluates stage L2 (the trained model); ``evaluate`` evaluates stage L1 (the
 personalized model built from the server's latest message). Both report accuracy and loss on the
@@ -17,6 +22,7 @@ client's own test split and on the global test set.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Generic
 
 import numpy as np
@@ -25,6 +31,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.config import SelectionSplit
 from pflower.core.experiment import ClientData, Experiment
 from pflower.core.options import OptionsT
 from pflower.core.state import ClientState
@@ -33,9 +40,11 @@ from pflower.core.training import (
     TrainSettings,
     evaluate,
     get_weights,
+    payload_bytes,
     set_weights,
     train,
 )
+from pflower.robust.attacks import MODEL_POISONING, malicious_set, poisoned_upload
 
 
 class PersonalClient(NumPyClient, Generic[OptionsT]):
@@ -70,6 +79,16 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         """An extra loss term for local training, or None."""
         return None
 
+    def after_step(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> Callable[[nn.Module], None] | None:
+        """A function called after every optimizer step of local training, or None (default).
+
+        Called once per round after :meth:`regularizer` (e.g. FLAME's closed-form ADMM updates
+        after each pass over the data).
+        """
+        return None
+
     def remember(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> None:
@@ -89,6 +108,16 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         """Algorithm-specific scalars reported with the fit result."""
         return {}
 
+    def global_model_for_eval(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> NDArrays | None:
+        """The client's global model (GM) beside its personalized one, or None if it has none.
+
+        Algorithms with both (Ditto, pFedMe, FLAME, APFL ...) return it; stage L1 then carries
+        ``acc_pm``/``acc_gm``/``acc_hm`` (and losses) and ``hm_choice_pm``.
+        """
+        return None
+
     # ------------------------------------------------------------------- shared machinery
     def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
         return self.experiment.train_settings(server_round(config))
@@ -98,6 +127,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         settings: TrainSettings,
         config: dict[str, Scalar],
         regularizer: Regularizer | None = None,
+        after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
         """Train ``self.model`` on the client's train split; data order seeded per round/client."""
         seed = np.random.SeedSequence(
@@ -105,7 +135,13 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         ).generate_state(1)[0]
         generator = torch.Generator().manual_seed(int(seed))
         return train(
-            self.model, self.data.train, self.data.prepare, settings, generator, regularizer
+            self.model,
+            self.data.train,
+            self.data.prepare,
+            settings,
+            generator,
+            regularizer,
+            after_step,
         )
 
     def stage_metrics(self) -> dict[str, Scalar]:
@@ -126,12 +162,34 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         """Tell the server which partition this node holds (it keys per-client memory by it)."""
         return {"partition_id": self.partition_id, "num_train": len(self.data.train)}
 
+    @property
+    def is_malicious(self) -> bool:
+        """Whether this client is one of the run's Byzantine clients (``attack``)."""
+        settings = self.experiment.settings
+        return self.partition_id in malicious_set(
+            settings.attack, settings.seed, settings.num_clients
+        )
+
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        attack = self.experiment.settings.attack
+        if attack.name in MODEL_POISONING and self.is_malicious:
+            # A model-poisoning client skips training, keeps its state, uploads the attack.
+            upload = poisoned_upload(
+                attack,
+                parameters,
+                self.experiment.settings.seed,
+                server_round(config),
+                self.partition_id,
+            )
+            return upload, len(self.data.train), {"partition_id": self.partition_id}
         set_weights(self.model, self.start_model(parameters, config))
         train_loss = self.local_train(
-            self.train_settings(config), config, self.regularizer(parameters, config)
+            self.train_settings(config),
+            config,
+            self.regularizer(parameters, config),
+            self.after_step(parameters, config),
         )
         trained = get_weights(self.model)
         self.remember(trained, parameters, config)
@@ -142,14 +200,55 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         }
         if self.experiment.settings.is_eval_round(server_round(config)):
             metrics.update(self.stage_metrics())
-        return self.upload(trained, parameters, config), len(self.data.train), metrics
+        uploaded = self.upload(trained, parameters, config)
+        metrics["bytes_up"] = payload_bytes(uploaded)
+        return uploaded, len(self.data.train), metrics
 
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
         set_weights(self.model, self.personalize(parameters, config))
         metrics: dict[str, Scalar] = {"partition_id": self.partition_id, **self.stage_metrics()}
+        global_model = self.global_model_for_eval(parameters, config)
+        if global_model is not None:
+            metrics.update(self.hybrid_metrics(metrics, global_model))
         return float(metrics["loss_local"]), int(metrics["num_test"]), metrics
+
+    def hybrid_metrics(
+        self, personal: dict[str, Scalar], global_model: NDArrays
+    ) -> dict[str, Scalar]:
+        """PM, GM and HM on the local test split (FLAME paper, Sec. IV-D); ``self.model`` holds
+        the PM and ``personal`` its stage metrics.
+
+        HM is the model with the higher accuracy on ``selection.split`` (ties: PM); its test
+        accuracy and loss are reported, and ``loss_hm_min`` = min(loss_pm, loss_gm) as well.
+        """
+        batch_size = self.experiment.settings.eval.batch_size
+        by_val = self.experiment.settings.selection.split == SelectionSplit.val
+        if by_val and len(self.data.val) == 0:
+            raise ValueError(
+                "selection.split=val needs a validation share: set split.val_fraction > 0"
+            )
+        if by_val:
+            pm_val = evaluate(self.model, self.data.val, self.data.prepare, batch_size)
+        set_weights(self.model, global_model)
+        gm = evaluate(self.model, self.data.test, self.data.prepare, batch_size)
+        acc_pm, loss_pm = float(personal["acc_local"]), float(personal["loss_local"])
+        if by_val:
+            gm_val = evaluate(self.model, self.data.val, self.data.prepare, batch_size)
+            choose_pm = pm_val.accuracy >= gm_val.accuracy
+        else:
+            choose_pm = acc_pm >= gm.accuracy
+        return {
+            "acc_pm": acc_pm,
+            "loss_pm": loss_pm,
+            "acc_gm": gm.accuracy,
+            "loss_gm": gm.loss,
+            "acc_hm": acc_pm if choose_pm else gm.accuracy,
+            "loss_hm": loss_pm if choose_pm else gm.loss,
+            "loss_hm_min": min(loss_pm, gm.loss),
+            "hm_choice_pm": 1.0 if choose_pm else 0.0,
+        }
 
 
 def server_round(config: dict[str, Any]) -> int:

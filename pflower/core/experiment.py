@@ -17,13 +17,14 @@ from flwr.common import NDArrays
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pflower.config import ExperimentConfig
+from pflower.config import AttackKind, ExperimentConfig
 from pflower.core.training import Prepare, TrainSettings, get_weights
 from pflower.datasets.base import ImageSplit
 from pflower.datasets.federation import Federation, build_federation
 from pflower.datasets.loaders import load_dataset
 from pflower.models import build_model
 from pflower.registry import name_and_options
+from pflower.robust.attacks import malicious_set, poisoned_labels
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,15 @@ class Experiment:
         splits = {
             name: federation.pool.subset(getattr(shares, name)) for name in ("train", "test", "val")
         }
+        settings = self.settings
+        if settings.attack.name == AttackKind.label_flip and partition_id in malicious_set(
+            settings.attack, settings.seed, federation.num_clients
+        ):  # label poisoning: a malicious client trains on random labels
+            train = splits["train"]
+            labels = poisoned_labels(
+                train.labels.numpy(), federation.dataset.num_classes, settings.seed, partition_id
+            )
+            splits["train"] = ImageSplit(train.images, torch.from_numpy(labels), train.groups)
         normalize = federation.dataset.normalize
         prepare: Prepare = normalize
         noise = federation.input_noise

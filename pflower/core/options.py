@@ -67,9 +67,13 @@ class AlgorithmOptions:
         """The options that :meth:`label` accounts for (reports add the others where they vary)."""
         return ()
 
-    def sort_key(self) -> tuple[Any, ...]:
-        """Report order among methods."""
-        return (self.display_rank, self.label())
+    def variant_rank(self) -> float:
+        """Order among the variants of one algorithm (e.g. FLIU's γ); 0 if it has none."""
+        return 0.0
+
+    def sort_key(self) -> tuple[int, float, str]:
+        """Report order among methods: by ``display_rank``, then variant, then label."""
+        return (self.display_rank, self.variant_rank(), self.label())
 
 
 OptionsT = TypeVar("OptionsT", bound=AlgorithmOptions)

@@ -9,18 +9,28 @@ what a personalized-FL experiment needs:
 - a failure policy: failed clients are recorded; a round with too many failures, or none that
   succeeded, stops the run with an error naming the clients and their exceptions;
 - updates with NaN/Inf or wrong shapes are rejected as failures;
+- no unbounded wait for nodes: before round 1 the server waits at most ``connect_timeout`` for
+  ``num_clients`` nodes, logging the missing partitions, then fails naming the expected and the
+  connected nodes; a simulation with another number of SuperNodes is refused at once;
+- a communication metric in every L2 row: ``bytes_down`` (array bytes of the client's fit
+  instruction, counted here) and ``bytes_up`` (of its upload, counted by the client);
 - stage G (the global model on the global test set, server side) and the recording of stages L1
-  and L2 per client.
+  and L2 per client;
+- for server-personalized algorithms (``keeps_client_models``), a :class:`ClientModelStore` of
+  every client's latest upload, from which :meth:`client_messages` computes each sampled client's
+  own model once per round; its size is logged and recorded every round (a ``server`` row).
 
 Algorithms override :meth:`aggregate` (the model update) and the per-client hooks.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import IntEnum
+from logging import INFO, WARNING
 from typing import Any, ClassVar, Generic
 
 import numpy as np
@@ -36,13 +46,18 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
-from pflower.config import ExperimentConfig
+from pflower.config import ExperimentConfig, RobustKind
 from pflower.core.options import Aggregation, OptionsT
+from pflower.core.training import payload_bytes
 from pflower.results.rundir import L1, L2, Recorder, client_row
+from pflower.robust.aggregators import robust_average
+from pflower.robust.attacks import malicious_set
 
 GlobalEvaluator = Callable[[NDArrays], dict[str, float]]
 """Evaluates a global model on the global test set; returns ``{"acc": ..., "loss": ...}``."""
@@ -50,6 +65,16 @@ GlobalEvaluator = Callable[[NDArrays], dict[str, float]]
 
 class RoundFailedError(RuntimeError):
     """Too many clients of a round failed: the run stops rather than continue on too little."""
+
+
+class NodesMissingError(RoundFailedError):
+    """The run cannot start: fewer nodes than ``num_clients`` connected within
+    ``connect_timeout``, or a simulation's federation has another number of SuperNodes."""
+
+
+SIMULATION_SETTLE_S = 2.0
+"""Seconds a simulation's node count must stay short of ``num_clients`` before the run refuses:
+Flower's simulation registers all its SuperNodes at once when the run starts."""
 
 
 class Phase(IntEnum):
@@ -79,11 +104,82 @@ class ClientUpdate:
     metrics: dict[str, Scalar]
 
 
+class ClientModelStore:
+    """The latest model each client uploaded, keyed by partition id: N models on the server.
+
+    Server-personalized algorithms (a different model sent to every client, computed from the
+    other clients' models) read it; the strategy base writes every accepted upload into it before
+    :meth:`PersonalizedStrategy.aggregate` runs. It is the whole of the server's per-client model
+    memory, so a checkpoint of the server saves and restores exactly this object
+    (:meth:`state` / :meth:`from_state`).
+    """
+
+    def __init__(self) -> None:
+        self._models: dict[int, NDArrays] = {}
+        self._rounds: dict[int, int] = {}
+
+    def put(self, partition_id: int, weights: NDArrays, server_round: int) -> None:
+        """Store ``weights`` (copied) as client ``partition_id``'s latest model."""
+        self._models[partition_id] = [np.array(array, copy=True) for array in weights]
+        self._rounds[partition_id] = server_round
+
+    def get(self, partition_id: int, default: NDArrays | None = None) -> NDArrays | None:
+        """Client ``partition_id``'s latest model (a copy), or ``default`` if it never uploaded."""
+        if partition_id not in self._models:
+            return default
+        return [array.copy() for array in self._models[partition_id]]
+
+    def round_of(self, partition_id: int) -> int | None:
+        """The round in which client ``partition_id``'s stored model was uploaded."""
+        return self._rounds.get(partition_id)
+
+    def __contains__(self, partition_id: object) -> bool:
+        return partition_id in self._models
+
+    def __len__(self) -> int:
+        return len(self._models)
+
+    @property
+    def partition_ids(self) -> list[int]:
+        """The clients with a stored model, ascending."""
+        return sorted(self._models)
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the stored arrays, in bytes."""
+        return sum(array.nbytes for model in self._models.values() for array in model)
+
+    def state(self) -> dict[str, Any]:
+        """Everything the store holds, for a checkpoint."""
+        return {"models": dict(self._models), "rounds": dict(self._rounds)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ClientModelStore:
+        """The store a checkpoint's :meth:`state` describes."""
+        store = cls()
+        for partition_id, weights in state["models"].items():
+            store.put(int(partition_id), weights, int(state["rounds"][partition_id]))
+        return store
+
+
 class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     """Flower FedAvg machinery plus the personalized-FL protocol (see module docstring)."""
 
     has_global_model: ClassVar[bool] = True
     """Whether the algorithm keeps a global model (evaluated at stage G)."""
+
+    keeps_client_models: ClassVar[bool] = False
+    """Whether the server keeps every client's latest upload (:attr:`client_models`)."""
+
+    global_model_label: ClassVar[str | None] = None
+    """Recorded with stage G as ``model`` when what ``aggregate`` returns is not a global model
+    the algorithm trains (e.g. ``mean_of_client_models`` for methods without one)."""
+
+    partial_uploads: ClassVar[bool] = False
+    """Whether clients may leave personal arrays out of a fit upload by sending an empty array
+    (size 0) in their place (split models: FedPer/FedRep keep the head, FedBN the BatchNorm
+    layers). :meth:`average` then averages each array over the clients that sent it and keeps the
+    current global array where none did."""
 
     def __init__(
         self,
@@ -109,7 +205,15 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         self._partition_of: dict[str, int] = {}
         self._num_train: dict[int, int] = {}
         self._sent: dict[str, dict[str, int]] = {}
+        self._bytes_down: dict[tuple[int, int], int] = {}
         self._global_weights: NDArrays = list(initial_weights)
+        self.malicious = malicious_set(settings.attack, settings.seed, settings.num_clients)
+        """Partition ids of the Byzantine clients (``attack``); they are never scored."""
+        self.client_models = ClientModelStore()
+        """Every client's latest upload (filled only if ``keeps_client_models``)."""
+        self.trainable_mask: list[bool] | None = None
+        """Per array of the model (``state_dict`` order): whether it is a trainable parameter
+        (False for buffers such as BatchNorm statistics); set by the ServerApp, None if unknown."""
 
     # ------------------------------------------------------------------ hooks for algorithms
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
@@ -126,11 +230,31 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         """The model sent to client ``partition_id`` (default: the global model)."""
         return global_parameters
 
+    def evaluate_parameters(
+        self, server_round: int, partition_id: int, global_parameters: Parameters
+    ) -> Parameters:
+        """The arrays sent with client ``partition_id``'s evaluate instruction (default: those of
+        :meth:`client_parameters`); algorithms that send more than a model to train override it."""
+        return self.client_parameters(server_round, partition_id, global_parameters)
+
+    def expected_upload(self, current: NDArrays) -> NDArrays:
+        """Arrays with the count and shapes a fit upload must have (default: the global model's);
+        algorithms that upload more than a model (e.g. control variates) extend it."""
+        return current
+
     def aggregate(
         self, server_round: int, updates: list[ClientUpdate], current: NDArrays
     ) -> NDArrays:
         """The new global model from this round's updates (default: FedAvg)."""
         return self.average(updates)
+
+    def client_messages(
+        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
+    ) -> dict[int, NDArrays] | None:
+        """Each sampled client's own model for this round's fit, computed once per round
+        (typically from :attr:`client_models`); None (the default) sends
+        :meth:`client_parameters` to each."""
+        return None
 
     # --------------------------------------------------------------------- shared helpers
     def average(self, updates: Sequence[ClientUpdate]) -> NDArrays:
@@ -139,7 +263,17 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             weights = np.ones(len(updates))
         else:
             weights = np.array([u.num_examples for u in updates], dtype=np.float64)
+        if self.settings.robust.name != RobustKind.none:
+            return self.robust_mean([u.weights for u in updates], weights)
+        if self.partial_uploads:
+            return weighted_mean_partial([u.weights for u in updates], weights, self.global_weights)
         return weighted_mean([u.weights for u in updates], weights)
+
+    def robust_mean(self, arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
+        """The ``robust`` aggregate (Multi-Krum, trimmed mean, median) of client models; Multi-Krum
+        assumes f = the number of malicious clients of ``attack`` unless ``robust.num_malicious``
+        is set."""
+        return robust_average(self.settings.robust, arrays, list(weights), len(self.malicious))
 
     @property
     def global_weights(self) -> NDArrays:
@@ -161,16 +295,23 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             round_rng(self.settings.seed, Phase.FIT_SAMPLING, server_round),
         )
         self._sent[f"fit-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
-        return [
+        messages = self.client_messages(
+            server_round, [self._partition_of[p.cid] for p in proxies], self.global_weights
+        )
+        instructions = [
             (
                 proxy,
                 FitIns(
-                    self.client_parameters(server_round, self._partition_of[proxy.cid], parameters),
+                    self.client_parameters(server_round, self._partition_of[proxy.cid], parameters)
+                    if messages is None
+                    else ndarrays_to_parameters(messages[self._partition_of[proxy.cid]]),
                     self.fit_config(server_round, self._partition_of[proxy.cid]),
                 ),
             )
             for proxy in proxies
         ]
+        self._count_bytes_down(server_round, instructions)
+        return instructions
 
     def aggregate_fit(
         self,
@@ -185,8 +326,21 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             self.recorder.client_stage(
                 server_round,
                 L2,
-                [client_row(server_round, L2, u.partition_id, u.metrics) for u in updates],
+                [
+                    client_row(
+                        server_round,
+                        L2,
+                        u.partition_id,
+                        {**u.metrics, **self._bytes_down_metric(server_round, u.partition_id)},
+                    )
+                    for u in updates
+                    if u.partition_id not in self.malicious
+                ],
             )
+        if self.keeps_client_models:
+            self._store_uploads(server_round, updates)
+        for key in [key for key in self._bytes_down if key[0] <= server_round]:
+            del self._bytes_down[key]
         new_weights = self.aggregate(server_round, updates, current)
         self._global_weights = new_weights
         self.recorder.fit_done(server_round)
@@ -201,6 +355,8 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         if server_round > 0 and not self.settings.is_eval_round(server_round):
             return None
         metrics = self.evaluate_global(parameters_to_ndarrays(parameters))
+        if self.global_model_label is not None:
+            metrics = {**metrics, "model": self.global_model_label}
         self.recorder.global_stage(server_round, metrics)
         return metrics["loss"], dict(metrics)
 
@@ -214,12 +370,16 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             self.settings.eval.fraction,
             round_rng(self.settings.seed, Phase.EVALUATE_SAMPLING, server_round),
         )
+        # Malicious clients (``attack``) are never scored.
+        proxies = [p for p in proxies if self._partition_of[p.cid] not in self.malicious]
         self._sent[f"evaluate-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         return [
             (
                 proxy,
                 EvaluateIns(
-                    self.client_parameters(server_round, self._partition_of[proxy.cid], parameters),
+                    self.evaluate_parameters(
+                        server_round, self._partition_of[proxy.cid], parameters
+                    ),
                     self.evaluate_config(server_round, self._partition_of[proxy.cid]),
                 ),
             )
@@ -247,46 +407,103 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         return float(np.mean([r["loss_local"] for r in rows])), {}
 
     # ------------------------------------------------------------------------- internals
-    def _learn_partitions(self, client_manager: ClientManager) -> None:
+    def _count_bytes_down(
+        self, server_round: int, instructions: list[tuple[ClientProxy, FitIns]]
+    ) -> None:
+        """Remember the array bytes each client's fit instruction carries (``bytes_down``)."""
+        sizes: dict[int, int] = {}
+        for proxy, ins in instructions:
+            if id(ins.parameters) not in sizes:
+                sizes[id(ins.parameters)] = payload_bytes(parameters_to_ndarrays(ins.parameters))
+            self._bytes_down[(server_round, self._partition_of[proxy.cid])] = sizes[
+                id(ins.parameters)
+            ]
+
+    def _bytes_down_metric(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        """``bytes_down``: array bytes sent to the client with its fit instruction this round."""
+        sent = self._bytes_down.get((server_round, partition_id))
+        return {} if sent is None else {"bytes_down": sent}
+
+    def _store_uploads(self, server_round: int, updates: list[ClientUpdate]) -> None:
+        """Keep every accepted upload in :attr:`client_models`; log and record the store's size."""
+        for update in updates:
+            self.client_models.put(update.partition_id, update.weights, server_round)
+        size = self.client_models.nbytes
+        log(
+            INFO,
+            "round %s: client model store holds %s models, %s bytes",
+            server_round,
+            len(self.client_models),
+            size,
+        )
+        self.recorder.server_state(
+            server_round,
+            {"client_store_models": len(self.client_models), "client_store_bytes": size},
+        )
+
+    def _learn_partitions(
+        self, client_manager: ClientManager, skip: set[str] | None = None
+    ) -> dict[str, str]:
         """Ask newly connected nodes, all at once, which partition they hold (once per node).
 
         A node that cannot answer in time is left out until it can; it is recorded as a failure.
+        Nodes in ``skip`` are not asked. Returns the nodes that failed, with their errors.
         """
-        new = [p for cid, p in client_manager.all().items() if cid not in self._partition_of]
+        asking = self._ask_new_nodes(client_manager, skip or set())
+        if asking is None:
+            return {}
+        asking.wait()
+        return self._record_answers(asking.answers)
+
+    def _ask_new_nodes(self, client_manager: ClientManager, skip: set[str]) -> _Questions | None:
+        """Start asking the connected nodes whose partition is unknown (None if there are none).
+
+        A node gets ``round_timeout`` to answer, else Flower's message time-to-live (12 hours): the
+        first message builds the client's experiment, which may take long on a large dataset.
+        """
+        new = [
+            p
+            for cid, p in client_manager.all().items()
+            if cid not in self._partition_of and cid not in skip
+        ]
         if not new:
-            return
+            return None
 
         def ask(proxy: ClientProxy) -> dict[str, Scalar]:
             ins = GetPropertiesIns({})
             timeout = self.settings.round_timeout
             return proxy.get_properties(ins, timeout=timeout, group_id=0).properties
 
-        with ThreadPoolExecutor(max_workers=min(32, len(new))) as pool:
-            futures = {proxy.cid: pool.submit(ask, proxy) for proxy in new}
-        for cid, future in futures.items():
-            error = future.exception()
-            if error is not None:  # a broken node must not stop the others
-                self.recorder.failures(0, "connect", {f"node {cid}": _failure_text(error)})
+        return _Questions(new, ask)
+
+    def _record_answers(
+        self, answers: dict[str, dict[str, Scalar] | BaseException]
+    ) -> dict[str, str]:
+        """Keep the partitions the nodes reported; record the nodes that failed (returned)."""
+        refused: dict[str, str] = {}
+        for cid, answer in answers.items():
+            if isinstance(answer, BaseException):  # a broken node must not stop the others
+                refused[cid] = _failure_text(answer)
+                self.recorder.failures(0, "connect", {f"node {cid}": refused[cid]})
                 continue
-            properties = future.result()
-            partition_id = int(properties["partition_id"])
+            partition_id = int(answer["partition_id"])
             self._partition_of[cid] = partition_id
-            self._num_train[partition_id] = int(properties["num_train"])
+            self._num_train[partition_id] = int(answer["num_train"])
+        return refused
 
     def _sample(
         self, client_manager: ClientManager, fraction: float, rng: np.random.Generator
     ) -> list[ClientProxy]:
         """A seeded sample of connected clients, chosen by partition id (not by node id).
 
-        Before the first round the server waits for all ``num_clients`` nodes. Before later rounds
-        it gives nodes that left up to ``round_timeout`` (else 10 minutes) to reconnect, then goes
-        on with the connected ones, as long as at least ``min_clients`` of them answer.
+        Before the first round the server waits up to ``connect_timeout`` for all ``num_clients``
+        nodes, then fails naming the expected and the connected ones. Before later rounds it gives
+        nodes that left up to ``connect_timeout`` to reconnect, then goes on with the connected
+        ones, as long as at least ``min_clients`` of them answer. Either wait logs every
+        ``connect_log_every`` seconds which partitions are missing.
         """
-        if not self._partition_of:
-            client_manager.wait_for(self.min_available_clients)
-        else:
-            client_manager.wait_for(self.min_available_clients, timeout=self._rejoin_timeout)
-        self._learn_partitions(client_manager)
+        refused = self._await_nodes(client_manager, initial=not self._partition_of)
+        self._learn_partitions(client_manager, skip=set(refused))
         proxies = sorted(
             (p for p in client_manager.all().values() if p.cid in self._partition_of),
             key=lambda p: self._partition_of[p.cid],
@@ -294,7 +511,8 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         if len(proxies) < self.settings.min_clients:
             message = (
                 f"only {len(proxies)} client(s) reachable, fewer than min_clients="
-                f"{self.settings.min_clients}; nothing can be trained"
+                f"{self.settings.min_clients}; nothing can be trained. "
+                f"{self._node_report(client_manager, refused)}"
             )
             self.recorder.fail(message)
             raise RoundFailedError(message)
@@ -304,11 +522,105 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         chosen = rng.choice(len(proxies), size=count, replace=False)
         return [proxies[i] for i in sorted(chosen)]
 
-    @property
-    def _rejoin_timeout(self) -> int:
-        """Seconds a round waits for missing nodes to reconnect: the round timeout, else 600."""
-        timeout = self.settings.round_timeout
-        return int(timeout) if timeout else 600
+    def _await_nodes(self, client_manager: ClientManager, initial: bool) -> dict[str, str]:
+        """Wait, at most ``connect_timeout`` seconds, until ``num_clients`` nodes are connected.
+
+        While it waits it asks each newly connected node for its partition (once) and logs every
+        ``connect_log_every`` seconds the connected nodes and the missing partitions. Before the
+        first round (``initial``) it gives up with :class:`NodesMissingError`, recorded in the run
+        directory; a simulation whose federation has another number of SuperNodes than
+        ``num_clients`` is refused at once (its nodes are all registered when it starts). Before
+        later rounds it logs the nodes still missing and returns. Returns the nodes that answered
+        with an error, with their errors.
+        """
+        expected = self.settings.num_clients
+        limit = self.settings.connect_timeout
+        every = self.settings.connect_log_every
+        start = time.monotonic()
+        next_log = start
+        refused: dict[str, str] = {}
+        asking: _Questions | None = None  # nodes are asked in the background: logs keep coming
+        while True:
+            if asking is not None and asking.done():
+                refused.update(self._record_answers(asking.answers))
+                asking = None
+            connected = client_manager.num_available()
+            waited = time.monotonic() - start
+            simulated = _simulated_nodes(client_manager)
+            if (
+                initial
+                and simulated is not None
+                and (
+                    simulated > expected or (simulated < expected and waited >= SIMULATION_SETTLE_S)
+                )
+            ):
+                self._give_up(_simulation_mismatch(simulated, expected))
+            if connected >= expected:
+                if asking is not None:
+                    asking.wait()
+                    refused.update(self._record_answers(asking.answers))
+                if waited >= every:
+                    log(INFO, "all %s nodes connected after %.0f s", expected, waited)
+                return refused
+            if waited >= limit:
+                break
+            if initial and simulated is None and asking is None:
+                asking = self._ask_new_nodes(client_manager, set(refused))
+            now = time.monotonic()
+            if now >= next_log and simulated is None:  # a simulation is decided within seconds
+                log(
+                    WARNING,
+                    "waiting for nodes (%.0f of %.0f s): %s",
+                    now - start,
+                    limit,
+                    self._node_report(client_manager, refused),
+                )
+                next_log = now + every
+            pause = min(1.0, every, max(0.0, limit - (now - start)))
+            client_manager.wait_for(expected, timeout=pause)  # type: ignore[arg-type]
+        if asking is not None:  # what the nodes answered so far; the others are left unanswered
+            refused.update(self._record_answers(asking.answers))
+        report = self._node_report(client_manager, refused)
+        if initial:
+            self._give_up(
+                f"{expected} nodes expected (num_clients={expected}), but only {connected} "
+                f"connected within connect_timeout={limit:g} s. {report} Start the missing "
+                "SuperNodes (one per partition), lower num_clients, or raise connect_timeout."
+            )
+        log(WARNING, "going on without the missing nodes after %.0f s: %s", limit, report)
+        return refused
+
+    def _node_report(self, client_manager: ClientManager, refused: dict[str, str]) -> str:
+        """Which nodes are connected (with their partitions) and which partitions are missing."""
+        expected = self.settings.num_clients
+        nodes = client_manager.all()
+        known = sorted((self._partition_of[cid], cid) for cid in nodes if cid in self._partition_of)
+        unknown = sorted(cid for cid in nodes if cid not in self._partition_of)
+        parts = [
+            f"connected {len(nodes)} of {expected}: "
+            + (", ".join(f"partition {pid} (node {cid})" for pid, cid in known) or "none")
+        ]
+        if unknown:
+            parts.append(
+                "partition not yet known: "
+                + ", ".join(
+                    f"node {cid}" + (f" ({refused[cid]})" if cid in refused else "")
+                    for cid in unknown
+                )
+            )
+        present = {pid for pid, _ in known}
+        missing = [pid for pid in range(expected) if pid not in present]
+        if missing and not unknown:
+            parts.append("missing partitions: " + _ranges(missing))
+        elif missing:
+            parts.append(f"{len(missing)} partition(s) without a known node")
+        return "; ".join(parts) + "."
+
+    def _give_up(self, message: str) -> None:
+        """Record ``message`` as the reason the run failed, log it, and stop the run."""
+        log(WARNING, "%s", message)
+        self.recorder.fail(message)
+        raise NodesMissingError(message)
 
     def _collect_updates(
         self, results: list[tuple[ClientProxy, FitRes]], current: NDArrays
@@ -318,7 +630,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         for proxy, res in results:
             pid = self._partition_of[proxy.cid]
             weights = parameters_to_ndarrays(res.parameters)
-            problem = self.check_update(weights, current)
+            problem = self.check_update(weights, self.expected_upload(current))
             if problem:
                 rejected[pid] = problem
             else:
@@ -330,6 +642,8 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         if len(weights) != len(current):
             return f"sent {len(weights)} arrays, expected {len(current)}"
         for index, (array, reference) in enumerate(zip(weights, current, strict=True)):
+            if self.partial_uploads and array.size == 0 and reference.size > 0:
+                continue  # a personal array the client keeps (see ``partial_uploads``)
             if array.shape != reference.shape:
                 return f"array {index} has shape {array.shape}, expected {reference.shape}"
             if np.issubdtype(array.dtype, np.floating) and not np.all(np.isfinite(array)):
@@ -395,6 +709,99 @@ def weighted_mean(arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
             acc += (weight / total) * array
         averaged.append(acc.astype(layer[0].dtype))
     return averaged
+
+
+def weighted_mean_partial(
+    arrays: Sequence[NDArrays], weights: np.ndarray, current: NDArrays
+) -> NDArrays:
+    """:func:`weighted_mean` per array over the clients that sent it (a non-empty array; the
+    weights renormalized over them), ``current``'s array where no client did. Equal to
+    :func:`weighted_mean` when every client sent every array."""
+    averaged = []
+    for index, layer in enumerate(zip(*arrays, strict=True)):
+        sent = [i for i, array in enumerate(layer) if array.size > 0 or current[index].size == 0]
+        if not sent:
+            averaged.append(np.array(current[index], copy=True))
+            continue
+        averaged.extend(weighted_mean([[layer[i]] for i in sent], weights[sent]))
+    return averaged
+
+
+class _Questions:
+    """One question to each of some nodes, asked at once, each in a daemon thread of its own.
+
+    A node that never answers keeps neither the server loop nor the server process waiting:
+    :meth:`done` tells whether all answered, :attr:`answers` holds the answers so far (the reply,
+    or the exception) by node id, in the order the nodes were asked.
+    """
+
+    def __init__(
+        self, proxies: Sequence[ClientProxy], ask: Callable[[ClientProxy], dict[str, Scalar]]
+    ) -> None:
+        self._order = [proxy.cid for proxy in proxies]
+        self._answers: dict[str, dict[str, Scalar] | BaseException] = {}
+        self._threads = [
+            threading.Thread(target=self._ask, args=(proxy, ask), daemon=True) for proxy in proxies
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _ask(self, proxy: ClientProxy, ask: Callable[[ClientProxy], dict[str, Scalar]]) -> None:
+        try:
+            answer: dict[str, Scalar] | BaseException = ask(proxy)
+        except Exception as error:
+            answer = error
+        self._answers[proxy.cid] = answer  # one key per thread: atomic under the GIL
+
+    @property
+    def answers(self) -> dict[str, dict[str, Scalar] | BaseException]:
+        """The answers received so far, in the order the nodes were asked."""
+        received = dict(self._answers)
+        return {cid: received[cid] for cid in self._order if cid in received}
+
+    def done(self) -> bool:
+        """Whether every node answered."""
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def wait(self) -> None:
+        """Block until every node answered."""
+        for thread in self._threads:
+            thread.join()
+
+
+def _simulated_nodes(client_manager: ClientManager) -> int | None:
+    """The number of SuperNodes of a Flower simulation (None outside of one).
+
+    A simulation registers all its SuperNodes when it starts and never adds any; its nodes are
+    reached through an in-memory grid, a deployment's through the SuperLink.
+    """
+    proxies = list(client_manager.all().values())
+    if proxies and all(isinstance(getattr(p, "grid", None), InMemoryGrid) for p in proxies):
+        return len(proxies)
+    return None
+
+
+def _simulation_mismatch(available: int, expected: int) -> str:
+    """Why a simulation of ``available`` SuperNodes cannot run ``expected`` clients; the fix."""
+    return (
+        f"This Flower simulation has {available} SuperNodes, but the experiment expects "
+        f"num_clients={expected} (one SuperNode per client; the default federation of "
+        f"`flwr run` has 2). Run it with a federation of {expected} SuperNodes:\n"
+        f"  flwr run . --stream --federation-config 'num-supernodes={expected}' "
+        f"--run-config 'overrides=\"num_clients={expected} ...\"'\n"
+        f"or set num_clients={available}."
+    )
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[list[int]] = []
+    for value in values:
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _failure_text(failure: Any) -> str:

@@ -60,6 +60,18 @@ def get_weights(model: nn.Module) -> NDArrays:
     return [tensor.detach().cpu().numpy().copy() for tensor in model.state_dict().values()]
 
 
+def payload_bytes(arrays: NDArrays) -> int:
+    """Bytes of the arrays of one message (their ``nbytes``; serialization headers and configs
+    are not counted): the per-client communication metric every algorithm reports."""
+    return int(sum(np.asarray(array).nbytes for array in arrays))
+
+
+def trainable_mask(model: nn.Module) -> list[bool]:
+    """Per ``state_dict`` entry of ``model``: whether it is a trainable ``nn.Parameter``."""
+    parameters = {name for name, param in model.named_parameters() if param.requires_grad}
+    return [name in parameters for name in model.state_dict()]
+
+
 def set_weights(model: nn.Module, weights: NDArrays) -> None:
     """Load ``weights`` (in ``state_dict`` order) into ``model``, checking count and shapes."""
     state = model.state_dict()

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -49,6 +50,9 @@ class FeedForwardNet(nn.Module):
     Raises:
         ConfigError: the input is too small for the conv/pool stack.
     """
+
+    head_module: ClassVar[str] = "fc"
+    """The classification head (body/head split, :mod:`pflower.models.split`)."""
 
     def __init__(
         self,
@@ -89,4 +93,8 @@ class FeedForwardNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, num_classes)`` for a batch ``(B, C, H, W)``."""
-        return self.fc(self.hidden(torch.flatten(self.features(x), 1)))
+        return self.fc(self.represent(x))
+
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        """The body's output, the feature vector the head ``fc`` classifies: ``(B, width)``."""
+        return self.hidden(torch.flatten(self.features(x), 1))

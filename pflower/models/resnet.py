@@ -12,6 +12,7 @@ that FedMPR switches on with :func:`apply_regularization`; it adds no parameters
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,9 @@ class ResNet(nn.Module):
             (Kaiming-normal, fan_out, for convs; BatchNorm γ = 1, β = 0).
     """
 
+    head_module: ClassVar[str] = "fc"
+    """The classification head (body/head split, :mod:`pflower.models.split`)."""
+
     def __init__(
         self,
         input_shape: tuple[int, int, int],
@@ -108,10 +112,14 @@ class ResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits ``(B, num_classes)`` for a batch ``(B, C, H, W)``."""
+        return self.fc(self.represent(x))
+
+    def represent(self, x: torch.Tensor) -> torch.Tensor:
+        """The body's output, the pooled feature vector the head ``fc`` classifies."""
         x = self.maxpool(F.relu(self.bn1(self.conv1(x))))
         for stage in self.stages():
             x = stage(x)
-        return self.fc(torch.flatten(self.avgpool(x), 1))
+        return torch.flatten(self.avgpool(x), 1)
 
     def stages(self) -> list[nn.Sequential]:
         """The residual stages ``layer1, layer2, ...`` in order."""

@@ -4,8 +4,9 @@ A config block ``model: {name: <registered name>, <option>: <value>, ...}`` choo
 :func:`build_model` adds the dataset's ``input_shape`` ``(C, H, W)`` and ``num_classes``, which are
 never set in a model config. Each factory's keyword defaults are the model's defaults, mirrored by
 ``conf/model/<name>.yaml``. Every model's classification layer is the ``nn.Linear`` attribute
-``fc`` (the head of FedRep-style base/head splits). Parameter counts in the docstrings are
-asserted in ``tests/test_models.py``.
+``fc`` (the head of FedRep-style base/head splits), declared by its class's ``head_module`` with a
+``represent(x)`` method giving the head's input (:mod:`pflower.models.split`). Parameter counts in
+the docstrings are asserted in ``tests/test_models.py``.
 """
 
 from __future__ import annotations

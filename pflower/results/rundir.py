@@ -10,6 +10,8 @@ Layout::
                                 plus the algorithm's own scalars)
                        failure  a client that failed (``phase``, ``client``, ``error``)
                        time     the round's training phase was aggregated (``fit_done_unix_s``)
+                       server   server-side state of the round, e.g. ``client_store_bytes``
+                                (the per-client model store of server-personalized algorithms)
     summary.json     written when the run ends, completed or failed, always in one shape:
                      ``status``, ``error``, ``rounds`` (planned), ``final_round`` (last round with
                      results), ``final`` (stage aggregates of that round), ``last10`` (the same
@@ -52,7 +54,7 @@ G, L1, L2 = "G", "L1", "L2"
 """The evaluation stages."""
 CLIENT_STAGES = (L1, L2)
 STAGES = (G, L1, L2)
-FAILURE, TIME = "failure", "time"
+FAILURE, TIME, SERVER = "failure", "time", "server"
 """Row kinds that carry no accuracy."""
 
 LAST_FRACTION = 0.1
@@ -194,6 +196,9 @@ class Recorder:
     def fit_done(self, server_round: int) -> None:
         """The training phase of ``server_round`` is aggregated (marks round timing)."""
 
+    def server_state(self, server_round: int, metrics: Mapping[str, float]) -> None:
+        """Server-side state after ``server_round``'s aggregation (e.g. memory it holds)."""
+
     def round_done(self, server_round: int) -> None:
         """All results of ``server_round`` are in."""
 
@@ -245,6 +250,9 @@ class RunRecorder(Recorder):
 
     def fit_done(self, server_round: int) -> None:
         self._write({"round": server_round, "stage": TIME, "fit_done_unix_s": time.time()})
+
+    def server_state(self, server_round: int, metrics: Mapping[str, float]) -> None:
+        self._write({"round": server_round, "stage": SERVER, **metrics})
 
     def round_done(self, server_round: int) -> None:
         if self.console:

@@ -15,6 +15,9 @@ from typing import Any
 import numpy as np
 
 CLIENT_METRICS = ("acc_local", "acc_global", "loss_local", "loss_global")
+HYBRID_METRICS = ("acc_pm", "acc_gm", "acc_hm", "loss_pm", "loss_gm", "loss_hm")
+"""Personalized / global / hybrid model metrics, present where clients hold both models (FLAME
+paper, Sec. IV-D); summarized only when every row of the stage has them."""
 
 
 def bottom_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
@@ -57,4 +60,11 @@ def summarize_stage(rows: Sequence[dict[str, Any]], thresholds: Sequence[float])
     summary.update(rho([row["acc_local"] for row in rows], thresholds))
     losses = np.asarray([row["loss_local"] for row in rows], dtype=np.float64)
     summary["fairness_loss_var"] = float(losses.var())
+    if all("hm_choice_pm" in row for row in rows):
+        for metric in HYBRID_METRICS:
+            summary[metric] = summarize_values([float(row[metric]) for row in rows], weights)
+        summary["hm_choice_pm_frac"] = float(np.mean([row["hm_choice_pm"] for row in rows]))
+        for model in ("pm", "gm", "hm"):
+            values = np.asarray([row[f"loss_{model}"] for row in rows], dtype=np.float64)
+            summary[f"fairness_loss_var_{model}"] = float(values.var())
     return summary

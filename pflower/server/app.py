@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
+import torch
 from flwr.app import Context
 from flwr.common import NDArrays
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
@@ -14,7 +15,7 @@ from pflower.compose import config_from_run_config
 from pflower.core.algorithm import algorithm_of
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
-from pflower.core.training import evaluate, set_weights
+from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.results.rundir import RunRecorder
 
 
@@ -44,13 +45,16 @@ def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
     """The configured algorithm's Strategy, wired to a recorder writing into ``run_dir``."""
     experiment = Experiment.of(cfg)
     options = experiment.settings.strategy
-    return algorithm_of(options).strategy(
+    strategy = algorithm_of(options).strategy(
         options=options,
         settings=experiment.settings,
         initial_weights=experiment.initial_weights(),
         evaluate_global=global_evaluator(experiment),
         recorder=RunRecorder(run_dir, cfg),
     )
+    with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
+        strategy.trainable_mask = trainable_mask(experiment.new_model())
+    return strategy
 
 
 def server_fn(context: Context) -> ServerAppComponents:

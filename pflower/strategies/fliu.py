@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
@@ -156,7 +156,6 @@ class FLIUOptions(AlgorithmOptions):
             return ("gamma_mode",)
         return ("gamma_mode", "gamma")
 
-    def sort_key(self) -> tuple[Any, ...]:
+    def variant_rank(self) -> float:
         """FLIU (adaptive) first, then FLIUxx by ascending γ."""
-        gamma = -1.0 if self.gamma_mode == GammaMode.adaptive else self.gamma
-        return (self.display_rank, gamma, self.label())
+        return -1.0 if self.gamma_mode == GammaMode.adaptive else self.gamma

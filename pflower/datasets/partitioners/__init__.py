@@ -10,6 +10,7 @@ Datasets :class:`~flwr_datasets.partitioner.Partitioner` (see :mod:`.base`), reg
   ``q_label_skew``, ``dir_label_skew``, ``pflib_pathological``, ``pflib_practical``
 - :mod:`.quantity_skew` — ``qs``, ``lsqs``, ``dir_quantity_skew``, ``hybrid_skew``
 - :mod:`.feature_skew` — ``quality_skew``, ``feature_skew``, ``attribute_groups``
+- :mod:`.from_file` — ``from_file`` (per-client index lists from a file; PFLlib import)
 - :mod:`.fixed_size` — ``diversifed_pathological``, ``diversifed_dirichlet``,
   ``diversifed_practical`` (these also draw the clients' test shares)
 
@@ -20,6 +21,7 @@ Shared machinery: :mod:`.allocation` (whole-sample rounding, count-matrix scheme
 from pflower.datasets.partitioners import (  # noqa: F401  (importing registers the schemes)
     feature_skew,
     fixed_size,
+    from_file,
     label_skew,
     quantity_skew,
     uniform,

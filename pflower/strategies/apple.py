@@ -1,0 +1,248 @@
+"""APPLE: Luo and Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated
+Learning", IJCAI 2022 (a baseline of the DiversiFed paper, Wu et al., Sec. V-B).
+
+Every client i owns a "core" model w_i and a directed relationship vector p_i ∈ R^N (initialized
+to p0 = 1/N). Its personalized model is ŵ_i = Σ_j p_ij w_j over all N core models, which the
+server sends every round (downlink N models per client). Per mini-batch (Alg. 1):
+
+- ŵ_i ← Σ_j p_ij w_j (trainable parameters; BatchNorm statistics are the client's own);
+- g = ∇ CE at ŵ_i;
+- core step: w_i ← w_i − η · p_ii · g (η = ``train.lr``; plain SGD, the paper's update, whatever
+  ``train.optimizer`` says);
+- relationship step: p_ij ← p_ij − η_p · (mean over layers of mean(g ⊙ w_j) + λ_r μ (p_ij − p0_j)),
+  with λ_r = (cos(π r / (L·R)) + 1)/2 for the client's r-th trained round while r < L·R, else 0
+  (the proximal pull of p_i toward p0 fades out over the first fraction L of the R rounds).
+
+This follows PFLlib's APPLE, which the DiversiFed paper ran (its defaults η_p = 0 and μ = 0
+disable learning p; here η_p = 0.01, μ = 0.1, L = 0.2). The relationship step uses the core
+w_i after this batch's core step (PFLlib's order).
+
+After training the client stores ŵ_i = Σ_j p_ij w_j (with its final p_i and core w_i) as its
+personalized model, evaluated at stage L1; PFLlib evaluates the ŵ_i of the last batch, before
+that batch's steps.
+
+What crosses the wire: fit sends every sampled client all N core models (partition ids 0..N−1,
+each the ``state_dict`` arrays, concatenated; Θ^0 for a client that never uploaded); config
+``server-round``. The client uploads its core w_i (all arrays). Server state: the base class's
+ClientModelStore (every client's latest core). No global model: stage G evaluates the mean of
+the stored cores (labelled ``mean_of_client_models``). Client state: ``apple_p`` (p_i),
+``apple_personal`` (ŵ_i, all arrays) and ``apple_rounds`` (rounds trained, for λ_r).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.common import NDArrays, Scalar
+from torch import nn
+
+from pflower.config import require
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient, server_round
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.training import Regularizer, TrainSettings, batch_indices, trainable_mask
+from pflower.strategies.diversifed import MEAN_OF_CLIENT_MODELS, mean_of_stored
+
+P_KEY = "apple_p"
+PERSONAL = "apple_personal"
+ROUNDS = "apple_rounds"
+
+
+def proximal_weight(rounds_trained: int, fade_rounds: float) -> float:
+    """λ_r: (cos(π r / (L·R)) + 1)/2 while r < L·R, then 0."""
+    if rounds_trained >= fade_rounds:
+        return 0.0
+    return (math.cos(math.pi * rounds_trained / fade_rounds) + 1.0) / 2.0
+
+
+def relationship_gradient(
+    grads: list[torch.Tensor], cores: list[list[torch.Tensor]]
+) -> torch.Tensor:
+    """For each core j: the mean over layers of mean(g ⊙ w_j) (PFLlib's ∂L/∂p_ij)."""
+    return torch.tensor(
+        [
+            float(np.mean([float(torch.mean(g * w)) for g, w in zip(grads, core, strict=True)]))
+            for core in cores
+        ],
+        dtype=torch.float64,
+    )
+
+
+class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
+    """Sends every sampled client all N stored core models."""
+
+    keeps_client_models: ClassVar[bool] = True
+    global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.initial_weights: NDArrays = self.global_weights
+
+    def client_messages(
+        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
+    ) -> dict[int, NDArrays]:
+        cores = [
+            array
+            for pid in range(self.settings.num_clients)
+            for array in self.client_models.get(pid, self.initial_weights)  # type: ignore[union-attr]
+        ]
+        return dict.fromkeys(partition_ids, cores)
+
+    def aggregate(
+        self, server_round: int, updates: list[ClientUpdate], current: NDArrays
+    ) -> NDArrays:
+        return mean_of_stored(self)
+
+
+class AppleClient(PersonalClient["AppleOptions"]):
+    """Learns its core model and its relationship vector p_i on every batch."""
+
+    def initial(self) -> NDArrays:
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
+            return self.experiment.initial_weights()
+
+    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        per_model = len(self.model.state_dict())
+        count = self.experiment.settings.num_clients
+        self._cores = [global_weights[j * per_model : (j + 1) * per_model] for j in range(count)]
+        return self._cores[self.partition_id]
+
+    def local_train(
+        self,
+        settings: TrainSettings,
+        config: dict[str, Scalar],
+        regularizer: Regularizer | None = None,
+        after_step: Callable[[nn.Module], None] | None = None,
+    ) -> float:
+        count = self.experiment.settings.num_clients
+        stored_p = self.state.get_arrays(P_KEY)
+        p = (
+            torch.from_numpy(stored_p[0]).double()
+            if stored_p is not None
+            else torch.full((count,), 1.0 / count, dtype=torch.float64)
+        )
+        rounds_trained = int(self.state.get_scalars(ROUNDS).get("count", 0))
+        fade = self.options.fade_fraction * self.experiment.settings.rounds
+        lam_r = proximal_weight(rounds_trained, fade)
+        seed = np.random.SeedSequence(
+            [self.experiment.settings.seed, server_round(config), self.partition_id]
+        ).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(seed))
+        mask = trainable_mask(self.model)
+        cores = [
+            [torch.from_numpy(np.asarray(a)).float() for a, m in zip(core, mask, strict=True) if m]
+            for core in self._cores
+        ]
+        loss_mean, p = apple_train(
+            self.model,
+            self.data.train.images,
+            self.data.train.labels,
+            self.data.prepare,
+            settings,
+            generator,
+            cores,
+            p,
+            self.partition_id,
+            self.options,
+            lam_r,
+        )
+        # the model ends as ŵ_i with the final p_i and core w_i; the core is uploaded
+        set_personal(self.model, cores, p)
+        self._core = cores[self.partition_id]
+        self.state.put_arrays(P_KEY, [p.numpy()])
+        self.state.put_scalars(ROUNDS, {"count": rounds_trained + 1})
+        return loss_mean
+
+    def remember(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> None:
+        self.state.put_arrays(PERSONAL, trained)
+
+    def upload(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> NDArrays:
+        mask = trainable_mask(self.model)
+        core = iter(self._core)
+        return [next(core).numpy().copy() if m else a for a, m in zip(trained, mask, strict=True)]
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        stored = self.state.get_arrays(PERSONAL)
+        return stored if stored is not None else self.initial()
+
+
+def set_personal(model: nn.Module, cores: list[list[torch.Tensor]], p: torch.Tensor) -> None:
+    """Load ŵ = Σ_j p_j w_j into ``model``'s trainable parameters."""
+    with torch.no_grad():
+        for index, param in enumerate(model.parameters()):
+            mixed = sum(float(p[j]) * cores[j][index] for j in range(len(cores)))
+            param.copy_(mixed)  # type: ignore[arg-type]
+
+
+def apple_train(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    prepare: Callable[[torch.Tensor], torch.Tensor],
+    settings: TrainSettings,
+    generator: torch.Generator,
+    cores: list[list[torch.Tensor]],
+    p: torch.Tensor,
+    own: int,
+    options: AppleOptions,
+    lam_r: float,
+) -> tuple[float, torch.Tensor]:
+    """APPLE's per-batch core and relationship steps (module docstring); updates ``cores[own]``
+    in place and returns the mean training loss and the new p."""
+    model.train()
+    criterion = nn.CrossEntropyLoss()
+    p0 = 1.0 / len(cores)
+    p = p.clone()
+    total, batches = 0.0, 0
+    for index in batch_indices(
+        len(labels), settings.batch_size, generator, settings.epochs, settings.steps
+    ):
+        set_personal(model, cores, p)
+        model.zero_grad(set_to_none=True)
+        loss = criterion(model(prepare(images[index])), labels[index])
+        total += float(loss.detach())
+        loss.backward()
+        grads = [param.grad.detach().clone() for param in model.parameters()]  # type: ignore[union-attr]
+        step = settings.lr * float(p[own])
+        cores[own] = [w - step * g for w, g in zip(cores[own], grads, strict=True)]
+        p_grad = relationship_gradient(grads, cores)
+        p_grad = p_grad + lam_r * options.mu * (p - p0)
+        p = p - options.drlr * p_grad
+        batches += 1
+    return total / max(batches, 1), p
+
+
+@register_algorithm("apple", strategy=AppleStrategy, client=AppleClient)
+@dataclass
+class AppleOptions(AlgorithmOptions):
+    """Attributes:
+    drlr: η_p, the learning rate of the relationship vector p_i (0 keeps p_i = 1/N).
+    mu: μ, weight of the proximal pull of p_i toward p0 = 1/N.
+    fade_fraction: L, the fraction of the rounds over which that pull fades (cosine) to 0.
+    """
+
+    display_name: ClassVar[str] = "APPLE"
+    display_rank: ClassVar[int] = 42
+
+    drlr: float = 0.01
+    mu: float = 0.1
+    fade_fraction: float = 0.2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.drlr >= 0, f"strategy.drlr must be >= 0, got {self.drlr}")
+        require(self.mu >= 0, f"strategy.mu must be >= 0, got {self.mu}")
+        require(
+            0 < self.fade_fraction <= 1,
+            f"strategy.fade_fraction must be in (0, 1], got {self.fade_fraction}",
+        )

@@ -1,0 +1,101 @@
+"""Centralized reference: one model trained on the union of all clients' training data.
+
+This is the "Supervised" row of FedMPR (Göksu & Pugeault, Tables II-III: "a ResNet18 trained on
+both clients' datasets", Sec. VI), the upper reference the federated methods are compared with.
+
+Each round one client (the sampled client with the smallest partition id) trains the global model
+for the round's local epochs on the union of every client's training split, and the server adopts
+the result. Over R rounds that is R·E epochs over all the data: the same number of sample passes
+as FedAvg with full participation (with ``train.local_steps``, the trainer takes K times the
+steps, K = ``num_clients``). The optimizer is the shared one, fresh every round, as for the
+federated methods. Stage G is the model on the global test set; stage L1 evaluates it on every
+client's own test split.
+
+What crosses the wire: the model to the trainer and back (fit config ``server-round`` only); the
+other clients only receive it for evaluation. No client or server state beyond the model.
+
+Deviation: the union is normalized as clean data; partition schemes that perturb each client's
+inputs (quality skew) are rejected, since their noise belongs to a client, not to the union.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.common import FitIns, Parameters, Scalar
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from torch import nn
+
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient, server_round
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import PersonalizedStrategy
+from pflower.core.training import Regularizer, TrainSettings, train
+from pflower.datasets.base import ImageSplit
+from pflower.registry import ConfigError
+
+
+class CentralizedStrategy(PersonalizedStrategy["CentralizedOptions"]):
+    """Sends the fit instruction to one client only and adopts its model."""
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        instructions = super().configure_fit(server_round, parameters, client_manager)
+        proxy, ins = min(instructions, key=lambda item: self._partition_of[item[0].cid])
+        # Only the trainer was sent work: the failure check must expect one reply.
+        self._sent[f"fit-{server_round}"] = {proxy.cid: self._partition_of[proxy.cid]}
+        return [(proxy, ins)]
+
+
+class CentralizedClient(PersonalClient["CentralizedOptions"]):
+    """Trains on the union of all clients' training splits."""
+
+    def union(self) -> ImageSplit:
+        federation = self.experiment.federation
+        if federation.input_noise is not None:
+            raise ConfigError(
+                "strategy=centralized trains on the union of the clients' data, which is not "
+                "defined under per-client input noise (quality skew); choose another partition"
+            )
+        indices = np.concatenate([client.train for client in federation.clients])
+        return federation.pool.subset(indices)
+
+    def local_train(
+        self,
+        settings: TrainSettings,
+        config: dict[str, Scalar],
+        regularizer: Regularizer | None = None,
+        after_step: Callable[[nn.Module], None] | None = None,
+    ) -> float:
+        if settings.steps is not None:
+            settings = replace(
+                settings, steps=settings.steps * self.experiment.settings.num_clients
+            )
+        seed = np.random.SeedSequence(
+            [self.experiment.settings.seed, server_round(config), self.partition_id]
+        ).generate_state(1)[0]
+        generator = torch.Generator().manual_seed(int(seed))
+        return train(
+            self.model,
+            self.union(),
+            self.experiment.prepare(),
+            settings,
+            generator,
+            regularizer,
+            after_step,
+        )
+
+
+@register_algorithm("centralized", strategy=CentralizedStrategy, client=CentralizedClient)
+@dataclass
+class CentralizedOptions(AlgorithmOptions):
+    """The centralized reference has only the common options (one model, nothing averaged)."""
+
+    display_name: ClassVar[str] = "Centralized"
+    display_rank: ClassVar[int] = 90

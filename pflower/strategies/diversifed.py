@@ -1,0 +1,330 @@
+"""DiversiFed: Wu, Liu, Niu, Zhu, Tang, Li and Cao, "The Diversity Bonus: Learning from Dissimilar
+Distributed Clients in Personalized Federated Learning", arXiv 2407.15464 (IEEE TNNLS 2025).
+
+Every client i keeps a personalized model w_i and minimizes CE_i(w_i) + λ·L_M(w_i) (Sec. III-C,
+Eq. 3), where the model distance loss (Eq. 4) over the other clients j ∈ S∖{i}, with
+d_ij = ‖w_i − w_j‖₂ (Euclidean distance in parameter space) and temperature τ, is
+
+    L_M(w_i) = Σ_j log( exp(d_ij/τ) / Σ_k exp(d_ik/τ) ) = Σ_j log q_ij,  q_i = softmax_j(d_ij/τ).
+
+Minimizing it attracts w_i to each w_j through the numerator and repels it from all through the
+denominator (Sec. III-C); the net force along (w_j − w_i) is c_ij = (1 − (m−1) q_ij)/τ, positive
+(attraction) for relatively near models and negative (repulsion) for relatively far ones, which is
+Lemma 1's sign rule and the three-model example of Fig. 4. The printed copy of the paper lost the
+formula of Eq. 4; this form is the one that reproduces Fig. 4 and Lemma 1 (the InfoNCE sign,
+exp(−d/τ), would equalize distances instead).
+
+Incremental proximal optimization (Sec. III-D):
+
+- server, Eq. 6: one gradient step per sampled client,
+  u_i = w_i − η ∇_{w_i} L_M(w_i) = ξ_ii w_i + Σ_{j≠i} ξ_ij w_j with ξ_ij = η c_ij / d_ij and
+  ξ_ii = 1 − Σ_{j≠i} ξ_ij (Lemma 1: u_i is an affine combination of the uploaded models, so no
+  client can recover another's model). Softmax in float64 with the max subtracted; ξ_ij = 0
+  where d_ij < ``eps_dist`` (subgradient at 0), so round 1, where every model is Θ^0, sends Θ^0;
+- client, Eq. 7: from its own w_i (not from u_i), minimize CE_i(w) + (λ/(2η))‖w − u_i‖² with the
+  configured local training; the first step's proximal gradient equals λ∇L_M(w_i). The paper's
+  copy lost the coefficient; λ/(2η) is the incremental-proximal convention of FedAMP (the
+  paper's ref. [11]) on which Sec. III-D builds.
+
+What crosses the wire: fit sends each sampled client its own u_i (all ``state_dict`` arrays: the
+trainable parameters mixed as above, BatchNorm buffers copied from the client's stored model,
+which the client never reads) with config ``server-round``; the client uploads its trained w_i
+(all arrays). λ, η, τ and the other keys are read by both sides from ``strategy.*``. Evaluate
+sends the server's stage-G model, which the client ignores: stage L1 is its personalized w_i.
+
+Server state: :attr:`client_models` (the base class's ClientModelStore, keyed by partition id),
+the latest upload of every client; a client never sampled counts as Θ^0. There is no global
+model: stage G evaluates the mean of the stored models (labelled ``mean_of_client_models``),
+for reference only. Client state: ``div_personal``, its personalized model (parameters and
+BatchNorm buffers), read at fit (start point) and evaluate, written after fit; a client first
+sampled after round 1 starts from Θ^0, never from u_i.
+
+Options beyond the paper's defaults (not in the paper; for ablations):
+``distance=l2_sq`` uses squared distances (ξ_ij = 2η c_ij); ``grad_mode=full`` steps on
+Σ_k L_M(w_k) (c_ij + c_ji); ``neighbors=all_stale`` uses every client's latest upload instead of
+only this round's participants (the default, m = |S_t|: Sec. V-I attributes the loss at 50%
+participation to the absent clients' missing information); ``start_from=target`` starts local
+training from u_i.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.common import NDArrays, Scalar
+
+from pflower.config import require
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient
+from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.strategy import ClientUpdate, PersonalizedStrategy, weighted_mean
+from pflower.core.training import Regularizer
+from pflower.strategies.fedprox import proximal_term
+
+PERSONAL = "div_personal"
+"""Client state: the personalized model w_i (all ``state_dict`` arrays)."""
+
+MEAN_OF_CLIENT_MODELS = "mean_of_client_models"
+
+
+class Distance(StrEnum):
+    """The distance d_ij of Eq. 4."""
+
+    l2 = "l2"
+    """‖w_i − w_j‖₂, the paper's Euclidean distance."""
+    l2_sq = "l2_sq"
+    """‖w_i − w_j‖₂² (ablation)."""
+
+
+class GradMode(StrEnum):
+    """Which loss the server's step (Eq. 6) differentiates with respect to w_i."""
+
+    per_client = "per_client"
+    """L_M(w_i) alone, the other models fixed (each client's own objective, Eq. 3)."""
+    full = "full"
+    """Σ_k L_M(w_k), the global objective (Sec. IV)."""
+
+
+class Neighbors(StrEnum):
+    """The models S of Eq. 4 under partial participation."""
+
+    participants = "participants"
+    """This round's participants (m = |S_t|)."""
+    all_stale = "all_stale"
+    """Every client's latest upload (Θ^0 for clients never sampled)."""
+
+
+class StartFrom(StrEnum):
+    """Where a client's local training starts."""
+
+    personal = "personal"
+    """Its own w_i (incremental proximal step, Eq. 7)."""
+    target = "target"
+    """The received u_i (ablation)."""
+
+
+# ----------------------------------------------------------------------------- server math
+def flatten(weights: NDArrays, mask: Sequence[bool]) -> np.ndarray:
+    """The arrays selected by ``mask`` (the trainable parameters), concatenated, float64."""
+    parts = [
+        np.asarray(a, dtype=np.float64).ravel() for a, m in zip(weights, mask, strict=True) if m
+    ]
+    return np.concatenate(parts) if parts else np.zeros(0)
+
+
+def unflatten(vector: np.ndarray, template: NDArrays, mask: Sequence[bool]) -> NDArrays:
+    """``template`` with its ``mask``-selected arrays replaced by consecutive slices of
+    ``vector`` (cast to each array's dtype); the other arrays are copied from ``template``."""
+    out, offset = [], 0
+    for array, selected in zip(template, mask, strict=True):
+        if selected:
+            out.append(
+                vector[offset : offset + array.size].reshape(array.shape).astype(array.dtype)
+            )
+            offset += array.size
+        else:
+            out.append(np.array(array, copy=True))
+    if offset != vector.size:
+        raise ValueError(f"vector has {vector.size} entries, the template's parameters {offset}")
+    return out
+
+
+def pairwise_distances(vectors: np.ndarray, squared: bool = False) -> np.ndarray:
+    """‖v_i − v_j‖₂ (or its square) for the rows of ``vectors``, from differences in float64
+    (the Gram-matrix shortcut loses precision when models are close)."""
+    count = len(vectors)
+    out = np.zeros((count, count))
+    for i in range(count):
+        for j in range(i + 1, count):
+            diff = vectors[i].astype(np.float64) - vectors[j].astype(np.float64)
+            value = float(diff @ diff)
+            out[i, j] = out[j, i] = value if squared else np.sqrt(value)
+    return out
+
+
+def force_coefficients(distances: np.ndarray, tau: float) -> np.ndarray:
+    """c_ij = ∂L_M(w_i)/∂d_ij = (1 − (m−1) q_ij)/τ with q_i = softmax_{j≠i}(d_ij/τ) (Eq. 4);
+    zero on the diagonal. Each row sums to 0: equal distances exert no force."""
+    count = len(distances)
+    coefficients = np.zeros((count, count))
+    if count < 2:
+        return coefficients
+    for i in range(count):
+        others = np.arange(count) != i
+        scaled = distances[i, others] / tau
+        exp = np.exp(scaled - scaled.max())
+        q = exp / exp.sum()
+        coefficients[i, others] = (1.0 - (count - 1) * q) / tau
+    return coefficients
+
+
+def mixing_matrix(
+    distances: np.ndarray,
+    tau: float,
+    eta: float,
+    distance: Distance = Distance.l2,
+    grad_mode: GradMode = GradMode.per_client,
+    eps_dist: float = 1e-12,
+) -> np.ndarray:
+    """Ξ with U = Ξ W the server's step of Eq. 6 for every row of W (rows sum to 1).
+
+    ``distances`` are d_ij as Eq. 4 uses them (plain for ``l2``, squared for ``l2_sq``).
+    """
+    coefficients = force_coefficients(distances, tau)
+    if grad_mode == GradMode.full:
+        coefficients = coefficients + coefficients.T
+    if distance == Distance.l2:
+        safe = np.where(distances < eps_dist, 1.0, distances)
+        xi = np.where(distances < eps_dist, 0.0, eta * coefficients / safe)
+    else:
+        xi = 2.0 * eta * coefficients
+    np.fill_diagonal(xi, 0.0)
+    np.fill_diagonal(xi, 1.0 - xi.sum(axis=1))
+    return xi
+
+
+def mix(xi: np.ndarray, vectors: np.ndarray) -> np.ndarray:
+    """U = Ξ W, accumulated in float64 row by row (W stays in its own dtype)."""
+    out = np.zeros((xi.shape[0], vectors.shape[1]))
+    for j in range(vectors.shape[0]):
+        out += np.outer(xi[:, j], vectors[j].astype(np.float64))
+    return out
+
+
+def parameter_mask(strategy: PersonalizedStrategy, weights: NDArrays) -> list[bool]:
+    """The strategy's trainable mask, or (if the ServerApp set none) every floating array."""
+    if strategy.trainable_mask is not None:
+        return list(strategy.trainable_mask)
+    return [np.issubdtype(np.asarray(a).dtype, np.floating) for a in weights]
+
+
+def mean_of_stored(strategy: PersonalizedStrategy) -> NDArrays:
+    """Stage G's reference model for methods without a global model: the mean of the stored
+    client models, weighted by training-set sizes or uniform (``strategy.aggregation``)."""
+    store = strategy.client_models
+    pids = store.partition_ids
+    models = [store.get(pid) for pid in pids]
+    if strategy.options.aggregation == Aggregation.uniform:
+        weights = np.ones(len(pids))
+    else:
+        sizes = strategy.client_sizes
+        weights = np.array([sizes.get(pid, 1) for pid in pids], dtype=np.float64)
+    return weighted_mean(models, weights)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------- server
+class DiversiFedStrategy(PersonalizedStrategy["DiversiFedOptions"]):
+    """Eq. 6 on the server: one gradient step on L_M per sampled client from the stored models."""
+
+    keeps_client_models: ClassVar[bool] = True
+    global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.initial_weights: NDArrays = self.global_weights
+        self.last_mixing: tuple[list[int], np.ndarray] | None = None
+        """The neighbor set and Ξ of the latest round (for logs and tests)."""
+
+    def neighbor_ids(self, partition_ids: list[int]) -> list[int]:
+        if self.options.neighbors == Neighbors.participants:
+            return sorted(partition_ids)
+        return sorted(set(self.client_sizes) | set(partition_ids))
+
+    def client_messages(
+        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
+    ) -> dict[int, NDArrays]:
+        options = self.options
+        neighbors = self.neighbor_ids(partition_ids)
+        models = {pid: self.client_models.get(pid, self.initial_weights) for pid in neighbors}
+        mask = parameter_mask(self, self.initial_weights)
+        vectors = np.stack([flatten(models[pid], mask).astype(np.float32) for pid in neighbors])
+        distances = pairwise_distances(vectors, squared=options.distance == Distance.l2_sq)
+        xi = mixing_matrix(
+            distances,
+            options.tau,
+            options.eta,
+            options.distance,
+            options.grad_mode,
+            options.eps_dist,
+        )
+        self.last_mixing = (neighbors, xi)
+        targets = mix(xi, vectors)
+        row = {pid: index for index, pid in enumerate(neighbors)}
+        return {pid: unflatten(targets[row[pid]], models[pid], mask) for pid in partition_ids}
+
+    def aggregate(
+        self, server_round: int, updates: list[ClientUpdate], current: NDArrays
+    ) -> NDArrays:
+        return mean_of_stored(self)
+
+
+# --------------------------------------------------------------------------------- client
+class DiversiFedClient(PersonalClient["DiversiFedOptions"]):
+    """Eq. 7: trains its own w_i with the pull (λ/(2η))‖w − u_i‖² toward the received u_i."""
+
+    def personal_model(self) -> NDArrays:
+        """The stored w_i, or Θ^0 (rebuilt from the seed) before the client's first round."""
+        stored = self.state.get_arrays(PERSONAL)
+        if stored is not None:
+            return stored
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
+            return self.experiment.initial_weights()
+
+    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        if self.options.start_from == StartFrom.target:
+            return global_weights
+        return self.personal_model()
+
+    def regularizer(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> Regularizer | None:
+        if self.options.lam == 0:
+            return None
+        return proximal_term(self.model, global_weights, self.options.lam / self.options.eta)
+
+    def remember(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> None:
+        self.state.put_arrays(PERSONAL, trained)
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.personal_model()
+
+
+@register_algorithm("diversifed", strategy=DiversiFedStrategy, client=DiversiFedClient)
+@dataclass
+class DiversiFedOptions(AlgorithmOptions):
+    """Attributes:
+    tau: temperature τ of Eq. 4 (larger repels more of the farther models).
+    lam: weight λ of L_M in Eq. 3 (0 gives local training).
+    eta: the server's step size η in Eq. 6; the client's pull is λ/(2η).
+    distance: ``l2`` (the paper) or ``l2_sq``.
+    grad_mode: ``per_client`` (∇ of L_M(w_i)) or ``full`` (∇ of Σ_k L_M(w_k)).
+    neighbors: ``participants`` (this round's) or ``all_stale`` (every client's latest upload).
+    start_from: ``personal`` (own w_i, Eq. 7) or ``target`` (u_i).
+    eps_dist: distances below this exert no force (subgradient at 0).
+    """
+
+    display_name: ClassVar[str] = "DiversiFed"
+    display_rank: ClassVar[int] = 500
+
+    tau: float = 1.0
+    lam: float = 0.01
+    eta: float = 1.0
+    distance: Distance = Distance.l2
+    grad_mode: GradMode = GradMode.per_client
+    neighbors: Neighbors = Neighbors.participants
+    start_from: StartFrom = StartFrom.personal
+    eps_dist: float = 1e-12
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.tau > 0, f"strategy.tau must be > 0, got {self.tau}")
+        require(self.lam >= 0, f"strategy.lam must be >= 0, got {self.lam}")
+        require(self.eta > 0, f"strategy.eta must be > 0, got {self.eta}")
+        require(self.eps_dist >= 0, f"strategy.eps_dist must be >= 0, got {self.eps_dist}")

@@ -1,0 +1,211 @@
+"""FedAMP: Huang, Chu, Zhou, Wang, Liu, Pei and Zhang, "Personalized Cross-Silo Federated
+Learning on Non-IID Data", AAAI 2021 (a baseline of the DiversiFed paper, Wu et al., Sec. V-B).
+
+Attentive message passing by incremental proximal steps (FedAMP's Alg. 1):
+
+- server: for every sampled client i, with the stored models w_j of the other clients,
+  ξ_ij = α_K · exp(−‖w_i − w_j‖²/σ)/σ  (j ≠ i; the attention-inducing function A(x) = −exp(−x/σ)
+  of the paper's experiments, A'(x) = exp(−x/σ)/σ),   ξ_ii = 1 − Σ_{j≠i} ξ_ij,
+  u_i = Σ_j ξ_ij w_j (a convex combination while Σ_{j≠i} ξ_ij ≤ 1);
+- client: from its own w_i (not from u_i), minimize CE_i(w) + (λ/(2α_K))‖w − u_i‖² with the
+  configured local training. The proximal term is a real, differentiable term (PFLlib's FedAMP
+  adds it on ``.data`` tensors, which contributes no gradient; not copied).
+
+Guard (pflower's, not in the paper): the paper requires α_K small enough for ξ_ii ≥ 0. When the
+off-diagonal weights of a client sum above 1 they are rescaled to sum to exactly 1 (ξ_ii = 0:
+u_i is the attention-weighted mean of the *other* models), and a log line says so each time
+(``strategy.guard_events`` counts them). As σ grows with α_K/σ ≥ 1/(m−1), every client is
+sent the plain mean of the others.
+
+α_K decays by ``alpha_decay`` every ``alpha_decay_every`` rounds (the step decay of the DiversiFed
+authors' FedAMP configuration, ×0.1 every 30 rounds; 1.0 keeps it constant). Distances are over
+the trainable parameters (BatchNorm statistics stay personal).
+
+What crosses the wire: fit sends each sampled client its own u_i (all ``state_dict`` arrays;
+buffers copied from the client's stored model, never read) with config ``server-round`` and
+``fedamp-alpha-k`` (the round's α_K, used in the client's λ/(2α_K)); the client uploads its
+trained w_i. Server state: the base class's ClientModelStore (latest upload per partition id;
+Θ^0 for a client never sampled). No global model: stage G evaluates the mean of the stored
+models (labelled ``mean_of_client_models``). Client state: ``fedamp_personal``, its w_i (read at
+fit and at evaluate: stage L1 is the personalized model); a client first sampled after round 1
+starts from Θ^0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from logging import WARNING
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.common import NDArrays, Scalar
+from flwr.common.logger import log
+
+from pflower.config import require
+from pflower.core.algorithm import register_algorithm
+from pflower.core.client import PersonalClient
+from pflower.core.options import AlgorithmOptions
+from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.training import Regularizer
+from pflower.strategies.diversifed import (
+    MEAN_OF_CLIENT_MODELS,
+    Neighbors,
+    flatten,
+    mean_of_stored,
+    mix,
+    pairwise_distances,
+    parameter_mask,
+    unflatten,
+)
+from pflower.strategies.fedprox import proximal_term
+
+PERSONAL = "fedamp_personal"
+"""Client state: the personalized model w_i (all ``state_dict`` arrays)."""
+ALPHA_KEY = "fedamp-alpha-k"
+
+
+def attention_weights(
+    squared_distances: np.ndarray, alpha_k: float, sigma: float
+) -> tuple[np.ndarray, list[tuple[int, float]]]:
+    """Ξ of FedAMP's server step from ‖w_i − w_j‖², and the rows the guard rescaled (with the
+    off-diagonal sum before rescaling). Rows sum to 1."""
+    xi = alpha_k * np.exp(-squared_distances / sigma) / sigma
+    np.fill_diagonal(xi, 0.0)
+    rescaled = []
+    for i, total in enumerate(xi.sum(axis=1)):
+        if total > 1.0:
+            xi[i] /= total
+            rescaled.append((i, float(total)))
+    np.fill_diagonal(xi, 1.0 - xi.sum(axis=1))
+    return xi, rescaled
+
+
+def alpha_at(options: FedAMPOptions, server_round: int) -> float:
+    """α_K in round ``server_round`` (step decay)."""
+    return options.alpha_k * options.alpha_decay ** (
+        (server_round - 1) // options.alpha_decay_every
+    )
+
+
+class FedAMPStrategy(PersonalizedStrategy["FedAMPOptions"]):
+    """The server's attentive message passing from the stored client models."""
+
+    keeps_client_models: ClassVar[bool] = True
+    global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.initial_weights: NDArrays = self.global_weights
+        self.guard_events: list[tuple[int, int, float]] = []
+        """(round, partition id, off-diagonal sum) each time the guard rescaled a row."""
+        self.last_mixing: tuple[list[int], np.ndarray] | None = None
+
+    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
+        return {
+            **super().fit_config(server_round, partition_id),
+            ALPHA_KEY: self.alpha(server_round),
+        }
+
+    def alpha(self, server_round: int) -> float:
+        return alpha_at(self.options, server_round)
+
+    def client_messages(
+        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
+    ) -> dict[int, NDArrays]:
+        if self.options.neighbors == Neighbors.participants:
+            neighbors = sorted(partition_ids)
+        else:
+            neighbors = sorted(set(self.client_sizes) | set(partition_ids))
+        models = {pid: self.client_models.get(pid, self.initial_weights) for pid in neighbors}
+        mask = parameter_mask(self, self.initial_weights)
+        vectors = np.stack([flatten(models[pid], mask).astype(np.float32) for pid in neighbors])
+        xi, rescaled = attention_weights(
+            pairwise_distances(vectors, squared=True), self.alpha(server_round), self.options.sigma
+        )
+        for row, total in rescaled:
+            self.guard_events.append((server_round, neighbors[row], total))
+            log(
+                WARNING,
+                "FedAMP round %s, client %s: off-diagonal weights sum to %.4g > 1; rescaled to "
+                "sum to 1 (the client is sent the weighted mean of the others)",
+                server_round,
+                neighbors[row],
+                total,
+            )
+        self.last_mixing = (neighbors, xi)
+        targets = mix(xi, vectors)
+        row_of = {pid: index for index, pid in enumerate(neighbors)}
+        return {pid: unflatten(targets[row_of[pid]], models[pid], mask) for pid in partition_ids}
+
+    def aggregate(
+        self, server_round: int, updates: list[ClientUpdate], current: NDArrays
+    ) -> NDArrays:
+        return mean_of_stored(self)
+
+
+class FedAMPClient(PersonalClient["FedAMPOptions"]):
+    """Trains its own w_i with the pull (λ/(2α_K))‖w − u_i‖² toward the received u_i."""
+
+    def personal_model(self) -> NDArrays:
+        stored = self.state.get_arrays(PERSONAL)
+        if stored is not None:
+            return stored
+        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
+            return self.experiment.initial_weights()
+
+    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.personal_model()
+
+    def regularizer(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> Regularizer | None:
+        if self.options.lam == 0:
+            return None
+        alpha_k = float(config[ALPHA_KEY])
+        return proximal_term(self.model, global_weights, self.options.lam / alpha_k)
+
+    def remember(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> None:
+        self.state.put_arrays(PERSONAL, trained)
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.personal_model()
+
+
+@register_algorithm("fedamp", strategy=FedAMPStrategy, client=FedAMPClient)
+@dataclass
+class FedAMPOptions(AlgorithmOptions):
+    """Attributes:
+    alpha_k: α_K, the server's step size (weights α_K·A'(d²)).
+    sigma: σ of the attention function exp(−d²/σ)/σ (match the squared-distance scale).
+    lam: λ; the client's proximal weight is λ/(2α_K) (0 gives local training).
+    alpha_decay: factor applied to α_K every ``alpha_decay_every`` rounds (1 = constant).
+    alpha_decay_every: rounds between decays.
+    neighbors: ``participants`` (this round's) or ``all_stale`` (every client's latest upload).
+    """
+
+    display_name: ClassVar[str] = "FedAMP"
+    display_rank: ClassVar[int] = 40
+
+    alpha_k: float = 1e4
+    sigma: float = 100.0
+    lam: float = 1.0
+    alpha_decay: float = 0.1
+    alpha_decay_every: int = 30
+    neighbors: Neighbors = Neighbors.participants
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.alpha_k > 0, f"strategy.alpha_k must be > 0, got {self.alpha_k}")
+        require(self.sigma > 0, f"strategy.sigma must be > 0, got {self.sigma}")
+        require(self.lam >= 0, f"strategy.lam must be >= 0, got {self.lam}")
+        require(
+            0 < self.alpha_decay <= 1,
+            f"strategy.alpha_decay must be in (0, 1], got {self.alpha_decay}",
+        )
+        require(
+            self.alpha_decay_every >= 1,
+            f"strategy.alpha_decay_every must be >= 1, got {self.alpha_decay_every}",
+        )

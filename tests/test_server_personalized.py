@@ -1,0 +1,310 @@
+"""DiversiFed (Wu et al., arXiv 2407.15464) and the server's per-client model store.
+
+- the server step (Eq. 6) in closed form equals W_i − η·∇L_M(W_i) by autograd (Eq. 4);
+- equal distances exert no force; in the three-model example (Fig. 4) the near model attracts
+  and the far one repels; equal models and huge d/τ are numerically safe;
+- λ = 0 is local training, bit for bit;
+- partial participation touches only the sampled clients (server store and client state);
+- a state test recomputes round 3 from the stored w_i and the received u_i.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.client import Client
+from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
+
+from pflower.client.app import client_fn
+from pflower.compose import config_from_run_config
+from pflower.core.experiment import Experiment
+from pflower.core.state import ClientState
+from pflower.core.strategy import ClientModelStore, PersonalizedStrategy
+from pflower.core.training import evaluate, get_weights, set_weights, train
+from pflower.strategies.diversifed import (
+    PERSONAL,
+    Distance,
+    GradMode,
+    flatten,
+    force_coefficients,
+    mix,
+    mixing_matrix,
+    pairwise_distances,
+    unflatten,
+)
+from pflower.strategies.fedprox import proximal_term
+from tests.inprocess import run_inprocess
+from tests.test_core import comparable
+
+BASE = [
+    "dataset=digits",
+    "partition=pathological",
+    "model=small_cnn",
+    "num_clients=4",
+    "rounds=2",
+    "train.local_epochs=1",
+    "train.batch_size=32",
+    "train.lr=0.01",
+    "train.optimizer=adam",
+]
+
+
+class StateLog:
+    """Wraps client_fn: per (round, client) the model received at fit, the stored state key
+    before and after fit, and the uploaded model."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.received: dict[tuple[int, int], NDArrays] = {}
+        self.before: dict[tuple[int, int], NDArrays | None] = {}
+        self.after: dict[tuple[int, int], NDArrays | None] = {}
+        self.uploaded: dict[tuple[int, int], NDArrays] = {}
+        self.config: dict[tuple[int, int], dict] = {}
+        self.metrics: dict[tuple[int, int], dict] = {}
+
+    def make_client(self, context) -> Client:
+        client = client_fn(context)
+        pid = int(context.node_config["partition-id"])
+        original_fit = client.fit
+
+        def fit(ins: FitIns) -> FitRes:
+            key = (int(ins.config["server-round"]), pid)
+            state = ClientState(context.state)
+            self.received[key] = parameters_to_ndarrays(ins.parameters)
+            self.config[key] = dict(ins.config)
+            self.before[key] = state.get_arrays(self.key)
+            res = original_fit(ins)
+            self.after[key] = state.get_arrays(self.key)
+            self.uploaded[key] = parameters_to_ndarrays(res.parameters)
+            self.metrics[key] = dict(res.metrics)
+            return res
+
+        client.fit = fit
+        return client
+
+    def sampled(self, round_: int) -> list[int]:
+        return sorted(pid for r, pid in self.received if r == round_)
+
+
+def assert_same(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
+    assert len(left) == len(right)
+    for a, b in zip(left, right, strict=True):
+        np.testing.assert_allclose(a, b, **tolerance)
+
+
+def model_distance_loss(w_i: torch.Tensor, others: torch.Tensor, tau: float, squared: bool):
+    """Eq. 4 written directly: Σ_j log(exp(d_ij/τ) / Σ_k exp(d_ik/τ))."""
+    d = ((w_i - others) ** 2).sum(dim=1)
+    if not squared:
+        d = d.sqrt()
+    return torch.log_softmax(d / tau, dim=0).sum()
+
+
+# ------------------------------------------------------------------ server step (Eq. 4, 6)
+@pytest.mark.parametrize("distance", [Distance.l2, Distance.l2_sq])
+@pytest.mark.parametrize("grad_mode", [GradMode.per_client, GradMode.full])
+def test_closed_form_step_equals_autograd_gradient_step(
+    distance: Distance, grad_mode: GradMode
+) -> None:
+    rng = np.random.default_rng(0)
+    m, p, tau, eta = 6, 20, 0.7, 0.3
+    w = rng.normal(size=(m, p)) * rng.uniform(0.2, 2.0, size=(m, 1))
+    squared = distance == Distance.l2_sq
+    xi = mixing_matrix(pairwise_distances(w, squared), tau, eta, distance, grad_mode)
+    np.testing.assert_allclose(xi.sum(axis=1), np.ones(m), atol=1e-12)
+    got = mix(xi, w)
+    weights = torch.tensor(w, dtype=torch.float64, requires_grad=True)
+    for i in range(m):
+        if grad_mode == GradMode.per_client:
+            others = torch.cat([weights[:i], weights[i + 1 :]]).detach()
+            loss = model_distance_loss(weights[i], others, tau, squared)
+        else:  # Σ_k L_M(w_k), differentiated w.r.t. w_i only
+            loss = sum(
+                model_distance_loss(
+                    weights[k], torch.cat([weights[:k], weights[k + 1 :]]), tau, squared
+                )
+                for k in range(m)
+            )
+        (grad,) = torch.autograd.grad(loss, weights)
+        expected = w[i] - eta * grad[i].numpy()
+        np.testing.assert_allclose(got[i], expected, rtol=1e-6, atol=1e-9)
+
+
+def test_equal_distances_exert_no_force() -> None:
+    """Regular simplex (scaled basis vectors): every d_ij equal, so u_i = W_i."""
+    w = 3.0 * np.eye(5)
+    xi = mixing_matrix(pairwise_distances(w), tau=0.5, eta=2.0)
+    np.testing.assert_allclose(xi, np.eye(5), atol=1e-12)
+    np.testing.assert_allclose(mix(xi, w), w, atol=1e-12)
+
+
+def test_three_models_near_attracts_far_repels() -> None:
+    """Fig. 4: w_2 near w_1, w_3 far: w_1 approaches w_2 and departs from w_3 (Lemma 1)."""
+    w = np.array([[0.0, 0.0], [0.3, 0.0], [0.0, 2.0]])
+    xi = mixing_matrix(pairwise_distances(w), tau=1.0, eta=0.05)  # a small step
+    assert xi[0, 1] > 0 > xi[0, 2]
+    u = mix(xi, w)
+    assert np.linalg.norm(u[0] - w[1]) < np.linalg.norm(w[0] - w[1])
+    assert np.linalg.norm(u[0] - w[2]) > np.linalg.norm(w[0] - w[2])
+    c = force_coefficients(pairwise_distances(w), 1.0)
+    np.testing.assert_allclose(c.sum(axis=1), 0.0, atol=1e-12)
+
+
+def test_equal_models_and_huge_distances_are_safe() -> None:
+    """Round 1 (all models Θ^0) sends Θ^0; d/τ = 200 does not overflow."""
+    w = np.tile(np.arange(4.0), (3, 1))
+    xi = mixing_matrix(pairwise_distances(w), tau=1.0, eta=1.0)
+    np.testing.assert_array_equal(mix(xi, w), w)
+    far = np.array([[0.0], [200.0], [1.0]])
+    xi = mixing_matrix(pairwise_distances(far), tau=1.0, eta=1.0)
+    assert np.all(np.isfinite(xi))
+    np.testing.assert_allclose(xi.sum(axis=1), 1.0)
+
+
+def test_flatten_unflatten_keeps_buffers() -> None:
+    weights = [np.arange(6, dtype=np.float32).reshape(2, 3), np.array([7.0, 8.0], np.float32)]
+    mask = [True, False]
+    vector = flatten(weights, mask)
+    np.testing.assert_array_equal(vector, np.arange(6.0))
+    back = unflatten(vector + 1, weights, mask)
+    np.testing.assert_array_equal(back[0], weights[0] + 1)
+    np.testing.assert_array_equal(back[1], weights[1])
+    assert back[0].dtype == np.float32
+
+
+def test_client_model_store_keeps_copies_counts_bytes_and_round_trips() -> None:
+    store = ClientModelStore()
+    weights = [np.ones(3, np.float32), np.zeros((2, 2), np.float64)]
+    store.put(2, weights, server_round=1)
+    weights[0][:] = 5.0  # the store holds a copy
+    assert store.get(2)[0].tolist() == [1.0, 1.0, 1.0]
+    assert store.nbytes == 3 * 4 + 4 * 8
+    assert 2 in store and 1 not in store and store.get(1) is None
+    assert store.round_of(2) == 1 and store.partition_ids == [2]
+    restored = ClientModelStore.from_state(store.state())
+    assert_same(restored.get(2), store.get(2), rtol=0, atol=0)
+    assert restored.round_of(2) == 1
+
+
+# -------------------------------------------------------------------- end-to-end behaviour
+def test_lambda_zero_equals_local_training(tmp_path: Path) -> None:
+    diversifed, _ = run_inprocess([*BASE, "strategy=diversifed", "strategy.lam=0"], tmp_path / "d")
+    local, _ = run_inprocess([*BASE, "strategy=local"], tmp_path / "l")
+    assert comparable(diversifed) == comparable(local)
+    g_rows = [r for r in diversifed if r["stage"] == "G"]
+    assert g_rows and all(r["model"] == "mean_of_client_models" for r in g_rows)
+
+
+def test_diversifed_learns_and_records_the_store_size(tmp_path: Path) -> None:
+    strategies: list[PersonalizedStrategy] = []
+    rows, _ = run_inprocess(
+        ["dataset=digits", "num_clients=4", "rounds=2", "strategy=diversifed"],
+        tmp_path,
+        strategies=strategies,
+    )
+    l1 = {r["round"]: [] for r in rows if r["stage"] == "L1"}
+    for r in rows:
+        if r["stage"] == "L1":
+            l1[r["round"]].append(r["acc_local"])
+    assert len(l1[2]) == 4 and np.mean(l1[2]) > 0.6
+    server = [r for r in rows if r["stage"] == "server"]
+    assert [r["round"] for r in server] == [1, 2]
+    model_bytes = sum(a.nbytes for a in strategies[0].initial_weights)
+    assert all(r["client_store_models"] == 4 for r in server)
+    assert all(r["client_store_bytes"] == 4 * model_bytes for r in server)
+
+
+def expected_targets(
+    stored: dict[int, NDArrays], sampled: list[int], mask: list[bool], tau: float, eta: float
+) -> dict[int, NDArrays]:
+    """u_i of Eq. 6 for the sampled clients from the stored models (participants only)."""
+    vectors = np.stack([flatten(stored[pid], mask).astype(np.float32) for pid in sampled])
+    xi = mixing_matrix(pairwise_distances(vectors), tau, eta)
+    targets = mix(xi, vectors)
+    return {pid: unflatten(targets[k], stored[pid], mask) for k, pid in enumerate(sampled)}
+
+
+def test_partial_participation_touches_only_sampled_clients(tmp_path: Path) -> None:
+    """Half the clients per round: u_i is computed from this round's participants' latest
+    uploads (Θ^0 for newcomers); an unsampled client's stored model and its state stay as they
+    were, and a client sampled for the first time after round 1 starts from Θ^0."""
+    log = StateLog(PERSONAL)
+    strategies: list[PersonalizedStrategy] = []
+    overrides = [*BASE, "rounds=4", "fraction=0.5", "min_clients=2", "strategy=diversifed"]
+    overrides += ["strategy.lam=0.1", "strategy.tau=0.5"]
+    run_inprocess(overrides, tmp_path, log.make_client, strategies)
+    (strategy,) = strategies
+    mask = strategy.trainable_mask
+    w0 = strategy.initial_weights
+    stored: dict[int, NDArrays] = {}
+    last_state: dict[int, NDArrays] = {}
+    for round_ in range(1, 5):
+        sampled = log.sampled(round_)
+        assert len(sampled) == 2
+        models = {pid: stored.get(pid, w0) for pid in range(4)}
+        expected = expected_targets(models, sampled, mask, 0.5, 1.0)
+        for pid in sampled:
+            assert_same(log.received[round_, pid], expected[pid], rtol=1e-5, atol=1e-6)
+            before = log.before[round_, pid]
+            if pid in last_state:  # untouched since the client's last fit (also by evaluate)
+                assert_same(before, last_state[pid], rtol=0, atol=0)
+            else:
+                assert before is None
+            assert_same(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
+        for pid in sampled:
+            stored[pid] = log.uploaded[round_, pid]
+            last_state[pid] = log.after[round_, pid]
+    for pid in range(4):
+        if pid in stored:
+            assert_same(strategy.client_models.get(pid), stored[pid], rtol=0, atol=0)
+            last = max(r for r, p in log.received if p == pid)
+            assert strategy.client_models.round_of(pid) == last
+        else:
+            assert pid not in strategy.client_models
+
+
+def test_state_round_three_recomputed_from_stored_model_and_target(tmp_path: Path) -> None:
+    """Round 3: u_i = Eq. 6 over the round-2 uploads; the client trains its *stored* w_i with
+    CE + (λ/2η)‖w − u_i‖² (recomputed with the shared loop), stores and uploads the result, and
+    stage L1 evaluates it. Fails if the client stores u_i, starts from u_i, or the server mixes
+    anything other than the latest uploads."""
+    lam, eta, tau = 0.5, 2.0, 0.8
+    log = StateLog(PERSONAL)
+    strategies: list[PersonalizedStrategy] = []
+    overrides = [*BASE, "rounds=3", "strategy=diversifed", f"strategy.lam={lam}"]
+    overrides += [f"strategy.eta={eta}", f"strategy.tau={tau}"]
+    rows, contexts = run_inprocess(overrides, tmp_path, log.make_client, strategies)
+    (strategy,) = strategies
+    experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
+    mask = strategy.trainable_mask
+    clients = list(range(4))
+    previous = {pid: log.uploaded[2, pid] for pid in clients}
+    expected = expected_targets(previous, clients, mask, tau, eta)
+    model = experiment.new_model()
+    settings = experiment.train_settings(3)
+    for pid in clients:
+        assert_same(log.received[3, pid], expected[pid], rtol=1e-5, atol=1e-6)
+        assert_same(log.before[3, pid], log.uploaded[2, pid], rtol=0, atol=0)
+        assert_same(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
+        data = experiment.client_data(pid)
+        set_weights(model, log.before[3, pid])
+        seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
+        prox = proximal_term(model, log.received[3, pid], lam / eta)
+        train(
+            model,
+            data.train,
+            data.prepare,
+            settings,
+            torch.Generator().manual_seed(int(seed)),
+            prox,
+        )
+        assert_same(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
+        stored = ClientState(contexts[pid].state).get_arrays(PERSONAL)
+        set_weights(model, stored)
+        result = evaluate(model, data.test, data.prepare, 512)
+        (l1,) = [r for r in rows if r["stage"] == "L1" and r["round"] == 3 and r["client"] == pid]
+        assert l1["acc_local"] == pytest.approx(result.accuracy)
+        assert l1["loss_local"] == pytest.approx(result.loss, rel=1e-5)
