@@ -37,8 +37,8 @@ import psutil
 import torch
 
 from pflower.compose import compose_config
+from pflower.core.aggregation import weighted_mean
 from pflower.core.experiment import Experiment
-from pflower.core.strategy import weighted_mean
 from pflower.core.training import batch_indices, get_weights, set_weights
 
 WORKLOAD = [

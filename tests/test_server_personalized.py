@@ -22,7 +22,8 @@ from pflower.client.app import client_fn
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
-from pflower.core.strategy import ClientModelStore, PersonalizedStrategy
+from pflower.core.store import ClientModelStore
+from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import evaluate, get_weights, set_weights, train
 from pflower.strategies.diversifed import (
     PERSONAL,

@@ -15,9 +15,10 @@ from torch import nn
 
 from pflower.client.app import client_fn
 from pflower.compose import config_from_run_config
+from pflower.core.aggregation import weighted_mean, weighted_mean_partial
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
-from pflower.core.strategy import PersonalizedStrategy, weighted_mean, weighted_mean_partial
+from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights, train
 from pflower.datasets.base import ImageSplit
 from pflower.models import build_model, split

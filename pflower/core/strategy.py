@@ -25,7 +25,6 @@ Algorithms override :meth:`aggregate` (the model update) and the per-client hook
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,10 +49,12 @@ from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 from pflower.config import ExperimentConfig, RobustKind
+from pflower.core.aggregation import weighted_mean, weighted_mean_partial
+from pflower.core.nodes import NodeQuestions, ranges, simulated_nodes, simulation_mismatch
 from pflower.core.options import Aggregation, OptionsT
+from pflower.core.store import ClientModelStore
 from pflower.core.training import payload_bytes
 from pflower.results.rundir import L1, L2, Recorder, client_row
 from pflower.robust.aggregators import robust_average
@@ -102,64 +103,6 @@ class ClientUpdate:
     weights: NDArrays
     num_examples: int
     metrics: dict[str, Scalar]
-
-
-class ClientModelStore:
-    """The latest model each client uploaded, keyed by partition id: N models on the server.
-
-    Server-personalized algorithms (a different model sent to every client, computed from the
-    other clients' models) read it; the strategy base writes every accepted upload into it before
-    :meth:`PersonalizedStrategy.aggregate` runs. It is the whole of the server's per-client model
-    memory, so a checkpoint of the server saves and restores exactly this object
-    (:meth:`state` / :meth:`from_state`).
-    """
-
-    def __init__(self) -> None:
-        self._models: dict[int, NDArrays] = {}
-        self._rounds: dict[int, int] = {}
-
-    def put(self, partition_id: int, weights: NDArrays, server_round: int) -> None:
-        """Store ``weights`` (copied) as client ``partition_id``'s latest model."""
-        self._models[partition_id] = [np.array(array, copy=True) for array in weights]
-        self._rounds[partition_id] = server_round
-
-    def get(self, partition_id: int, default: NDArrays | None = None) -> NDArrays | None:
-        """Client ``partition_id``'s latest model (a copy), or ``default`` if it never uploaded."""
-        if partition_id not in self._models:
-            return default
-        return [array.copy() for array in self._models[partition_id]]
-
-    def round_of(self, partition_id: int) -> int | None:
-        """The round in which client ``partition_id``'s stored model was uploaded."""
-        return self._rounds.get(partition_id)
-
-    def __contains__(self, partition_id: object) -> bool:
-        return partition_id in self._models
-
-    def __len__(self) -> int:
-        return len(self._models)
-
-    @property
-    def partition_ids(self) -> list[int]:
-        """The clients with a stored model, ascending."""
-        return sorted(self._models)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held by the stored arrays, in bytes."""
-        return sum(array.nbytes for model in self._models.values() for array in model)
-
-    def state(self) -> dict[str, Any]:
-        """Everything the store holds, for a checkpoint."""
-        return {"models": dict(self._models), "rounds": dict(self._rounds)}
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any]) -> ClientModelStore:
-        """The store a checkpoint's :meth:`state` describes."""
-        store = cls()
-        for partition_id, weights in state["models"].items():
-            store.put(int(partition_id), weights, int(state["rounds"][partition_id]))
-        return store
 
 
 class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
@@ -455,7 +398,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         asking.wait()
         return self._record_answers(asking.answers)
 
-    def _ask_new_nodes(self, client_manager: ClientManager, skip: set[str]) -> _Questions | None:
+    def _ask_new_nodes(self, client_manager: ClientManager, skip: set[str]) -> NodeQuestions | None:
         """Start asking the connected nodes whose partition is unknown (None if there are none).
 
         A node gets ``round_timeout`` to answer, else Flower's message time-to-live (12 hours): the
@@ -474,7 +417,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             timeout = self.settings.round_timeout
             return proxy.get_properties(ins, timeout=timeout, group_id=0).properties
 
-        return _Questions(new, ask)
+        return NodeQuestions(new, ask)
 
     def _record_answers(
         self, answers: dict[str, dict[str, Scalar] | BaseException]
@@ -539,14 +482,14 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         start = time.monotonic()
         next_log = start
         refused: dict[str, str] = {}
-        asking: _Questions | None = None  # nodes are asked in the background: logs keep coming
+        asking: NodeQuestions | None = None  # nodes are asked in the background: logs keep coming
         while True:
             if asking is not None and asking.done():
                 refused.update(self._record_answers(asking.answers))
                 asking = None
             connected = client_manager.num_available()
             waited = time.monotonic() - start
-            simulated = _simulated_nodes(client_manager)
+            simulated = simulated_nodes(client_manager)
             if (
                 initial
                 and simulated is not None
@@ -554,7 +497,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                     simulated > expected or (simulated < expected and waited >= SIMULATION_SETTLE_S)
                 )
             ):
-                self._give_up(_simulation_mismatch(simulated, expected))
+                self._give_up(simulation_mismatch(simulated, expected))
             if connected >= expected:
                 if asking is not None:
                     asking.wait()
@@ -611,7 +554,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         present = {pid for pid, _ in known}
         missing = [pid for pid in range(expected) if pid not in present]
         if missing and not unknown:
-            parts.append("missing partitions: " + _ranges(missing))
+            parts.append("missing partitions: " + ranges(missing))
         elif missing:
             parts.append(f"{len(missing)} partition(s) without a known node")
         return "; ".join(parts) + "."
@@ -695,113 +638,6 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         if failed:
             self.recorder.failures(server_round, phase, failed)
         return failed
-
-
-def weighted_mean(arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
-    """Elementwise ``sum_i w_i x_i / sum_i w_i`` over lists of arrays, in float64, cast back."""
-    total = float(np.sum(weights))
-    if total <= 0:
-        raise ValueError("aggregation weights must have a positive sum")
-    averaged = []
-    for layer in zip(*arrays, strict=True):
-        acc = np.zeros(layer[0].shape, dtype=np.float64)
-        for weight, array in zip(weights, layer, strict=True):
-            acc += (weight / total) * array
-        averaged.append(acc.astype(layer[0].dtype))
-    return averaged
-
-
-def weighted_mean_partial(
-    arrays: Sequence[NDArrays], weights: np.ndarray, current: NDArrays
-) -> NDArrays:
-    """:func:`weighted_mean` per array over the clients that sent it (a non-empty array; the
-    weights renormalized over them), ``current``'s array where no client did. Equal to
-    :func:`weighted_mean` when every client sent every array."""
-    averaged = []
-    for index, layer in enumerate(zip(*arrays, strict=True)):
-        sent = [i for i, array in enumerate(layer) if array.size > 0 or current[index].size == 0]
-        if not sent:
-            averaged.append(np.array(current[index], copy=True))
-            continue
-        averaged.extend(weighted_mean([[layer[i]] for i in sent], weights[sent]))
-    return averaged
-
-
-class _Questions:
-    """One question to each of some nodes, asked at once, each in a daemon thread of its own.
-
-    A node that never answers keeps neither the server loop nor the server process waiting:
-    :meth:`done` tells whether all answered, :attr:`answers` holds the answers so far (the reply,
-    or the exception) by node id, in the order the nodes were asked.
-    """
-
-    def __init__(
-        self, proxies: Sequence[ClientProxy], ask: Callable[[ClientProxy], dict[str, Scalar]]
-    ) -> None:
-        self._order = [proxy.cid for proxy in proxies]
-        self._answers: dict[str, dict[str, Scalar] | BaseException] = {}
-        self._threads = [
-            threading.Thread(target=self._ask, args=(proxy, ask), daemon=True) for proxy in proxies
-        ]
-        for thread in self._threads:
-            thread.start()
-
-    def _ask(self, proxy: ClientProxy, ask: Callable[[ClientProxy], dict[str, Scalar]]) -> None:
-        try:
-            answer: dict[str, Scalar] | BaseException = ask(proxy)
-        except Exception as error:
-            answer = error
-        self._answers[proxy.cid] = answer  # one key per thread: atomic under the GIL
-
-    @property
-    def answers(self) -> dict[str, dict[str, Scalar] | BaseException]:
-        """The answers received so far, in the order the nodes were asked."""
-        received = dict(self._answers)
-        return {cid: received[cid] for cid in self._order if cid in received}
-
-    def done(self) -> bool:
-        """Whether every node answered."""
-        return not any(thread.is_alive() for thread in self._threads)
-
-    def wait(self) -> None:
-        """Block until every node answered."""
-        for thread in self._threads:
-            thread.join()
-
-
-def _simulated_nodes(client_manager: ClientManager) -> int | None:
-    """The number of SuperNodes of a Flower simulation (None outside of one).
-
-    A simulation registers all its SuperNodes when it starts and never adds any; its nodes are
-    reached through an in-memory grid, a deployment's through the SuperLink.
-    """
-    proxies = list(client_manager.all().values())
-    if proxies and all(isinstance(getattr(p, "grid", None), InMemoryGrid) for p in proxies):
-        return len(proxies)
-    return None
-
-
-def _simulation_mismatch(available: int, expected: int) -> str:
-    """Why a simulation of ``available`` SuperNodes cannot run ``expected`` clients; the fix."""
-    return (
-        f"This Flower simulation has {available} SuperNodes, but the experiment expects "
-        f"num_clients={expected} (one SuperNode per client; the default federation of "
-        f"`flwr run` has 2). Run it with a federation of {expected} SuperNodes:\n"
-        f"  flwr run . --stream --federation-config 'num-supernodes={expected}' "
-        f"--run-config 'overrides=\"num_clients={expected} ...\"'\n"
-        f"or set num_clients={available}."
-    )
-
-
-def _ranges(values: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
-    spans: list[list[int]] = []
-    for value in values:
-        if spans and value == spans[-1][1] + 1:
-            spans[-1][1] = value
-        else:
-            spans.append([value, value])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def _failure_text(failure: Any) -> str:

@@ -59,10 +59,11 @@ import torch
 from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
+from pflower.core.aggregation import weighted_mean
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy, weighted_mean
+from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer
 from pflower.strategies.fedprox import proximal_term
 

@@ -35,10 +35,11 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
+from pflower.core.aggregation import weighted_mean
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy, weighted_mean
+from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import trainable_mask
 from pflower.strategies.diversifed import parameter_mask
 

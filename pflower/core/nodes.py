@@ -1,0 +1,89 @@
+"""Talking to nodes that may be slow, missing or gone: questions asked without blocking the server,
+and what a Flower simulation's node count says about a mismatch with the experiment."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from flwr.common import Scalar
+from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+
+class NodeQuestions:
+    """One question to each of some nodes, asked at once, each in a daemon thread of its own.
+
+    A node that never answers keeps neither the server loop nor the server process waiting:
+    :meth:`done` tells whether all answered, :attr:`answers` holds the answers so far (the reply,
+    or the exception) by node id, in the order the nodes were asked.
+    """
+
+    def __init__(
+        self, proxies: Sequence[ClientProxy], ask: Callable[[ClientProxy], dict[str, Scalar]]
+    ) -> None:
+        self._order = [proxy.cid for proxy in proxies]
+        self._answers: dict[str, dict[str, Scalar] | BaseException] = {}
+        self._threads = [
+            threading.Thread(target=self._ask, args=(proxy, ask), daemon=True) for proxy in proxies
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _ask(self, proxy: ClientProxy, ask: Callable[[ClientProxy], dict[str, Scalar]]) -> None:
+        try:
+            answer: dict[str, Scalar] | BaseException = ask(proxy)
+        except Exception as error:
+            answer = error
+        self._answers[proxy.cid] = answer  # one key per thread: atomic under the GIL
+
+    @property
+    def answers(self) -> dict[str, dict[str, Scalar] | BaseException]:
+        """The answers received so far, in the order the nodes were asked."""
+        received = dict(self._answers)
+        return {cid: received[cid] for cid in self._order if cid in received}
+
+    def done(self) -> bool:
+        """Whether every node answered."""
+        return not any(thread.is_alive() for thread in self._threads)
+
+    def wait(self) -> None:
+        """Block until every node answered."""
+        for thread in self._threads:
+            thread.join()
+
+
+def simulated_nodes(client_manager: ClientManager) -> int | None:
+    """The number of SuperNodes of a Flower simulation (None outside of one).
+
+    A simulation registers all its SuperNodes when it starts and never adds any; its nodes are
+    reached through an in-memory grid, a deployment's through the SuperLink.
+    """
+    proxies = list(client_manager.all().values())
+    if proxies and all(isinstance(getattr(p, "grid", None), InMemoryGrid) for p in proxies):
+        return len(proxies)
+    return None
+
+
+def simulation_mismatch(available: int, expected: int) -> str:
+    """Why a simulation of ``available`` SuperNodes cannot run ``expected`` clients; the fix."""
+    return (
+        f"This Flower simulation has {available} SuperNodes, but the experiment expects "
+        f"num_clients={expected} (one SuperNode per client; the default federation of "
+        f"`flwr run` has 2). Run it with a federation of {expected} SuperNodes:\n"
+        f"  flwr run . --stream --federation-config 'num-supernodes={expected}' "
+        f"--run-config 'overrides=\"num_clients={expected} ...\"'\n"
+        f"or set num_clients={available}."
+    )
+
+
+def ranges(values: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``0-2, 5``."""
+    spans: list[list[int]] = []
+    for value in values:
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
