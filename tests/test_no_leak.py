@@ -22,11 +22,13 @@ that split by per-sample groups get the same labels plus groups in their dataset
 ``feature_skew`` writer ids (FEMNIST-like, on both splits), and ``attribute_groups`` a tiny
 CelebA-Gender-like set (label = gender, group = index of the single active attribute among 5, -1
 on test images without exactly one) with 5 clients, since 5 attributes feed at most 5 clients.
+``from_file`` reads a partition file written from an IID federation of the same pool.
 """
 
 from __future__ import annotations
 
 import functools
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,7 @@ from pflower.datasets.federation import ClientSplit, Federation, build_federatio
 from pflower.datasets.idx import idx_source
 from pflower.datasets.loaders import load_dataset
 from pflower.datasets.partitioners import PARTITIONERS, TestAwarePartitioner, build_partitioner
+from pflower.datasets.partitioners.from_file import write_federation
 from pflower.datasets.sources import locate
 from pflower.datasets.synthetic import load_synthetic
 from pflower.registry import ConfigError
@@ -196,10 +199,27 @@ def _refusal(scheme: str, preset: dict[str, Any]) -> str | None:
     return None
 
 
+_FILES = tempfile.TemporaryDirectory(prefix="pflower-no-leak-")
+"""Where the ``from_file`` cases keep the partition files they read (removed at exit)."""
+
+
+@functools.cache
+def _partition_file(pool: str) -> str:
+    """A ``from_file`` partition of the pool ``pool`` (``train`` or ``all``): the clients'
+    whole sample sets of an IID federation, as ``pflower partition`` writes them."""
+    default = yaml.safe_load((CONF / "split" / "default.yaml").read_text())
+    source = build_federation(
+        _dataset("iid"), NUM_CLIENTS, SEED, _block("iid"), {**default, "pool": pool}
+    )
+    return str(write_federation(Path(_FILES.name) / f"{pool}.json", source, pool))
+
+
 def _build(scheme: str, disjoint: bool | None, split: dict[str, Any]) -> Federation:
     block = _block(scheme)
     if disjoint is not None:
         block["disjoint"] = disjoint
+    if scheme == "from_file":
+        block["path"] = _partition_file(split["pool"])
     clients = CLIENTS_OF.get(scheme, NUM_CLIENTS)
     return build_federation(_dataset(scheme), clients, SEED, block, split)
 
@@ -237,7 +257,10 @@ def test_the_matrix_covers_every_scheme_preset_and_refusal_rule() -> None:
     assert {name for name, _ in VARIANTS} == set(PARTITIONERS.names)
     assert PRESETS == ["default", "diversifed", "fedala", "fedmpr", "flame", "fliu"]
     for name in PARTITIONERS.names:
-        partitioner = build_partitioner(_block(name), NUM_CLIENTS, SEED)
+        block = _block(name)
+        if name == "from_file":
+            block["path"] = _partition_file("train")
+        partitioner = build_partitioner(block, NUM_CLIENTS, SEED)
         assert isinstance(partitioner, TestAwarePartitioner) == (name in DRAWS_OWN_TESTS)
 
 
