@@ -159,6 +159,10 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         (False for buffers such as BatchNorm statistics); set by the ServerApp, None if unknown."""
 
     # ------------------------------------------------------------------ hooks for algorithms
+    def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:
+        """The clients that train this round, from the seeded sample (default: all of it)."""
+        return sampled
+
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
         """The config sent with client ``partition_id``'s fit instruction."""
         return {"server-round": server_round}
@@ -232,11 +236,12 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        proxies = self._sample(
+        sampled = self._sample(
             client_manager,
             self.settings.fraction,
             round_rng(self.settings.seed, Phase.FIT_SAMPLING, server_round),
         )
+        proxies = self.fit_clients(server_round, sampled)
         self._sent[f"fit-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         messages = self.client_messages(
             server_round, [self._partition_of[p.cid] for p in proxies], self.global_weights

@@ -26,8 +26,7 @@ from typing import ClassVar
 
 import numpy as np
 import torch
-from flwr.common import FitIns, Parameters, Scalar
-from flwr.server.client_manager import ClientManager
+from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
@@ -43,14 +42,10 @@ from pflower.registry import ConfigError
 class CentralizedStrategy(PersonalizedStrategy["CentralizedOptions"]):
     """Sends the fit instruction to one client only and adopts its model."""
 
-    def configure_fit(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, FitIns]]:
-        instructions = super().configure_fit(server_round, parameters, client_manager)
-        proxy, ins = min(instructions, key=lambda item: self._partition_of[item[0].cid])
-        # Only the trainer was sent work: the failure check must expect one reply.
-        self._sent[f"fit-{server_round}"] = {proxy.cid: self._partition_of[proxy.cid]}
-        return [(proxy, ins)]
+    def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:
+        """One trainer: the sampled client with the lowest partition id (every client can reach
+        the union of the training data, so which one trains does not matter)."""
+        return [min(sampled, key=lambda proxy: self._partition_of[proxy.cid])]
 
 
 class CentralizedClient(PersonalClient["CentralizedOptions"]):
