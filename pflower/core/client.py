@@ -36,6 +36,7 @@ from pflower.core.experiment import ClientData, Experiment
 from pflower.core.options import OptionsT
 from pflower.core.state import ClientState
 from pflower.core.training import (
+    Prepare,
     Regularizer,
     TrainSettings,
     evaluate,
@@ -44,6 +45,7 @@ from pflower.core.training import (
     set_weights,
     train,
 )
+from pflower.datasets.base import ImageSplit
 from pflower.robust.attacks import MODEL_POISONING, malicious_set, poisoned_upload
 
 
@@ -129,20 +131,17 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         regularizer: Regularizer | None = None,
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
-        """Train ``self.model`` on the client's train split; data order seeded per round/client."""
+        """Train ``self.model`` on :meth:`training_data`; data order seeded per round/client."""
         seed = np.random.SeedSequence(
             [self.experiment.settings.seed, server_round(config), self.partition_id]
         ).generate_state(1)[0]
         generator = torch.Generator().manual_seed(int(seed))
-        return train(
-            self.model,
-            self.data.train,
-            self.data.prepare,
-            settings,
-            generator,
-            regularizer,
-            after_step,
-        )
+        data, prepare = self.training_data()
+        return train(self.model, data, prepare, settings, generator, regularizer, after_step)
+
+    def training_data(self) -> tuple[ImageSplit, Prepare]:
+        """What local training runs on: the client's train split and its batch preparation."""
+        return self.data.train, self.data.prepare
 
     def stage_metrics(self) -> dict[str, Scalar]:
         """Accuracy and loss of ``self.model`` on the local and on the global test set."""

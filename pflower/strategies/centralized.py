@@ -25,16 +25,15 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
+from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, train
+from pflower.core.training import Prepare, Regularizer, TrainSettings
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError
 
@@ -68,23 +67,15 @@ class CentralizedClient(PersonalClient["CentralizedOptions"]):
         regularizer: Regularizer | None = None,
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
+        """The round's budget on the union: ``local_steps`` scale with the number of clients."""
         if settings.steps is not None:
             settings = replace(
                 settings, steps=settings.steps * self.experiment.settings.num_clients
             )
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
-        return train(
-            self.model,
-            self.union(),
-            self.experiment.prepare(),
-            settings,
-            generator,
-            regularizer,
-            after_step,
-        )
+        return super().local_train(settings, config, regularizer, after_step)
+
+    def training_data(self) -> tuple[ImageSplit, Prepare]:
+        return self.union(), self.experiment.prepare()
 
 
 @register_algorithm("centralized", strategy=CentralizedStrategy, client=CentralizedClient)
