@@ -9,18 +9,31 @@ Workload (issue 3): MNIST, FedALA's 4-layer FedAvgCNN, 20 clients on a pathologi
     the workers' start-up, round 5 the evaluation).
 (b) ``bare``: one process, the same federation, the same initial model and the same per-client
     mini-batch order, plain ``for`` loops over clients and batches, FedAvg in numpy.
+(c) ``floor`` (the parallel floor): ``--workers`` processes (default: one per CPU, as many as
+    pflower's Ray workers with one CPU per client), each with one torch thread, each training its
+    share of the same clients with the same batches (shares balanced by training-set size, largest
+    first); per round the driver sends every worker the global model and averages what they send
+    back. Round time = from sending the model to having the new one; steady state = median over
+    rounds 2.. (as for the bare loop).
+
+Both ratios are reported: pflower over the parallel floor, and pflower over the single loop.
 
 Usage::
 
-    python benchmarks/overhead.py [--rounds 5] [--threads 2] [--out benchmarks/results]
+    python benchmarks/overhead.py [--rounds 5] [--threads 2] [--workers N] [--out DIR]
+        [--set key=value ...]
 
-Writes ``overhead.json`` and appends a line to ``overhead.md`` in the output folder.
+``--set`` appends Hydra overrides to the workload (e.g. a tiny check: ``--set dataset=digits
+model=small_cnn num_clients=4 --rounds 2``). Writes ``overhead.json`` and appends a line to
+``overhead.md`` in the output folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import platform
 import resource
 import statistics
@@ -29,16 +42,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import psutil
 import torch
+from omegaconf import DictConfig
 
 from pflower.compose import compose_config
 from pflower.core.aggregation import weighted_mean
-from pflower.core.experiment import Experiment
+from pflower.core.experiment import ClientData, Experiment
 from pflower.core.training import batch_indices, get_weights, set_weights
 
 WORKLOAD = [
@@ -88,7 +103,7 @@ class PeakMemory:
         self._thread.join()
 
 
-def run_pflower(rounds: int, run_dir: Path) -> dict:
+def run_pflower(rounds: int, run_dir: Path, workload: list[str]) -> dict:
     """(a): the pflower simulation in a child process; round times from metrics.jsonl."""
     started = time.time()
     with PeakMemory() as memory:
@@ -97,7 +112,7 @@ def run_pflower(rounds: int, run_dir: Path) -> dict:
                 sys.executable,
                 "-m",
                 "pflower",
-                *WORKLOAD,
+                *workload,
                 f"rounds={rounds}",
                 f"output_dir={run_dir}",
             ],
@@ -118,35 +133,52 @@ def run_pflower(rounds: int, run_dir: Path) -> dict:
     }
 
 
-def run_bare(rounds: int, threads: int) -> dict:
+def train_client(
+    model: torch.nn.Module,
+    data: ClientData,
+    global_weights: list[np.ndarray],
+    cfg: DictConfig,
+    server_round: int,
+    normalize: Callable[[torch.Tensor], torch.Tensor],
+) -> list[np.ndarray]:
+    """One client's local epoch from ``global_weights`` (the batches pflower's clients draw)."""
+    criterion = torch.nn.CrossEntropyLoss()
+    set_weights(model, global_weights)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
+    seed = np.random.SeedSequence([cfg.seed, server_round, data.partition_id])
+    generator = torch.Generator().manual_seed(int(seed.generate_state(1)[0]))
+    batch_size = int(cfg.train.batch_size)
+    for index in batch_indices(len(data.train), batch_size, generator, epochs=1):
+        optimizer.zero_grad(set_to_none=True)
+        images = normalize(data.train.images[index])
+        loss = criterion(model(images), data.train.labels[index])
+        loss.backward()
+        optimizer.step()
+    return get_weights(model)
+
+
+def run_bare(rounds: int, threads: int, workload: list[str]) -> dict:
     """(b): the same FedAvg work as plain loops in this process."""
     torch.set_num_threads(threads)
-    cfg = compose_config([*WORKLOAD, f"rounds={rounds}"])
+    cfg = compose_config([*workload, f"rounds={rounds}"])
     started = time.time()
     experiment = Experiment(cfg)
     federation = experiment.federation
     model = experiment.new_model()
     global_weights = get_weights(model)
     clients = [experiment.client_data(pid) for pid in range(cfg.num_clients)]
-    criterion = torch.nn.CrossEntropyLoss()
     startup = time.time() - started
     round_times = []
     for server_round in range(1, rounds + 1):
         begin = time.perf_counter()
         uploads, sizes = [], []
         for data in clients:
-            set_weights(model, global_weights)
-            model.train()
-            optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
-            seed = np.random.SeedSequence([cfg.seed, server_round, data.partition_id])
-            generator = torch.Generator().manual_seed(int(seed.generate_state(1)[0]))
-            for index in batch_indices(len(data.train), 10, generator, epochs=1):
-                optimizer.zero_grad(set_to_none=True)
-                images = federation.dataset.normalize(data.train.images[index])
-                loss = criterion(model(images), data.train.labels[index])
-                loss.backward()
-                optimizer.step()
-            uploads.append(get_weights(model))
+            uploads.append(
+                train_client(
+                    model, data, global_weights, cfg, server_round, federation.dataset.normalize
+                )
+            )
             sizes.append(len(data.train))
         global_weights = weighted_mean(uploads, np.asarray(sizes, dtype=np.float64))
         round_times.append(time.perf_counter() - begin)
@@ -156,6 +188,110 @@ def run_bare(rounds: int, threads: int) -> dict:
         "steady_round_s": statistics.median(round_times[1:]),
         "startup_s": startup,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "final_model_sum": model_sum(global_weights),
+    }
+
+
+def model_sum(weights: list[np.ndarray]) -> float:
+    """Sum of every entry of a model: the floor and the single loop must end at the same model
+    (up to summation order), which shows they did the same work."""
+    return float(sum(np.sum(np.asarray(a, dtype=np.float64)) for a in weights))
+
+
+def balanced_shares(sizes: list[int], workers: int) -> list[list[int]]:
+    """Client ids per worker: largest training set first, each to the least loaded worker."""
+    shares: list[list[int]] = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for pid in sorted(range(len(sizes)), key=lambda p: (-sizes[p], p)):
+        worker = loads.index(min(loads))
+        shares[worker].append(pid)
+        loads[worker] += sizes[pid]
+    return shares
+
+
+def _floor_worker(
+    share: list[int],
+    workload: list[str],
+    commands: multiprocessing.Queue,
+    results: multiprocessing.Queue,
+) -> None:
+    """One process of the parallel floor: one torch thread, its share of the clients."""
+    torch.set_num_threads(1)
+    cfg = compose_config(workload)
+    experiment = Experiment(cfg)
+    normalize = experiment.federation.dataset.normalize
+    model = experiment.new_model()
+    clients = [experiment.client_data(pid) for pid in share]
+    results.put(("ready", None, None))
+    while (message := commands.get()) is not None:
+        server_round, global_weights = message
+        summed: list[np.ndarray] | None = None
+        total = 0
+        for data in clients:
+            trained = train_client(model, data, global_weights, cfg, server_round, normalize)
+            size = len(data.train)
+            scaled = [np.asarray(a, dtype=np.float64) * size for a in trained]
+            summed = (
+                scaled if summed is None else [s + a for s, a in zip(summed, scaled, strict=True)]
+            )
+            total += size
+        results.put(("round", summed, total))
+    results.put(("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, None))
+
+
+def run_floor(rounds: int, workers: int, workload: list[str]) -> dict:
+    """(c): the parallel floor, ``workers`` single-thread processes (see the module docstring)."""
+    cfg = compose_config([*workload, f"rounds={rounds}"])
+    experiment = Experiment(cfg)
+    sizes = [len(experiment.federation.clients[pid].train) for pid in range(cfg.num_clients)]
+    global_weights = experiment.initial_weights()
+    shares = [share for share in balanced_shares(sizes, workers) if share]
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    commands = [context.Queue() for _ in shares]
+    started = time.time()
+    with PeakMemory() as memory:
+        processes = [
+            context.Process(
+                target=_floor_worker, args=(share, [*workload, f"rounds={rounds}"], queue, results)
+            )
+            for share, queue in zip(shares, commands, strict=True)
+        ]
+        for process in processes:
+            process.start()
+        for _ in processes:
+            assert results.get()[0] == "ready"
+        startup = time.time() - started
+        round_times = []
+        for server_round in range(1, rounds + 1):
+            begin = time.perf_counter()
+            for queue in commands:
+                queue.put((server_round, global_weights))
+            replies = [results.get() for _ in processes]
+            total = sum(reply[2] for reply in replies)
+            summed = [
+                sum(reply[1][index] for reply in replies) for index in range(len(global_weights))
+            ]
+            global_weights = [
+                (s / total).astype(np.asarray(g).dtype)
+                for s, g in zip(summed, global_weights, strict=True)
+            ]
+            round_times.append(time.perf_counter() - begin)
+        for queue in commands:
+            queue.put(None)
+        worker_rss = [results.get()[1] for _ in processes]
+        for process in processes:
+            process.join()
+    return {
+        "workers": len(processes),
+        "clients_per_worker": [len(share) for share in shares],
+        "samples_per_worker": [sum(sizes[pid] for pid in share) for share in shares],
+        "round_times_s": round_times,
+        "steady_round_s": statistics.median(round_times[1:] or round_times),
+        "startup_s": startup,
+        "peak_rss_mb": memory.peak_bytes / 2**20,
+        "worker_peak_rss_mb": worker_rss,
+        "final_model_sum": model_sum(global_weights),
     }
 
 
@@ -164,24 +300,81 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the bare loop")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
-    parser.add_argument("--mode", choices=["both", "bare"], default="both")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes of the parallel floor (default: one per CPU)",
+    )
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra Hydra overrides"
+    )
+    parser.add_argument("--mode", choices=["both", "bare", "floor"], default="both")
     args = parser.parse_args()
+    workload = [*WORKLOAD, *args.set]
     if args.mode == "bare":  # run in a child so its peak RSS is its own
-        print(json.dumps(run_bare(args.rounds, args.threads)))
+        print(json.dumps(run_bare(args.rounds, args.threads, workload)))
+        return
+    if args.mode == "floor":
+        print(json.dumps(run_floor(args.rounds, args.workers, workload)))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        pflower = run_pflower(args.rounds, Path(tmp) / "run")
-    bare = json.loads(
+        pflower = run_pflower(args.rounds, Path(tmp) / "run", workload)
+    floor = run_child("floor", args, workload)
+    bare = run_child("bare", args, workload)
+    result = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "workload": [*workload, f"rounds={args.rounds}"],
+        "pflower": pflower,
+        "floor": floor,
+        "bare": bare,
+        "steady_ratio_pflower_over_floor": pflower["steady_round_s"] / floor["steady_round_s"],
+        "steady_ratio_pflower_over_bare": pflower["steady_round_s"] / bare["steady_round_s"],
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "overhead.json").write_text(json.dumps(result, indent=2))
+    line = (
+        f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
+        f"{floor['steady_round_s']:.2f} ({floor['workers']} workers) | "
+        f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
+        f"{result['steady_ratio_pflower_over_floor']:.2f} | "
+        f"{result['steady_ratio_pflower_over_bare']:.2f} | {pflower['startup_s']:.1f} | "
+        f"{pflower['peak_rss_mb']:.0f} | {floor['peak_rss_mb']:.0f} | "
+        f"{bare['peak_rss_mb']:.0f} |\n"
+    )
+    header = (
+        "| date | machine | pflower round (s) | parallel floor round (s) | single loop round (s) "
+        "| pflower / floor | pflower / single loop | pflower start-up (s) "
+        "| pflower peak RSS (MB) | floor peak RSS (MB) | single loop peak RSS (MB) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+    )
+    table = args.out / "overhead.md"
+    text = table.read_text() if table.exists() else ""
+    if header.splitlines()[0] not in text:  # older rows had no floor column: a new table
+        text += ("\n" if text else "") + header
+    table.write_text(text + line)
+    print(json.dumps(result, indent=2))
+
+
+def run_child(mode: str, args: argparse.Namespace, workload: list[str]) -> dict:
+    """Run ``--mode bare`` or ``--mode floor`` in a child, so that its peak RSS is its own."""
+    extra = ["--set", *args.set] if args.set else []
+    return json.loads(
         subprocess.run(
             [
                 sys.executable,
                 __file__,
                 "--mode",
-                "bare",
+                mode,
                 "--rounds",
                 str(args.rounds),
                 "--threads",
                 str(args.threads),
+                "--workers",
+                str(args.workers),
+                *extra,
             ],
             check=True,
             capture_output=True,
@@ -190,32 +383,6 @@ def main() -> None:
         .stdout.strip()
         .splitlines()[-1]
     )
-    result = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
-        "workload": [*WORKLOAD, f"rounds={args.rounds}"],
-        "pflower": pflower,
-        "bare": bare,
-        "steady_ratio_pflower_over_bare": pflower["steady_round_s"] / bare["steady_round_s"],
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "overhead.json").write_text(json.dumps(result, indent=2))
-    line = (
-        f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
-        f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
-        f"{result['steady_ratio_pflower_over_bare']:.2f} | {pflower['startup_s']:.1f} | "
-        f"{pflower['peak_rss_mb']:.0f} | {bare['peak_rss_mb']:.0f} |\n"
-    )
-    table = args.out / "overhead.md"
-    if not table.exists():
-        table.write_text(
-            "| date | machine | pflower round (s) | bare round (s) | ratio | pflower start-up (s) "
-            "| pflower peak RSS (MB) | bare peak RSS (MB) |\n|---|---|---|---|---|---|---|---|\n"
-        )
-    with table.open("a") as handle:
-        handle.write(line)
-    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

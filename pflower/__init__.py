@@ -1,0 +1,9 @@
+"""pflower: personalized federated learning on Flower.
+
+Importing pflower turns Flower's usage telemetry off, for this process and the processes it
+starts, unless ``FLWR_TELEMETRY_ENABLED`` is already set: set it to ``1`` to send it.
+"""
+
+import os
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")

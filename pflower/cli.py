@@ -6,6 +6,12 @@
   histograms and write a heatmap PNG, without training.
 - ``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds
   (:mod:`pflower.reporting.report`); it takes paths, not Hydra overrides.
+- ``pflower resume <run_dir> [rounds=N]``: continue a run from its last checkpoint (or extend
+  it to N rounds); see :data:`RESUME_HELP`.
+
+A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
+installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
+starts.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ from rich.console import Console
 from rich.markup import escape
 
 from pflower.compose import compose_config, validate
-from pflower.config import conf_dir
-from pflower.registry import ConfigError
+from pflower.config import ExperimentConfig, conf_dir
+from pflower.datasets.base import DatasetNotFoundError
+from pflower.datasets.sources import CorruptDatasetError
+from pflower.registry import ConfigError, name_and_options
 
 # Tables stay readable when the output is piped to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -44,6 +52,17 @@ def _quiet_flower_console(progress: bool) -> None:
         update_console_handler(level=logging.WARNING)
 
 
+def _preflight(settings: ExperimentConfig) -> None:
+    """Fail before the simulation starts, with the message and exit code 2: a tracker that is not
+    installed, a dataset that is missing or corrupt. The dataset is loaded here once; the
+    ServerApp, which runs in this process, gets the same cached copy."""
+    from pflower.datasets.loaders import load_dataset
+    from pflower.results.tracking import import_tracker
+
+    import_tracker(settings.tracking.name)
+    load_dataset(*name_and_options(settings.dataset))
+
+
 def _simulate(cfg: DictConfig) -> None:
     """Run one experiment. In a multirun sweep a failed job is recorded in its run directory
     (``summary.json`` with ``"status": "failed"``, ``error.txt``) and the sweep goes on; a single
@@ -51,6 +70,7 @@ def _simulate(cfg: DictConfig) -> None:
     run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:
         settings = validate(cfg)
+        _preflight(settings)
         _quiet_flower_console(settings.progress)
         overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
         console.print(
@@ -93,6 +113,9 @@ def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
         except ConfigError as error:
             console.print(f"[red]configuration error:[/] {escape(str(error))}")
             sys.exit(2)
+        except (DatasetNotFoundError, CorruptDatasetError) as error:
+            console.print(f"[red]dataset error:[/] {escape(str(error))}")
+            sys.exit(2)
 
     return hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(guarded)
 
@@ -113,12 +136,60 @@ def _check_overrides(arguments: Sequence[str]) -> None:
         sys.exit(2)
 
 
+RESUME_HELP = """\
+Continue a run from its last checkpoint (checkpoint.pkl in the run directory, written every
+checkpoint.every rounds and after the last one), with its clients' state snapshots. The run goes
+on with the overrides it was started with; pass rounds=N to extend it to N rounds. Only rounds
+and how the run executes (output_dir, progress, checkpoint.*, client_state.*, tracking,
+backend.*, timeouts) may differ from the checkpoint's configuration: anything else, a missing
+or corrupt checkpoint, or a run directory changed since the checkpoint is refused with the
+reason and exit code 2, and nothing is written."""
+
+
+def resume(argv: Sequence[str]) -> int:
+    """``pflower resume <run_dir> [overrides]``: continue a run from its checkpoint."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="pflower resume",
+        description=RESUME_HELP,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    parser.add_argument("run_dir", type=Path, help="the run directory to continue")
+    parser.add_argument("overrides", nargs="*", help="e.g. rounds=N to extend the run")
+    args = parser.parse_args(list(argv))
+    from pflower.core.checkpoint import load_checkpoint
+    from pflower.server.app import resumable_checkpoint
+
+    run_dir: Path = args.run_dir.resolve()
+    try:
+        checkpoint = load_checkpoint(run_dir)
+        overrides = [*checkpoint.overrides, *args.overrides, "checkpoint.resume=true"]
+        cfg = compose_config([*overrides, f"output_dir={run_dir}"])
+        settings = validate(cfg)
+        resumable_checkpoint(cfg, run_dir)
+        _preflight(settings)
+    except (ConfigError, DatasetNotFoundError, CorruptDatasetError) as error:
+        console.print(f"[red]cannot resume:[/] {escape(str(error))}")
+        return 2
+    _quiet_flower_console(settings.progress)
+    console.print(
+        f"[bold]pflower[/] resuming {run_dir} after round {checkpoint.round} of {settings.rounds}"
+    )
+    from pflower.simulation import run_experiment
+
+    run_experiment(settings, overrides, run_dir)
+    return 0
+
+
 def main() -> None:
     """Console entry point: dispatch subcommands, else run an experiment."""
     if len(sys.argv) > 1 and sys.argv[1] == "report":
         from pflower.reporting.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "resume":
+        sys.exit(resume(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "deploy":
         from pflower.deploy import main as deploy_main
 

@@ -25,6 +25,20 @@ from omegaconf import MISSING
 
 from pflower.registry import ConfigError
 
+EXECUTION_KEYS = (
+    "output_dir",
+    "progress",
+    "checkpoint",
+    "client_state",
+    "tracking",
+    "backend",
+    "connect_timeout",
+    "connect_log_every",
+    "round_timeout",
+)
+"""Top-level keys that say how and where a run executes, not what it computes: runs that differ
+only in them are the same experiment (reports group them; a resumed run may change them)."""
+
 RUN_CONFIG_KEY = "overrides"
 """The run-config key (``[tool.flwr.app.config]``) that carries the Hydra overrides."""
 
@@ -73,6 +87,17 @@ class Optimizer(StrEnum):
     adam = "adam"
 
 
+class Device(StrEnum):
+    """Where models train and evaluate (``train.device``)."""
+
+    auto = "auto"
+    """CUDA in every process that sees a CUDA device, else the CPU."""
+    cpu = "cpu"
+    cuda = "cuda"
+    """CUDA, required: a process that runs a model (the server's stage G, every client) and sees no
+    CUDA device stops with a configuration error; a simulation checks before it starts."""
+
+
 @dataclass
 class TrainConfig:
     """Client-side local training, the same for every algorithm (``train.*``).
@@ -87,6 +112,7 @@ class TrainConfig:
         momentum: SGD momentum.
         weight_decay: L2 weight decay of the optimizer.
         threads: torch threads per client worker.
+        device: ``auto`` (CUDA where present), ``cpu`` or ``cuda`` (see :class:`Device`).
     """
 
     local_epochs: int = 2
@@ -98,6 +124,7 @@ class TrainConfig:
     momentum: float = 0.9
     weight_decay: float = 0.0
     threads: int = 1
+    device: Device = Device.auto
 
     def __post_init__(self) -> None:
         require(self.lr > 0, f"train.lr must be > 0, got {self.lr!r}")
@@ -117,6 +144,15 @@ class TrainConfig:
         return self.lr * self.lr_decay ** (server_round - 1)
 
 
+class L2Clients(StrEnum):
+    """Which training clients measure stage L2 in an evaluation round (``eval.l2_clients``)."""
+
+    evaluated = "evaluated"
+    """Only those that are also in the round's evaluation sample (``eval.fraction``)."""
+    trained = "trained"
+    """Every client that trained in the round."""
+
+
 @dataclass
 class EvalConfig:
     """When and how stages G, L1 and L2 are evaluated (``eval.*``).
@@ -125,15 +161,21 @@ class EvalConfig:
         every: evaluate every this many rounds, and always in the last round.
         fraction: share of clients evaluated at stage L1.
         batch_size: evaluation batch size.
-        global_test_max_samples: stratified subsample of the global test set that clients use for
-            Acc(G) (null: all of it). Stage G on the server always uses the whole set.
+        global_test_max_samples: size of the stratified subsample of the global test set on which
+            clients measure Acc(G) at stages L1 and L2: the class proportions of the whole set,
+            drawn with the run's seed, the same samples for every client and round (null or 0:
+            the whole set, exactly). Stage G on the server always uses the whole set.
+        l2_clients: which of a round's training clients measure stage L2 in an evaluation round:
+            ``evaluated`` (those also in the round's evaluation sample, ``eval.fraction``) or
+            ``trained`` (all of them).
         rho_thresholds: accuracy thresholds ε of ρ_ε (clients with Acc(L) > ε).
     """
 
     every: int = 1
     fraction: float = 1.0
     batch_size: int = 512
-    global_test_max_samples: int | None = None
+    global_test_max_samples: int | None = 2000
+    l2_clients: L2Clients = L2Clients.evaluated
     rho_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9])
 
     def __post_init__(self) -> None:
@@ -141,8 +183,8 @@ class EvalConfig:
         require(0.0 < self.fraction <= 1.0, f"eval.fraction must be in (0, 1], got {self.fraction}")
         require(self.batch_size >= 1, f"eval.batch_size must be >= 1, got {self.batch_size}")
         require(
-            self.global_test_max_samples is None or self.global_test_max_samples >= 1,
-            f"eval.global_test_max_samples must be null or >= 1, got "
+            self.global_test_max_samples is None or self.global_test_max_samples >= 0,
+            f"eval.global_test_max_samples must be null (or 0: the whole set) or >= 1, got "
             f"{self.global_test_max_samples!r}",
         )
         require(
@@ -265,6 +307,45 @@ class RobustConfig:
         )
 
 
+class TrackingKind(StrEnum):
+    """Experiment trackers that also receive a run's per-round metrics (``tracking=<name>``; see
+    pflower.results.tracking). Each needs its optional extra: ``pip install -e ".[<name>]"``."""
+
+    none = "none"
+    tensorboard = "tensorboard"
+    """TensorBoard event files (``tracking.dir``, default ``<run_dir>/tensorboard``)."""
+    mlflow = "mlflow"
+    """An MLflow run (``tracking.uri``, default ``sqlite:///<run_dir>/mlflow.db``)."""
+
+
+@dataclass
+class TrackingConfig:
+    """The tracking group (``tracking=none|tensorboard|mlflow``).
+
+    ``metrics.jsonl`` is always written; a tracker gets the same per-round metrics as scalars
+    (``G/acc``, ``L1/acc_local``, ...: the mean over clients of each stage's metrics) and the
+    resolved configuration as parameters.
+
+    Attributes:
+        name: the tracker.
+        dir: TensorBoard's event directory (null: ``<run_dir>/tensorboard``).
+        uri: MLflow's tracking URI (null: the SQLite store ``sqlite:///<run_dir>/mlflow.db``);
+            e.g. ``sqlite:////data/mlflow.db`` to collect a sweep in one store, or
+            ``http://host:5000`` for a tracking server.
+        experiment: the MLflow experiment that the run is logged under.
+        run_name: the MLflow run name (null: the run directory's path).
+    """
+
+    name: TrackingKind = TrackingKind.none
+    dir: str | None = None
+    uri: str | None = None
+    experiment: str = "pflower"
+    run_name: str | None = None
+
+    def __post_init__(self) -> None:
+        require(bool(self.experiment), "tracking.experiment must not be empty")
+
+
 @dataclass
 class BackendConfig:
     """Flower's simulation backend (``backend=local|ray_cluster``).
@@ -294,6 +375,39 @@ class BackendConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    """Checkpoints of a run, to resume it after a crash (``checkpoint.*``; ``pflower resume``).
+
+    Attributes:
+        every: the server writes a checkpoint into the run directory (``checkpoint.pkl``) after
+            every ``every``-th round and after the last one; each client keeps snapshots of its
+            state in ``client_state.dir``; 0 turns both off.
+        resume: continue the run in ``output_dir`` from its checkpoint instead of starting anew
+            (``pflower resume <run_dir>`` sets it; the configuration must match the checkpoint's
+            except ``rounds``, which may grow).
+    """
+
+    every: int = 10
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        require(self.every >= 0, f"checkpoint.every must be >= 0 rounds, got {self.every}")
+
+
+@dataclass
+class ClientStateConfig:
+    """Where clients persist their personal state between rounds (``client_state.*``).
+
+    Attributes:
+        dir: the folder of the clients' state snapshots on the machine that runs them; empty:
+            ``<output_dir>/client_state``. A SuperNode's node config ``client-state-dir`` takes
+            precedence, so that every node can keep its state on its own disk.
+    """
+
+    dir: str = ""
+
+
+@dataclass
 class ExperimentConfig:
     """The whole experiment: the schema of ``conf/config.yaml``.
 
@@ -311,9 +425,11 @@ class ExperimentConfig:
             ``num_clients`` of them (then the run fails, naming the expected and the connected
             nodes), before a later round for nodes that left (then it goes on without them).
         connect_log_every: seconds between the log lines that name the nodes still missing.
-        train, eval, failures, selection, attack, robust: see their classes.
+        train, eval, failures, selection, attack, robust, checkpoint, client_state: see their
+            classes.
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
         progress: print a line per round to the terminal.
+        tracking: a tracker that also receives the per-round metrics (:class:`TrackingConfig`).
     """
 
     dataset: Any = MISSING
@@ -336,6 +452,9 @@ class ExperimentConfig:
     selection: SelectionConfig = field(default_factory=SelectionConfig)
     attack: AttackConfig = field(default_factory=AttackConfig)
     robust: RobustConfig = field(default_factory=RobustConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    client_state: ClientStateConfig = field(default_factory=ClientStateConfig)
     output_dir: str | None = None
     progress: bool = True
 

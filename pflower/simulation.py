@@ -39,7 +39,14 @@ def ray_backend_config(settings: ExperimentConfig) -> dict[str, Any]:
 
 
 def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
-    """Run the experiment that ``overrides`` compose as a Ray simulation; returns ``run_dir``."""
+    """Run the experiment that ``overrides`` compose as a Ray simulation; returns ``run_dir``.
+
+    Raises:
+        ConfigError: ``train.device=cuda`` on a machine without CUDA (checked before Ray starts).
+    """
+    from pflower.core.training import resolve_device
+
+    resolve_device(settings.train.device)  # fails here, not in the server or a Ray actor
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
     from flwr.simulation.run_simulation import _run_simulation

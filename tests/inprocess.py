@@ -1,10 +1,10 @@
 """Drive the real ServerApp/ClientApp functions in one process, without Ray, for fast tests.
 
-``run_inprocess`` builds the strategy with ``server_fn`` and one context per client, then runs
-Flower's legacy ``Server`` loop over in-process client proxies that call ``client_fn`` for every
-message, exactly as the simulation engine does (a fresh client object per message, state only in
-``context.state``). Clients run one at a time because they share the per-process model instance,
-as clients of one Ray worker do.
+``run_inprocess`` builds the server (pflower's checkpointing loop) and the strategy with
+``server_fn`` and one context per client, then runs the rounds over in-process client proxies
+that call ``client_fn`` for every message, exactly as the simulation engine does (a fresh client
+object per message, state only in ``context.state``). Clients run one at a time because they
+share the per-process model instance, as clients of one Ray worker do.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from flwr.common import (
     ReconnectIns,
 )
 from flwr.common.typing import DisconnectRes
-from flwr.server import Server, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from pflower.client.app import client_fn
@@ -87,10 +86,13 @@ def run_inprocess(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )
     components = server_fn(server_context)
-    assert components.strategy is not None and components.config is not None
+    server, config = components.server, components.config
+    assert server is not None and config is not None
+    strategy = server.strategy
+    assert isinstance(strategy, PersonalizedStrategy)
     if strategies is not None:
-        strategies.append(components.strategy)
-    num_clients = components.strategy.settings.num_clients
+        strategies.append(strategy)
+    num_clients = strategy.settings.num_clients
     contexts = [
         Context(
             run_id=1,
@@ -101,12 +103,12 @@ def run_inprocess(
         )
         for pid in range(num_clients)
     ]
-    manager = SimpleClientManager()
     # Node ids deliberately do not follow partition order: the strategy must key by partition.
     for pid in reversed(range(num_clients)):
-        manager.register(InProcessProxy(str(7919 * (pid + 3)), contexts[pid], make_client))
-    server = Server(client_manager=manager, strategy=components.strategy)
+        server.client_manager().register(
+            InProcessProxy(str(7919 * (pid + 3)), contexts[pid], make_client)
+        )
     server.set_max_workers(1)
-    server.fit(components.config.num_rounds, timeout=None)
+    server.fit(config.num_rounds, timeout=None)
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows, contexts

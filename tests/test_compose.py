@@ -173,7 +173,11 @@ def check_topology(config: dict[str, Any], tls: bool) -> None:
         assert parsed["--isolation"] == "process", f"{node}'s ClientApps run in {executor}"
         assert parsed["--host"] == "0.0.0.0", f"{executor} must reach {node}'s runtime API"
         config_pairs = dict(p.split("=") for p in str(parsed["--node-config"]).split())
-        assert config_pairs == {"partition-id": str(index), "num-partitions": str(num_nodes)}
+        assert config_pairs == {
+            "partition-id": str(index),
+            "num-partitions": str(num_nodes),
+            "client-state-dir": '"/home/app/client-state"',  # where its clients' state persists
+        }
         partitions.add(index)
         runtime_port = int(str(parsed["--port"]))
         assert options[executor]["--runtime-api-address"] == f"{node}:{runtime_port}"

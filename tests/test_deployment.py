@@ -15,7 +15,9 @@ Every process a test starts is stopped by the test's context managers, also when
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
 import shutil
 import signal
@@ -28,8 +30,9 @@ from typing import Any
 
 import pytest
 
-from pflower.deploy.cli import main
-from pflower.deploy.local import Deployment
+from pflower.core.checkpoint import CheckpointError, load_checkpoint
+from pflower.deploy.cli import main, resume_overrides
+from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
 from tests.deploy_helpers import (
     REPO,
@@ -43,6 +46,7 @@ from tests.deploy_helpers import (
     stage_rows,
     wait_until,
 )
+from tests.inprocess import run_inprocess
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
@@ -302,3 +306,54 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
         assert main(["down", "--dir", str(directory)]) == 0
     assert main(["status", "--dir", str(directory)]) == 1
     assert not tagged_pids(deployment.tag)
+
+
+def _serverapp_pids(deployment: Deployment) -> list[int]:
+    """The deployment's ServerApp processes (the SuperLink starts one per run)."""
+    found = []
+    for pid in tagged_pids(deployment.tag):
+        with contextlib.suppress(OSError):
+            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
+
+
+def test_killed_serverapp_resumes_to_the_same_results(
+    three_nodes: Federation, tmp_path: Path
+) -> None:
+    """Kill the ServerApp with SIGKILL after a checkpoint, submit the run again with
+    ``pflower deploy run --resume``'s overrides, and end with the results of the same experiment
+    run without interruption (in-process). The SuperNodes stay up but the resumed run is a new
+    Flower run with empty node state: FLIU's personal models come back from the clients'
+    snapshots, and without them the L1 rows after the checkpoint would differ."""
+    experiment = [
+        *EXPERIMENT,
+        "num_clients=3",
+        "rounds=3",
+        "checkpoint.every=1",
+    ]
+    reference, _ = run_inprocess(experiment, tmp_path / "reference")
+    deployment = three_nodes.deployment
+    run_dir = tmp_path / "run"
+    run_id = deployment.submit([*experiment, f"output_dir={run_dir}"])
+
+    def checkpointed() -> int:
+        with contextlib.suppress(CheckpointError):
+            return load_checkpoint(run_dir).round
+        return 0
+
+    wait_until(lambda: checkpointed() >= 1, RUN_TIMEOUT, "the checkpoint of round 1", every=0.05)
+    pids = _serverapp_pids(deployment)
+    assert pids, diagnostics(deployment)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    assert 1 <= checkpointed() < 3 and not (run_dir / "summary.json").exists()
+    deployment.flwr("stop", run_id, CONNECTION, check=False)  # the SuperLink's record of it
+
+    resumed_id = deployment.submit(resume_overrides(run_dir, []))
+    status = deployment.wait_for_run(resumed_id, RUN_TIMEOUT)
+    assert status == "finished:completed", diagnostics(deployment)
+    rows = read_rows(run_dir)
+    assert_same_results(rows, reference)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["final_round"] == 3

@@ -54,13 +54,17 @@ def test_deployment_with_a_server_side_client_store_matches_in_process(tmp_path:
         run_id = fed.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
         status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(fed.deployment)
+        logs = diagnostics(fed.deployment)
     rows = read_rows(run_dir)
+    failures = [r for r in rows if r["stage"] == "failure"]
     keyed = {(r["round"], r["stage"], r.get("client")): r for r in rows}
     compared = [r for r in expected if r["stage"] in ("L1", "L2", "G", "server")]
     assert {r["stage"] for r in compared} == {"L1", "L2", "G", "server"}
     for want in compared:
         key = (want["round"], want["stage"], want.get("client"))
-        assert key in keyed, f"the deployment has no row for round/stage/client {key}"
+        assert key in keyed, (
+            f"the deployment has no row for round/stage/client {key}; failures: {failures}\n{logs}"
+        )
         got = _fields(keyed[key])
         for name, value in _fields(want).items():
             tolerance = ACC_TOLERANCE if name.startswith("acc") else LOSS_RTOL * abs(value)

@@ -14,6 +14,7 @@ import pytest
 import torch
 from flwr.common import NDArrays
 
+from pflower.core.checkpoint import PersistentClient
 from pflower.core.client import PersonalClient
 from pflower.core.state import ClientState
 from pflower.core.training import get_weights, set_weights, trainable_mask
@@ -53,6 +54,8 @@ class Recording:
 
         client = client_fn(context)
         numpy_client = client.numpy_client  # type: ignore[attr-defined]
+        if isinstance(numpy_client, PersistentClient):  # the state-snapshot wrapper
+            numpy_client = numpy_client.client
         assert isinstance(numpy_client, PersonalClient)
         original = numpy_client.fit
 
@@ -113,7 +116,7 @@ def test_scaffold_state_is_option_ii(tmp_path: Path) -> None:
     recording = Recording()
     strategies: list = []
     rows, contexts = run_inprocess(
-        [*BASE, "rounds=2", "strategy=scaffold", "strategy.server_lr=0.5"],
+        [*BASE, "rounds=2", "strategy=scaffold", "strategy.server_lr=0.5", "train.momentum=0"],
         tmp_path,
         make_client=recording,
         strategies=strategies,
@@ -189,7 +192,7 @@ def test_scaffold_server_update_by_hand(tmp_path: Path) -> None:
 
 
 def test_linear_term_gradient_is_the_coefficients() -> None:
-    from pflower.strategies.scaffold import linear_term
+    from pflower.strategies.control_variates import linear_term
 
     model = build_model("small_cnn", {}, (1, 8, 8), 10)
     coefficients = [np.full(a.shape, 0.5, dtype=np.float32) for a in get_weights(model)]
@@ -434,7 +437,7 @@ def test_feddc_state_and_server_update(tmp_path: Path) -> None:
     recording = Recording()
     strategies: list = []
     rows, contexts = run_inprocess(
-        [*BASE, "rounds=2", "strategy=feddc", "strategy.alpha=0.1"],
+        [*BASE, "rounds=2", "strategy=feddc", "strategy.alpha=0.1", "train.momentum=0"],
         tmp_path,
         make_client=recording,
         strategies=strategies,

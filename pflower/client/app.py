@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from flwr.app import Context
 from flwr.client import Client, ClientApp
+from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config
 from pflower.core.algorithm import algorithm_of
+from pflower.core.checkpoint import ClientStateFiles, PersistentClient
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.registry import ConfigError
@@ -42,17 +45,32 @@ def client_fn(context: Context) -> Client:
         )
     torch.set_num_threads(settings.train.threads)
     options = settings.strategy
-    return (
-        algorithm_of(options)
-        .client(
-            options=options,
-            experiment=experiment,
-            data=experiment.client_data(partition_id),
-            model=experiment.shared_model(),
-            state=ClientState(context.state),
-        )
-        .to_client()
+    client = algorithm_of(options).client(
+        options=options,
+        experiment=experiment,
+        data=experiment.client_data(partition_id),
+        model=experiment.shared_model(),
+        state=ClientState(context.state),
     )
+    state_dir = client_state_dir(cfg, context)
+    if not settings.checkpoint.every or state_dir is None:
+        return client.to_client()
+    files = ClientStateFiles(state_dir, partition_id)
+    return PersistentClient(client, context.state, files).to_client()
+
+
+def client_state_dir(cfg: DictConfig, context: Context) -> Path | None:
+    """Where this node keeps its clients' state snapshots: the node config's
+    ``client-state-dir``, else ``client_state.dir``, else ``<output_dir>/client_state``; None
+    when none is known (a ``flwr run`` without ``output_dir``: the server then writes no
+    checkpoint either)."""
+    if "client-state-dir" in context.node_config:
+        return Path(str(context.node_config["client-state-dir"]))
+    if cfg.client_state.dir:
+        return Path(cfg.client_state.dir)
+    if cfg.output_dir:
+        return Path(cfg.output_dir) / "client_state"
+    return None
 
 
 app = ClientApp(client_fn=client_fn)

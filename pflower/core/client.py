@@ -15,7 +15,8 @@ an algorithm overrides only the hooks that hold its mathematics:
   personalized model (PM), the global model (GM) and the hybrid model (HM: the better of the two,
   chosen on the split ``selection.split`` names), as in the FLAME paper (Zhu et al., Sec. IV-D).
 
-``fit`` trains and evaluates stage L2 (the trained model); ``evaluate`` evaluates stage L1 (the
+``fit`` trains and evaluates stage L2 (the trained model; in an evaluation round, when the fit
+config's ``measure-l2`` is not false); ``evaluate`` evaluates stage L1 (the
 personalized model built from the server's latest message). Both report accuracy and loss on the
 client's own test split and on the global test set.
 """
@@ -48,6 +49,10 @@ from pflower.core.training import (
 from pflower.datasets.base import ImageSplit
 from pflower.robust.attacks import MODEL_POISONING, malicious_set, poisoned_upload
 
+MEASURE_L2 = "measure-l2"
+"""Fit-config key: whether the client measures stage L2 after training in an evaluation round
+(absent: it does). The server sets it from ``eval.l2_clients``."""
+
 
 class PersonalClient(NumPyClient, Generic[OptionsT]):
     """The shared client protocol; subclasses override the hooks listed in the module docstring."""
@@ -63,7 +68,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         self.options = options
         self.experiment = experiment
         self.data = data
-        self.model = model
+        self.model = model.to(experiment.device)  # in place: the shared model stays there
         self.state = state
 
     @property
@@ -197,7 +202,9 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
             "train_loss": train_loss,
             **self.fit_metrics(config),
         }
-        if self.experiment.settings.is_eval_round(server_round(config)):
+        if self.experiment.settings.is_eval_round(server_round(config)) and bool(
+            config.get(MEASURE_L2, True)
+        ):
             metrics.update(self.stage_metrics())
         uploaded = self.upload(trained, parameters, config)
         metrics["bytes_up"] = payload_bytes(uploaded)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from pflower.config import AttackKind, ExperimentConfig
-from pflower.core.training import Prepare, TrainSettings, get_weights
+from pflower.core.training import Prepare, TrainSettings, get_weights, resolve_device
 from pflower.datasets.base import ImageSplit
 from pflower.datasets.federation import Federation, build_federation
 from pflower.datasets.loaders import load_dataset
@@ -77,12 +77,29 @@ class Experiment:
 
     @cached_property
     def global_test(self) -> ImageSplit:
-        """The global test set, stratified-subsampled if ``eval.global_test_max_samples`` is set."""
-        split = self.federation.global_test_split()
+        """The global test set on which clients measure Acc(G): a stratified subsample of
+        ``eval.global_test_max_samples`` samples (the same for every client and round), or the
+        whole set (null or 0, or a set no larger). Stage G uses :attr:`full_global_test`.
+
+        The subsample is taken from the pool directly, so a worker that only needs it never
+        copies the whole set (the same samples as subsampling :attr:`full_global_test`)."""
+        federation = self.federation
         limit = self.settings.eval.global_test_max_samples
-        if limit is None or limit >= len(split):
-            return split
-        return split.subset(_stratified_subsample(split.labels.numpy(), limit, self.settings.seed))
+        if not limit or limit >= len(federation.global_test):
+            return self.full_global_test
+        labels = federation.pool.labels.numpy()[federation.global_test]
+        chosen = _stratified_subsample(labels, limit, self.settings.seed)
+        return federation.pool.subset(federation.global_test[chosen])
+
+    @cached_property
+    def full_global_test(self) -> ImageSplit:
+        """The whole global test set (stage G on the server)."""
+        return self.federation.global_test_split()
+
+    @cached_property
+    def device(self) -> torch.device:
+        """Where this process runs models (``train.device``; see :func:`resolve_device`)."""
+        return resolve_device(self.settings.train.device)
 
     def new_model(self) -> nn.Module:
         """A freshly initialized model; the seed makes Θ^0 identical wherever it is built."""

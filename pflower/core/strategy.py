@@ -15,7 +15,9 @@ what a personalized-FL experiment needs:
 - a communication metric in every L2 row: ``bytes_down`` (array bytes of the client's fit
   instruction, counted here) and ``bytes_up`` (of its upload, counted by the client);
 - stage G (the global model on the global test set, server side) and the recording of stages L1
-  and L2 per client;
+  and L2 per client; in an evaluation round, stage L2 is measured only by the training clients that
+  are also in the round's evaluation sample (``eval.l2_clients=evaluated``, the default; the fit
+  config then carries ``measure-l2: false`` for the others) or by all (``trained``);
 - for server-personalized algorithms (``keeps_client_models``), a :class:`ClientModelStore` of
   every client's latest upload, from which :meth:`client_messages` computes each sampled client's
   own model once per round; its size is logged and recorded every round (a ``server`` row).
@@ -50,8 +52,9 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
-from pflower.config import ExperimentConfig, RobustKind
+from pflower.config import ExperimentConfig, L2Clients, RobustKind
 from pflower.core.aggregation import weighted_mean, weighted_mean_partial
+from pflower.core.client import MEASURE_L2
 from pflower.core.nodes import NodeQuestions, ranges, simulated_nodes, simulation_mismatch
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.store import ClientModelStore
@@ -149,6 +152,8 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         self._num_train: dict[int, int] = {}
         self._sent: dict[str, dict[str, int]] = {}
         self._bytes_down: dict[tuple[int, int], int] = {}
+        self._measure_l2: dict[int, set[int] | None] = {}
+        """Per evaluation round: the partitions told to measure stage L2 (None: all)."""
         self._global_weights: NDArrays = list(initial_weights)
         self.malicious = malicious_set(settings.attack, settings.seed, settings.num_clients)
         """Partition ids of the Byzantine clients (``attack``); they are never scored."""
@@ -157,6 +162,12 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         self.trainable_mask: list[bool] | None = None
         """Per array of the model (``state_dict`` order): whether it is a trainable parameter
         (False for buffers such as BatchNorm statistics); set by the ServerApp, None if unknown."""
+        self.checkpoint_keys: dict[str, Scalar] = {}
+        """Sent with every fit and evaluate instruction: the last round checkpointed and, in a
+        resumed run, the round it resumed from (see :mod:`pflower.core.checkpoint`)."""
+        self._configuration = frozenset(vars(self)) - {"_global_weights", "client_models"} | {
+            "_configuration"
+        }
 
     # ------------------------------------------------------------------ hooks for algorithms
     def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:
@@ -203,6 +214,17 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         :meth:`client_parameters` to each."""
         return None
 
+    # ------------------------------------------------------------------------ checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What this strategy has learned so far, for a checkpoint: the global model, the
+        per-client store, and every attribute an algorithm sets beyond those the base sets from
+        the configuration and the connected nodes (control variates, affinities, ...)."""
+        return {k: v for k, v in vars(self).items() if k not in self._configuration}
+
+    def restore_state(self, state: dict[str, Any]) -> None:
+        """Continue from what :meth:`checkpoint_state` returned."""
+        vars(self).update(state)
+
     # --------------------------------------------------------------------- shared helpers
     def average(self, updates: Sequence[ClientUpdate]) -> NDArrays:
         """Mean of the updates' weights: sample-weighted or uniform (``options.aggregation``)."""
@@ -236,12 +258,14 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        sampled = self._sample(
-            client_manager,
+        reachable = self._reachable(client_manager)
+        sampled = self._choose(
+            reachable,
             self.settings.fraction,
             round_rng(self.settings.seed, Phase.FIT_SAMPLING, server_round),
         )
         proxies = self.fit_clients(server_round, sampled)
+        measure_l2 = self._l2_partitions(server_round, reachable)
         self._sent[f"fit-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         messages = self.client_messages(
             server_round, [self._partition_of[p.cid] for p in proxies], self.global_weights
@@ -253,7 +277,14 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                     self.client_parameters(server_round, self._partition_of[proxy.cid], parameters)
                     if messages is None
                     else ndarrays_to_parameters(messages[self._partition_of[proxy.cid]]),
-                    self.fit_config(server_round, self._partition_of[proxy.cid]),
+                    self._with_l2_flag(
+                        {
+                            **self.fit_config(server_round, self._partition_of[proxy.cid]),
+                            **self.checkpoint_keys,
+                        },
+                        self._partition_of[proxy.cid],
+                        measure_l2,
+                    ),
                 ),
             )
             for proxy in proxies
@@ -271,6 +302,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         updates, rejected = self._collect_updates(results, current)
         self._check_failures(server_round, "fit", updates, rejected, failures)
         if self.settings.is_eval_round(server_round):
+            measured = self._measure_l2.pop(server_round, None)
             self.recorder.client_stage(
                 server_round,
                 L2,
@@ -283,6 +315,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                     )
                     for u in updates
                     if u.partition_id not in self.malicious
+                    and (measured is None or u.partition_id in measured)
                 ],
             )
         if self.keeps_client_models:
@@ -328,7 +361,10 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                     self.evaluate_parameters(
                         server_round, self._partition_of[proxy.cid], parameters
                     ),
-                    self.evaluate_config(server_round, self._partition_of[proxy.cid]),
+                    {
+                        **self.evaluate_config(server_round, self._partition_of[proxy.cid]),
+                        **self.checkpoint_keys,
+                    },
                 ),
             )
             for proxy in proxies
@@ -355,6 +391,34 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         return float(np.mean([r["loss_local"] for r in rows])), {}
 
     # ------------------------------------------------------------------------- internals
+    def _l2_partitions(self, server_round: int, reachable: list[ClientProxy]) -> set[int] | None:
+        """The partitions that measure stage L2 in ``server_round`` (None: every one that trains).
+
+        With ``eval.l2_clients=evaluated`` these are the clients of the round's evaluation sample:
+        the draw :meth:`configure_evaluate` makes from its own stream, made here from the clients
+        reachable now (the same draw unless nodes come or go between fit and evaluate).
+        """
+        if not self.settings.is_eval_round(server_round):
+            return None
+        measured: set[int] | None = None
+        if self.settings.eval.l2_clients == L2Clients.evaluated:
+            chosen = self._choose(
+                reachable,
+                self.settings.eval.fraction,
+                round_rng(self.settings.seed, Phase.EVALUATE_SAMPLING, server_round),
+            )
+            measured = {self._partition_of[p.cid] for p in chosen}
+        self._measure_l2[server_round] = measured
+        return measured
+
+    def _with_l2_flag(
+        self, config: dict[str, Scalar], partition_id: int, measured: set[int] | None
+    ) -> dict[str, Scalar]:
+        """``config`` plus ``measure-l2: false`` for a client that does not measure stage L2."""
+        if measured is None or partition_id in measured:
+            return config
+        return {**config, MEASURE_L2: False}
+
     def _count_bytes_down(
         self, server_round: int, instructions: list[tuple[ClientProxy, FitIns]]
     ) -> None:
@@ -444,6 +508,13 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     ) -> list[ClientProxy]:
         """A seeded sample of connected clients, chosen by partition id (not by node id).
 
+        See :meth:`_reachable` (which clients can be chosen) and :meth:`_choose` (the draw).
+        """
+        return self._choose(self._reachable(client_manager), fraction, rng)
+
+    def _reachable(self, client_manager: ClientManager) -> list[ClientProxy]:
+        """The connected clients whose partition is known, in partition order.
+
         Before the first round the server waits up to ``connect_timeout`` for all ``num_clients``
         nodes, then fails naming the expected and the connected ones. Before later rounds it gives
         nodes that left up to ``connect_timeout`` to reconnect, then goes on with the connected
@@ -464,6 +535,12 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             )
             self.recorder.fail(message)
             raise RoundFailedError(message)
+        return proxies
+
+    def _choose(
+        self, proxies: list[ClientProxy], fraction: float, rng: np.random.Generator
+    ) -> list[ClientProxy]:
+        """A share ``fraction`` of ``proxies`` (at least ``min_clients``), drawn from ``rng``."""
         count = max(int(len(proxies) * fraction), min(self.min_fit_clients, len(proxies)))
         if count >= len(proxies):
             return proxies

@@ -4,6 +4,10 @@ Batches are drawn by indexing in-memory tensors (no per-sample ``Dataset.__getit
 DataLoader workers), so a client's round costs about what a bare PyTorch loop over the same batches
 costs. Algorithms change the loop only through a loss term (``regularizer``) or a hook after each
 optimizer step (``after_step``).
+
+Models run on the device of their parameters (``train.device``, :func:`resolve_device`): the loops
+prepare each batch on the CPU, where the data live, and move it to the model's device. Weights
+cross the wire as numpy arrays on the CPU (:func:`get_weights`, :func:`set_weights`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from flwr.common import NDArrays
 from torch import nn
 
 from pflower.datasets.base import ImageSplit
+from pflower.registry import ConfigError
 
 Prepare = Callable[[torch.Tensor], torch.Tensor]
 """Turns a batch of stored images into model input (normalization, per-client feature shift)."""
@@ -53,6 +58,34 @@ class EvalResult:
     loss: float
     accuracy: float
     num_examples: int
+
+
+def resolve_device(choice: str) -> torch.device:
+    """The device ``train.device`` names in this process: ``cpu``; ``cuda`` (an error if this
+    process sees no CUDA device); ``auto``: CUDA when this process sees one, else the CPU.
+
+    Raises:
+        ConfigError: ``cuda`` was asked for and ``torch.cuda.is_available()`` is False.
+    """
+    if choice == "cpu":
+        return torch.device("cpu")
+    available = torch.cuda.is_available()
+    if choice == "cuda" and not available:
+        raise ConfigError(
+            "train.device=cuda, but no CUDA device is available to this process "
+            "(torch.cuda.is_available() is False: no GPU, no CUDA build of torch, or "
+            "CUDA_VISIBLE_DEVICES hides it). Use train.device=auto (CUDA where present) or "
+            "train.device=cpu."
+        )
+    if choice not in ("auto", "cuda"):
+        raise ConfigError(f"train.device must be auto, cpu or cuda, got {choice!r}")
+    return torch.device("cuda" if available else "cpu")
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (the CPU for a model without any)."""
+    parameter = next(model.parameters(), None)
+    return torch.device("cpu") if parameter is None else parameter.device
 
 
 def get_weights(model: nn.Module) -> NDArrays:
@@ -122,17 +155,25 @@ def train(
     regularizer: Regularizer | None = None,
     after_step: Callable[[nn.Module], None] | None = None,
 ) -> float:
-    """Train ``model`` in place with cross-entropy; returns the mean training loss."""
+    """Train ``model`` in place with cross-entropy; returns the mean training loss.
+
+    Batches go to the model's device; the loss is summed there in float64 (the same sum as Python
+    floats on the CPU) and read once, so a GPU is not synchronized every step.
+    """
     model.train()
+    device = model_device(model)
     optimizer = settings.make_optimizer(model.parameters())
     criterion = nn.CrossEntropyLoss()
-    total_loss, batches = 0.0, 0
+    total_loss = torch.zeros((), dtype=torch.float64, device=device)
+    batches = 0
     for index in batch_indices(
         len(data), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         optimizer.zero_grad(set_to_none=True)
-        loss = criterion(model(prepare(data.images[index])), data.labels[index])
-        total_loss += float(loss.detach())
+        images = prepare(data.images[index]).to(device, non_blocking=True)
+        labels = data.labels[index].to(device, non_blocking=True)
+        loss = criterion(model(images), labels)
+        total_loss += loss.detach().to(torch.float64)
         if regularizer is not None:
             loss = loss + regularizer(model)
         loss.backward()
@@ -140,19 +181,22 @@ def train(
         if after_step is not None:
             after_step(model)
         batches += 1
-    return total_loss / max(batches, 1)
+    return float(total_loss) / max(batches, 1)
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, data: ImageSplit, prepare: Prepare, batch_size: int) -> EvalResult:
-    """Mean cross-entropy and accuracy of ``model`` on ``data`` (eval mode, no gradients)."""
+    """Mean cross-entropy and accuracy of ``model`` on ``data`` (eval mode, no gradients), on the
+    model's device."""
     if len(data) == 0:
         return EvalResult(loss=float("nan"), accuracy=float("nan"), num_examples=0)
     model.eval()
+    device = model_device(model)
     loss_sum, correct = 0.0, 0
     for start in range(0, len(data), batch_size):
-        logits = model(prepare(data.images[start : start + batch_size]))
-        labels = data.labels[start : start + batch_size]
+        images = prepare(data.images[start : start + batch_size]).to(device, non_blocking=True)
+        logits = model(images)
+        labels = data.labels[start : start + batch_size].to(device, non_blocking=True)
         loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(dim=1) == labels).sum())
     return EvalResult(

@@ -35,6 +35,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 
 from pflower.datasets.base import DatasetNotFoundError, ImageDataset, ImageSplit, resolve_data_root
+from pflower.datasets.cache import cached_splits
 from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
 from pflower.registry import ConfigError
 
@@ -76,6 +77,8 @@ _SOURCE = FileSource(
 # FedMPR spec §4: normalize with 0.5 / 0.5 per channel.
 _MEAN = (0.5, 0.5, 0.5)
 _STD = (0.5, 0.5, 0.5)
+_DECODER_VERSION = "1"
+"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
 
 
 @dataclass(frozen=True)
@@ -119,18 +122,40 @@ def load_celeba_gender(
     """
     attributes = _check_options(num_attributes, shift, image_size, test_size)
     directory = locate(_SOURCE, resolve_data_root(root), download=download, verify=verify)
-    table = read_attribute_table(directory / _ATTRIBUTES)
-    partition = read_partitions(directory / _PARTITIONS, table.filenames)
-    active = table.columns(attributes)
-    male = table.columns(("Male",))[:, 0]
-    rng = np.random.default_rng(seed)
-    train_rows = _train_rows(active, male, partition, shift, rng)
-    test_rows = _test_rows(male, partition, test_size, rng)
-    tags = single_attribute(active) if shift == "high" else None
+
+    def decode() -> tuple[ImageSplit, ImageSplit]:
+        table = read_attribute_table(directory / _ATTRIBUTES)
+        partition = read_partitions(directory / _PARTITIONS, table.filenames)
+        active = table.columns(attributes)
+        male = table.columns(("Male",))[:, 0]
+        rng = np.random.default_rng(seed)
+        train_rows = _train_rows(active, male, partition, shift, rng)
+        test_rows = _test_rows(male, partition, test_size, rng)
+        tags = single_attribute(active) if shift == "high" else None
+        return (
+            _split(directory, table, train_rows, male, tags, image_size),
+            _split(directory, table, test_rows, male, tags, image_size),
+        )
+
+    options = {
+        "num_attributes": num_attributes,
+        "shift": shift,
+        "image_size": image_size,
+        "test_size": test_size,
+        "seed": seed,
+    }
+    train, test = cached_splits(
+        "celeba_gender",
+        _DECODER_VERSION,
+        [directory / name for name in _SOURCE.files],
+        options,
+        decode,
+        digests=_MD5 if verify else None,
+    )
     return ImageDataset(
         name="celeba_gender",
-        train=_split(directory, table, train_rows, male, tags, image_size),
-        test=_split(directory, table, test_rows, male, tags, image_size),
+        train=train,
+        test=test,
         num_classes=2,
         mean=resolve_stats(mean, _MEAN, "mean"),
         std=resolve_stats(std, _STD, "std"),

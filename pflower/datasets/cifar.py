@@ -23,6 +23,7 @@ import torch
 from torchvision.datasets.utils import download_and_extract_archive
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
+from pflower.datasets.cache import cached_splits
 from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
 
 
@@ -80,6 +81,8 @@ _CIFAR100 = _CifarRelease(
 )
 
 _PIXELS = 3 * 32 * 32
+_DECODER_VERSION = "1"
+"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
 
 # What a CIFAR pickle may reference: numpy's array reconstruction helpers (under their numpy 1 and
 # numpy 2 module names) and the codec Python 3 uses for bytes in protocol-2 pickles.
@@ -143,14 +146,28 @@ def _load(
     mean: Stats,
     std: Stats,
 ) -> ImageDataset:
-    directory = locate(
-        _source(name, release), resolve_data_root(root), download=download, verify=verify
-    )
+    source = _source(name, release)
+    directory = locate(source, resolve_data_root(root), download=download, verify=verify)
     _check_meta(directory / release.meta[0], release)
+
+    def decode() -> tuple[ImageSplit, ImageSplit]:
+        return (
+            _concatenate([_read_batch(directory / f, release) for f in release.train]),
+            _concatenate([_read_batch(directory / f, release) for f in release.test]),
+        )
+
+    train, test = cached_splits(
+        name,
+        _DECODER_VERSION,
+        [directory / f for f in (*release.train, *release.test)],
+        {},
+        decode,
+        digests=source.md5 if verify else None,
+    )
     return ImageDataset(
         name=name,
-        train=_concatenate([_read_batch(directory / f, release) for f in release.train]),
-        test=_concatenate([_read_batch(directory / f, release) for f in release.test]),
+        train=train,
+        test=test,
         num_classes=release.num_classes,
         mean=resolve_stats(mean, release.mean, "mean"),
         std=resolve_stats(std, release.std, "std"),

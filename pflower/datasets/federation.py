@@ -457,12 +457,32 @@ def _carve(
 
 
 def _concat(train: ImageSplit, test: ImageSplit) -> ImageSplit:
-    """Train followed by test; a split without groups gets group -1 ("none") if the other has."""
+    """Train followed by test; a split without groups gets group -1 ("none") if the other has.
+
+    Splits read from the dataset cache are consecutive views of one memory-mapped array: their
+    pool is a view of it too (no copy), so every process shares the same pages.
+    """
     groups = None
     if train.groups is not None or test.groups is not None:
-        groups = torch.cat([_groups_or_none(train), _groups_or_none(test)])
-    return ImageSplit(
-        torch.cat([train.images, test.images]), torch.cat([train.labels, test.labels]), groups
+        groups = _join(_groups_or_none(train), _groups_or_none(test))
+    return ImageSplit(_join(train.images, test.images), _join(train.labels, test.labels), groups)
+
+
+def _join(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """``torch.cat([first, second])``, as a view when ``second`` follows ``first`` in memory."""
+    adjacent = (
+        first.is_contiguous()
+        and second.is_contiguous()
+        and first.dtype == second.dtype
+        and first.shape[1:] == second.shape[1:]
+        and first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr()
+        and first.storage_offset() + first.numel() == second.storage_offset()
+    )
+    if not adjacent:
+        return torch.cat([first, second])
+    shape = (first.shape[0] + second.shape[0], *first.shape[1:])
+    return first.as_strided(
+        shape, torch.empty(shape, device="meta").stride(), first.storage_offset()
     )
 
 

@@ -21,6 +21,7 @@ import torch
 from torchvision.datasets.utils import download_url
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
+from pflower.datasets.cache import cached_splits
 from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
 
 _TRAIN_IMAGES = "train-images-idx3-ubyte.gz"
@@ -53,6 +54,8 @@ _MNIST_STATS = ((0.1307,), (0.3081,))
 _FMNIST_STATS = ((0.2860,), (0.3530,))
 
 _IDX_UINT8 = 0x08
+_DECODER_VERSION = "1"
+"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
 
 
 def load_mnist(
@@ -175,10 +178,22 @@ def _load(
     std: Stats,
 ) -> ImageDataset:
     directory = locate(source, resolve_data_root(root), download=download, verify=verify)
+    train_images, train_labels, test_images, test_labels = (
+        directory / filename
+        for filename in (_TRAIN_IMAGES, _TRAIN_LABELS, _TEST_IMAGES, _TEST_LABELS)
+    )
+    train, test = cached_splits(
+        name,
+        _DECODER_VERSION,
+        [train_images, train_labels, test_images, test_labels],
+        {},
+        lambda: (_split(train_images, train_labels), _split(test_images, test_labels)),
+        digests=source.md5 if verify else None,
+    )
     return ImageDataset(
         name=name,
-        train=_split(directory / _TRAIN_IMAGES, directory / _TRAIN_LABELS),
-        test=_split(directory / _TEST_IMAGES, directory / _TEST_LABELS),
+        train=train,
+        test=test,
         num_classes=10,
         mean=resolve_stats(mean, default_stats[0], "mean"),
         std=resolve_stats(std, default_stats[1], "std"),

@@ -18,6 +18,10 @@ cifar100       cifar-100-python pickles (fine labels)         :func:`load_cifar1
 svhn           train_32x32.mat / test_32x32.mat               :func:`load_svhn`
 celeba_gender  img_align_celeba + attribute/partition lists   :func:`load_celeba_gender`
 ============== ============================================== =====================
+
+The file-backed datasets are decoded once per machine into the dataset cache and memory-mapped
+from it (:mod:`pflower.datasets.cache`: ``$PFLOWER_CACHE``, default ``~/.cache/pflower/arrays``),
+so every worker process shares one copy of the images.
 """
 
 from __future__ import annotations

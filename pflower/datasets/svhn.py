@@ -17,6 +17,7 @@ import torch
 from torchvision.datasets.utils import download_url
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
+from pflower.datasets.cache import cached_splits
 from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
 
 _URL = "http://ufldl.stanford.edu/housenumbers/"
@@ -28,6 +29,8 @@ _MD5 = {
 # Training-set channel statistics (FedMPR spec §4).
 _MEAN = (0.4377, 0.4438, 0.4728)
 _STD = (0.1980, 0.2010, 0.1970)
+_DECODER_VERSION = "1"
+"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
 
 
 def load_svhn(
@@ -46,10 +49,19 @@ def load_svhn(
         mean, std: normalization; default (0.4377, 0.4438, 0.4728) / (0.1980, 0.2010, 0.1970).
     """
     directory = locate(_SOURCE, resolve_data_root(root), download=download, verify=verify)
+    train_file, test_file = directory / "train_32x32.mat", directory / "test_32x32.mat"
+    train, test = cached_splits(
+        "svhn",
+        _DECODER_VERSION,
+        [train_file, test_file],
+        {},
+        lambda: (read_svhn_mat(train_file), read_svhn_mat(test_file)),
+        digests=_MD5 if verify else None,
+    )
     return ImageDataset(
         name="svhn",
-        train=read_svhn_mat(directory / "train_32x32.mat"),
-        test=read_svhn_mat(directory / "test_32x32.mat"),
+        train=train,
+        test=test,
         num_classes=10,
         mean=resolve_stats(mean, _MEAN, "mean"),
         std=resolve_stats(std, _STD, "std"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from pflower.deploy.compose import render_compose
 from pflower.deploy.local import CONNECTION, DEFAULT_DIR, STATE_FILE, Deployment
 from pflower.deploy.topology import Endpoints, Security
+from pflower.registry import ConfigError
 
 
 def _security_from(args: argparse.Namespace) -> Security:
@@ -105,11 +106,31 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
+    """The overrides that continue the run in ``run_dir`` from its checkpoint (the run's own,
+    then ``extra``, e.g. ``rounds=N``), checked against the checkpoint before anything runs."""
+    from pflower.compose import compose_config
+    from pflower.core.checkpoint import load_checkpoint
+    from pflower.server.app import resumable_checkpoint
+
+    checkpoint = load_checkpoint(run_dir)
+    overrides = [
+        *checkpoint.overrides,
+        *extra,
+        "checkpoint.resume=true",
+        f"output_dir={run_dir}",
+    ]
+    resumable_checkpoint(compose_config(overrides), run_dir)
+    return overrides
+
+
 def _run(args: argparse.Namespace) -> int:
     """Submit an experiment and follow its log until it ends; 0 if it completed.
 
     ``num_clients`` defaults to the deployment's node count and ``output_dir`` to
-    ``runs/<date>/<time>`` under the current directory.
+    ``runs/<date>/<time>`` under the current directory. ``--resume RUN_DIR`` continues that run
+    from its checkpoint (the ServerApp runs on this machine in a local deployment), with its
+    own overrides followed by the given ones.
     """
     directory = Path(args.dir)
     if not (directory / STATE_FILE).exists():
@@ -117,6 +138,12 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     deployment = Deployment.load(directory)
     overrides = list(args.overrides)
+    if args.resume:
+        try:
+            overrides = resume_overrides(Path(args.resume).resolve(), overrides)
+        except ConfigError as error:
+            print(f"cannot resume: {error}")
+            return 2
     if not any(o.startswith("num_clients=") for o in overrides):
         overrides.insert(0, f"num_clients={deployment.num_clients}")
     if not any(o.startswith("output_dir=") for o in overrides):
@@ -194,6 +221,11 @@ def _parser() -> argparse.ArgumentParser:
     with_dir(commands.add_parser("down", help="stop every process")).set_defaults(handler=_down)
     run = with_dir(commands.add_parser("run", help="run an experiment on the deployment"))
     run.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
+    run.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue this run from its checkpoint (pass rounds=N to extend it)",
+    )
     run.set_defaults(handler=_run)
     compose = commands.add_parser("compose", help="write the docker-compose files")
     compose.add_argument("-n", "--num-clients", type=int, default=3)

@@ -46,13 +46,15 @@ def process_environment(tag: str, flwr_home: Path) -> dict[str, str]:
 
     ``PATH`` starts with this interpreter's scripts directory because SuperLink and SuperNode
     start ``flower-superexec`` by name; ``FLWR_HOME`` keeps each process's installed apps
-    apart, like on separate hosts, and away from the user's ``~/.flwr``.
+    apart, like on separate hosts, and away from the user's ``~/.flwr``. Flower's usage telemetry
+    is off unless ``FLWR_TELEMETRY_ENABLED`` is set.
     """
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     env["FLWR_HOME"] = str(flwr_home)
     env["PYTHONUNBUFFERED"] = "1"
     env[TAG_VARIABLE] = tag
+    env.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # no usage telemetry unless asked for
     return env
 
 

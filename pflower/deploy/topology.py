@@ -116,19 +116,25 @@ def supernode_args(
     runtime: tuple[str, int],
     security: Security,
     isolation: str = "subprocess",
+    client_state_dir: str | None = None,
 ) -> list[str]:
     """Arguments of ``flower-supernode`` for node ``index`` of ``num_nodes``.
 
-    ``runtime`` is the ``(host, port)`` where the node serves its ClientApp executor.
+    ``runtime`` is the ``(host, port)`` where the node serves its ClientApp executor;
+    ``client_state_dir`` (node config ``client-state-dir``) where its ClientApps keep the client's
+    state snapshots, when not in the run's ``output_dir`` (see ``pflower resume``).
     """
     host, port = runtime
+    node_config = f"partition-id={index} num-partitions={num_nodes}"
+    if client_state_dir is not None:
+        node_config += f' client-state-dir="{client_state_dir}"'
     # fmt: off
     args = [
         "--superlink", superlink,
         "--isolation", isolation,
         "--host", host,
         "--port", str(port),
-        "--node-config", f"partition-id={index} num-partitions={num_nodes}",
+        "--node-config", node_config,
     ]
     # fmt: on
     if security.ca is None:

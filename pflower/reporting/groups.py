@@ -22,13 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm)
+from pflower.config import EXECUTION_KEYS
 from pflower.core.algorithm import options_from_block
 from pflower.core.options import AlgorithmOptions
 from pflower.registry import ConfigError
 from pflower.results.rundir import RunResult
 
-NOT_GROUPED = ("seed", "output_dir")
-"""Keys in which seeds of one experiment may differ."""
+NOT_GROUPED = ("seed", *EXECUTION_KEYS)
+"""Top-level keys in which seeds of one experiment may differ: the seed, and how and where each
+run executed (its directory, checkpoints, tracking, backend ...)."""
 
 _PARTITION_NAMES = {"iid": "IID", "pathological": "PATH", "ls": "LS", "qs": "QS", "lsqs": "LSQS"}
 _ABSENT = object()
@@ -71,7 +73,9 @@ def show(value: Any) -> str:
 
 def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
     """The run's configuration without the keys that seeds may differ in."""
-    return tuple(sorted((k, v) for k, v in flatten(run.config).items() if k not in NOT_GROUPED))
+    return tuple(
+        sorted((k, v) for k, v in flatten(run.config).items() if k.split(".")[0] not in NOT_GROUPED)
+    )
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> Config:

@@ -18,6 +18,9 @@ Layout::
                      aggregates averaged over the evaluated rounds among the last 10% of
                      rounds), ``failures``, ``wall_time_s`` and the resolved ``config``
     plots/           accuracy.png (per round, by stage), clients.png (final per-client accuracy)
+    tensorboard/     TensorBoard events, with ``tracking=tensorboard`` (see :mod:`.tracking`)
+    mlflow.db        the MLflow store, with ``tracking=mlflow`` (unless ``tracking.uri`` names
+                     another)
     run.log          Flower's log
     error.txt        the traceback, when the run failed with an exception
 
@@ -49,6 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from pflower.results.statistics import summarize_stage
+from pflower.results.tracking import Tracker
 
 G, L1, L2 = "G", "L1", "L2"
 """The evaluation stages."""
@@ -181,6 +185,15 @@ def record_failure(run_dir: Path, cfg: DictConfig, error: BaseException) -> None
     write_summary(run_dir, cfg, read_rows(run_dir), "failed", f"{type(error).__name__}: {error}")
 
 
+@dataclass(frozen=True)
+class RecorderPosition:
+    """Where a resumed run's recorder continues: after the first ``rows`` rows of
+    ``metrics.jsonl``, with ``elapsed_s`` seconds of wall time already spent."""
+
+    rows: int
+    elapsed_s: float
+
+
 class Recorder:
     """What the server strategy observes, as events; the base class records nothing."""
 
@@ -212,20 +225,55 @@ class Recorder:
 class RunRecorder(Recorder):
     """Writes a run directory as the run goes, and prints one line per round if asked to."""
 
-    def __init__(self, run_dir: Path, cfg: DictConfig, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        cfg: DictConfig,
+        console: Console | None = None,
+        resume_at: RecorderPosition | None = None,
+    ) -> None:
         self.run_dir = run_dir
         self.cfg = cfg
         self.rounds = int(cfg.rounds)
         self.thresholds = list(cfg.eval.rho_thresholds)
         self.console = (console or _console()) if cfg.progress else None
         self.rows: list[Row] = []
-        self._started = time.monotonic()
+        self._started = time.monotonic() - (resume_at.elapsed_s if resume_at else 0.0)
         run_dir.mkdir(parents=True, exist_ok=True)
+        self.tracker = Tracker.open(  # tracking=...: also send each round's metrics there
+            resolved_config(cfg),
+            run_dir,
+            logging.getLogger("flwr").warning,
+            already_recorded=resume_at.rows if resume_at else 0,
+        )
         self._log_handler = logging.FileHandler(run_dir / "run.log")
         self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger("flwr").addHandler(self._log_handler)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-        self._metrics_file = (run_dir / "metrics.jsonl").open("w", encoding="utf-8")
+        if resume_at is not None:
+            self._rewind(resume_at.rows)
+        self._metrics_file = (run_dir / "metrics.jsonl").open(
+            "w" if resume_at is None else "a", encoding="utf-8"
+        )
+
+    def _rewind(self, rows: int) -> None:
+        """Continue a resumed run: keep the first ``rows`` rows of ``metrics.jsonl`` (those up to
+        the checkpoint) and forget the run's end, if the interrupted run recorded one."""
+        self.rows = read_rows(self.run_dir)[:rows]
+        if len(self.rows) < rows:
+            raise ValueError(
+                f"{self.run_dir / 'metrics.jsonl'} holds {len(self.rows)} rows, but the "
+                f"checkpoint was written after row {rows}"
+            )
+        _write_atomic(
+            self.run_dir / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.rows)
+        )
+        (self.run_dir / "summary.json").unlink(missing_ok=True)
+
+    @property
+    def position(self) -> RecorderPosition:
+        """How far the run has got: rows written and time elapsed (for a checkpoint)."""
+        return RecorderPosition(len(self.rows), self._elapsed())
 
     def _write(self, row: Row) -> None:
         self.rows.append(row)
@@ -255,6 +303,7 @@ class RunRecorder(Recorder):
         self._write({"round": server_round, "stage": SERVER, **metrics})
 
     def round_done(self, server_round: int) -> None:
+        self.tracker.round_done(self.rows, server_round)
         if self.console:
             self.console.print(self._progress_line(server_round))
 
@@ -277,6 +326,7 @@ class RunRecorder(Recorder):
     def finish(self) -> None:
         """Write summary.json and the plots (the last round is complete)."""
         write_summary(self.run_dir, self.cfg, self.rows, "completed", None, self._elapsed())
+        self.tracker.close(self.rows, completed=True)
         self._close()
         from pflower.results.plots import plot_run  # matplotlib only when a run ends
 
@@ -287,6 +337,7 @@ class RunRecorder(Recorder):
     def fail(self, error: str) -> None:
         """The run stops with ``error``: record it in summary.json and release the files."""
         write_summary(self.run_dir, self.cfg, self.rows, "failed", error, self._elapsed())
+        self.tracker.close(self.rows, completed=False)
         self._close()
 
     def _close(self) -> None:

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 from datetime import datetime
+from logging import WARNING
 from pathlib import Path
 
 import torch
 from flwr.app import Context
 from flwr.common import NDArrays
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig
+from flwr.common.logger import log
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig, SimpleClientManager
 from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config
+from pflower.config import overrides_from_run_config
 from pflower.core.algorithm import algorithm_of
+from pflower.core.checkpoint import (
+    CHECKPOINT_FILE,
+    CheckpointError,
+    ServerCheckpoint,
+    check_compatible,
+    load_checkpoint,
+)
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
-from pflower.results.rundir import RunRecorder
+from pflower.results.rundir import RecorderPosition, RunRecorder, read_rows, resolved_config
+from pflower.server.loop import CheckpointingServer
 
 
 def run_directory(cfg: DictConfig) -> Path:
@@ -27,9 +38,10 @@ def run_directory(cfg: DictConfig) -> Path:
 
 
 def global_evaluator(experiment: Experiment) -> GlobalEvaluator:
-    """Stage G: evaluates a global model on the global test set, on the server."""
-    model = experiment.new_model()
-    test = experiment.global_test
+    """Stage G: evaluates a global model on the whole global test set, on the server, on the
+    ``train.device`` of this process."""
+    model = experiment.new_model().to(experiment.device)
+    test = experiment.full_global_test
     prepare = experiment.prepare()
     batch_size = experiment.settings.eval.batch_size
 
@@ -41,8 +53,11 @@ def global_evaluator(experiment: Experiment) -> GlobalEvaluator:
     return evaluate_global
 
 
-def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
-    """The configured algorithm's Strategy, wired to a recorder writing into ``run_dir``."""
+def build_strategy(
+    cfg: DictConfig, run_dir: Path, resume_at: RecorderPosition | None = None
+) -> PersonalizedStrategy:
+    """The configured algorithm's Strategy, wired to a recorder writing into ``run_dir``
+    (continuing after ``resume_at`` in a resumed run)."""
     experiment = Experiment.of(cfg)
     options = experiment.settings.strategy
     strategy = algorithm_of(options).strategy(
@@ -50,20 +65,63 @@ def build_strategy(cfg: DictConfig, run_dir: Path) -> PersonalizedStrategy:
         settings=experiment.settings,
         initial_weights=experiment.initial_weights(),
         evaluate_global=global_evaluator(experiment),
-        recorder=RunRecorder(run_dir, cfg),
+        recorder=RunRecorder(run_dir, cfg, resume_at=resume_at),
     )
     with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
         strategy.trainable_mask = trainable_mask(experiment.new_model())
     return strategy
 
 
+def resumable_checkpoint(cfg: DictConfig, run_dir: Path) -> ServerCheckpoint:
+    """The checkpoint a run with ``checkpoint.resume=true`` continues from, checked against the
+    configuration and the run's rows before anything in ``run_dir`` is touched."""
+    checkpoint = load_checkpoint(run_dir)
+    path = run_dir / CHECKPOINT_FILE
+    check_compatible(checkpoint, resolved_config(cfg), path)
+    rows = len(read_rows(run_dir))
+    if rows < checkpoint.rows:
+        raise CheckpointError(
+            f"{run_dir / 'metrics.jsonl'} holds {rows} rows, but the checkpoint {path} was "
+            f"written after row {checkpoint.rows}: the run directory was changed since"
+        )
+    return checkpoint
+
+
+def checkpoint_every(cfg: DictConfig) -> int:
+    """``checkpoint.every``, or 0 when the run has no ``output_dir`` (a plain ``flwr run``): its
+    clients then have no agreed folder for their state, so no checkpoint could resume it."""
+    if cfg.checkpoint.every and not cfg.output_dir:
+        log(WARNING, "no checkpoints: checkpoint.every needs output_dir (its clients' state)")
+        return 0
+    return int(cfg.checkpoint.every)
+
+
 def server_fn(context: Context) -> ServerAppComponents:
-    """The Strategy and the number of rounds of the experiment in the run config."""
+    """The Strategy and the number of rounds of the experiment in the run config, run by a
+    :class:`CheckpointingServer` (resuming from the run directory's checkpoint if asked to)."""
     cfg = config_from_run_config(context.run_config)
-    strategy = build_strategy(cfg, run_directory(cfg))
+    run_dir = run_directory(cfg)
+    checkpoint = resumable_checkpoint(cfg, run_dir) if cfg.checkpoint.resume else None
+    resume_at = (
+        None if checkpoint is None else RecorderPosition(checkpoint.rows, checkpoint.elapsed_s)
+    )
+    strategy = build_strategy(cfg, run_dir, resume_at)
     settings = strategy.settings
-    return ServerAppComponents(
+    overrides = [
+        o
+        for o in overrides_from_run_config(context.run_config)
+        if not o.startswith(("output_dir=", "checkpoint.resume="))
+    ]
+    server = CheckpointingServer(
+        client_manager=SimpleClientManager(),
         strategy=strategy,
+        run_dir=run_dir,
+        overrides=overrides,
+        every=checkpoint_every(cfg),
+        resume_from=checkpoint,
+    )
+    return ServerAppComponents(
+        server=server,
         config=ServerConfig(num_rounds=settings.rounds, round_timeout=settings.round_timeout),
     )
 

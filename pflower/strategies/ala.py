@@ -242,7 +242,10 @@ def adaptive_local_aggregation(
                             params[key].copy_(torch.lerp(loc[key], glob[key], weight))
                             params[key].grad = None
                     batch = slice(start, start + settings.batch_size)
-                    loss = criterion(model(prepare(images[batch])), labels[batch])
+                    device = params[higher[0]].device
+                    loss = criterion(
+                        model(prepare(images[batch]).to(device)), labels[batch].to(device)
+                    )
                     loss.backward()
                     with torch.no_grad():
                         for key, weight in zip(higher, w, strict=True):
@@ -267,11 +270,11 @@ def adaptive_local_aggregation(
 
     result = list(base)
     for key, weight in zip(higher, w, strict=True):
-        mixed = torch.lerp(loc[key], glob[key], weight).detach().numpy()
+        mixed = torch.lerp(loc[key], glob[key], weight).detach().cpu().numpy()
         result[position[key]] = mixed.astype(np.asarray(local_weights[position[key]]).dtype)
     return ALAResult(
         result,
-        [weight.detach().numpy().copy() for weight in w],
+        [weight.detach().cpu().numpy().copy() for weight in w],
         len(losses),
         tuple(losses),
         capped,
@@ -279,7 +282,7 @@ def adaptive_local_aggregation(
 
 
 def _tensor(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(np.array(array, copy=True)).to(like.dtype)
+    return torch.from_numpy(np.array(array, copy=True)).to(device=like.device, dtype=like.dtype)
 
 
 class ALAClientMixin(PersonalClient[Any]):

@@ -42,10 +42,11 @@ from torch.func import functional_call
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, batch_indices
+from pflower.core.training import Regularizer, TrainSettings, model_device
+from pflower.strategies.batches import train_batches
+from pflower.strategies.moreau import PersonalAndGlobalClient
 
 LOCAL = "apfl_v"
 ALPHA = "apfl_alpha"
@@ -65,8 +66,11 @@ class APFLStrategy(PersonalizedStrategy["APFLOptions"]):
     """Server side identical to FedAvg."""
 
 
-class APFLClient(PersonalClient["APFLOptions"]):
-    """Trains w (uploaded), v_i and α_i (kept) on the same mini-batches."""
+class APFLClient(PersonalAndGlobalClient["APFLOptions"]):
+    """Trains w (uploaded), v_i and α_i (kept) on the same mini-batches. Stage L1: the mixture
+    v̄_i (PM, :meth:`personalize`) and the received w (GM)."""
+
+    personal_key: ClassVar[str] = LOCAL
 
     def _alpha(self) -> float:
         return float(self.state.get_scalars(ALPHA).get("alpha", self.options.alpha_init))
@@ -79,37 +83,33 @@ class APFLClient(PersonalClient["APFLOptions"]):
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
         """Alg. 1, lines 5-9: ``self.model`` is w; v_i and α_i are updated beside it."""
-        model, data = self.model, self.data.train
+        model = self.model
+        device = model_device(model)
         names = list(model.state_dict())
         stored = self.state.get_arrays(LOCAL)
         start = (
             stored
             if stored is not None
-            else [t.detach().numpy() for t in model.state_dict().values()]
+            else [t.detach().cpu().numpy() for t in model.state_dict().values()]
         )
         local = {
             name: torch.tensor(
-                np.array(array), requires_grad=name in dict(model.named_parameters())
+                np.array(array),
+                device=device,
+                requires_grad=name in dict(model.named_parameters()),
             )
             for name, array in zip(names, start, strict=True)
         }
         trainable = [t for t in local.values() if t.requires_grad]
-        alpha = torch.tensor(self._alpha(), dtype=torch.float32, requires_grad=True)
+        alpha = torch.tensor(self._alpha(), dtype=torch.float32, device=device, requires_grad=True)
         alpha_lr = self.options.alpha_lr if self.options.alpha_lr is not None else settings.lr
 
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
         model.train()
         w_optimizer = settings.make_optimizer(model.parameters())
         v_optimizer = settings.make_optimizer(iter(trainable))
         criterion = nn.CrossEntropyLoss()
         total, batches = 0.0, 0
-        for index in batch_indices(
-            len(data), settings.batch_size, generator, settings.epochs, settings.steps
-        ):
-            images, labels = self.data.prepare(data.images[index]), data.labels[index]
+        for images, labels in train_batches(self, settings, config):
             # v̄ = α v + (1 − α) w at the current iterates (w held fixed in the mixture).
             current = {name: t.detach() for name, t in model.state_dict().items()}
             mixed = {
@@ -133,7 +133,7 @@ class APFLClient(PersonalClient["APFLOptions"]):
                     alpha -= alpha_lr * alpha.grad
                     alpha.clamp_(0.0, 1.0)
             batches += 1
-        self._new_local = [local[name].detach().numpy().copy() for name in names]
+        self._new_local = [local[name].detach().cpu().numpy().copy() for name in names]
         self._new_alpha = float(alpha.detach())
         return total / max(batches, 1)
 
@@ -152,11 +152,6 @@ class APFLClient(PersonalClient["APFLOptions"]):
         if local is None:
             return global_weights
         return mixture(self._alpha(), local, global_weights)
-
-    def global_model_for_eval(
-        self, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays | None:
-        return global_weights
 
 
 @register_algorithm("apfl", strategy=APFLStrategy, client=APFLClient)

@@ -43,11 +43,22 @@ from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
+from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, batch_indices, trainable_mask
-from pflower.strategies.diversifed import MEAN_OF_CLIENT_MODELS, mean_of_stored
+from pflower.core.training import (
+    Regularizer,
+    TrainSettings,
+    batch_indices,
+    model_device,
+    trainable_mask,
+)
+from pflower.strategies.batches import data_generator
+from pflower.strategies.diversifed import (
+    MEAN_OF_CLIENT_MODELS,
+    initial_weights_untouched,
+    mean_of_stored,
+)
 
 P_KEY = "apple_p"
 PERSONAL = "apple_personal"
@@ -104,8 +115,7 @@ class AppleClient(PersonalClient["AppleOptions"]):
     """Learns its core model and its relationship vector p_i on every batch."""
 
     def initial(self) -> NDArrays:
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
-            return self.experiment.initial_weights()
+        return initial_weights_untouched(self)
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         per_model = len(self.model.state_dict())
@@ -130,13 +140,15 @@ class AppleClient(PersonalClient["AppleOptions"]):
         rounds_trained = int(self.state.get_scalars(ROUNDS).get("count", 0))
         fade = self.options.fade_fraction * self.experiment.settings.rounds
         lam_r = proximal_weight(rounds_trained, fade)
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
+        generator = data_generator(self, config)
         mask = trainable_mask(self.model)
+        device = model_device(self.model)
         cores = [
-            [torch.from_numpy(np.asarray(a)).float() for a, m in zip(core, mask, strict=True) if m]
+            [
+                torch.from_numpy(np.asarray(a)).float().to(device)
+                for a, m in zip(core, mask, strict=True)
+                if m
+            ]
             for core in self._cores
         ]
         loss_mean, p = apple_train(
@@ -169,7 +181,9 @@ class AppleClient(PersonalClient["AppleOptions"]):
     ) -> NDArrays:
         mask = trainable_mask(self.model)
         core = iter(self._core)
-        return [next(core).numpy().copy() if m else a for a, m in zip(trained, mask, strict=True)]
+        return [
+            next(core).cpu().numpy().copy() if m else a for a, m in zip(trained, mask, strict=True)
+        ]
 
     def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         stored = self.state.get_arrays(PERSONAL)
@@ -200,6 +214,7 @@ def apple_train(
     """APPLE's per-batch core and relationship steps (module docstring); updates ``cores[own]``
     in place and returns the mean training loss and the new p."""
     model.train()
+    device = model_device(model)
     criterion = nn.CrossEntropyLoss()
     p0 = 1.0 / len(cores)
     p = p.clone()
@@ -209,7 +224,7 @@ def apple_train(
     ):
         set_personal(model, cores, p)
         model.zero_grad(set_to_none=True)
-        loss = criterion(model(prepare(images[index])), labels[index])
+        loss = criterion(model(prepare(images[index]).to(device)), labels[index].to(device))
         total += float(loss.detach())
         loss.backward()
         grads = [param.grad.detach().clone() for param in model.parameters()]  # type: ignore[union-attr]

@@ -37,11 +37,10 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import TrainSettings, get_weights, set_weights
-from pflower.strategies.flame import anchor_tensors, moreau_term
+from pflower.strategies.moreau import PersonalAndGlobalClient, anchor_tensors, moreau_term
 
 PERSONAL = "ditto_v"
 
@@ -50,8 +49,11 @@ class DittoStrategy(PersonalizedStrategy["DittoOptions"]):
     """Server side identical to FedAvg (Alg. 1, line 11)."""
 
 
-class DittoClient(PersonalClient["DittoOptions"]):
-    """FedAvg local update for w (uploaded); proximal personal step for v (kept)."""
+class DittoClient(PersonalAndGlobalClient["DittoOptions"]):
+    """FedAvg local update for w (uploaded); proximal personal step for v (kept). Stage L1: v_k
+    (PM) and the received w^t (GM)."""
+
+    personal_key: ClassVar[str] = PERSONAL
 
     def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
         """The global step's settings: the round's, with ``global_lr`` if set."""
@@ -83,14 +85,6 @@ class DittoClient(PersonalClient["DittoOptions"]):
         """Runs the personal step (the global step's result is already in ``trained``); leaves
         ``self.model`` holding v_k, which stage L2 evaluates."""
         self.state.put_arrays(PERSONAL, self.personal_step(global_weights, config))
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.state.get_arrays(PERSONAL) or global_weights
-
-    def global_model_for_eval(
-        self, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays | None:
-        return global_weights
 
 
 @register_algorithm("ditto", strategy=DittoStrategy, client=DittoClient)

@@ -62,7 +62,7 @@ from pflower.config import require
 from pflower.core.aggregation import weighted_mean
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
-from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.options import Aggregation, AlgorithmOptions, OptionsT
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer
 from pflower.strategies.fedprox import proximal_term
@@ -218,9 +218,14 @@ def mean_of_stored(strategy: PersonalizedStrategy) -> NDArrays:
     return weighted_mean(models, weights)  # type: ignore[arg-type]
 
 
-# --------------------------------------------------------------------------------- server
-class DiversiFedStrategy(PersonalizedStrategy["DiversiFedOptions"]):
-    """Eq. 6 on the server: one gradient step on L_M per sampled client from the stored models."""
+# ----------------------------------------------- shared by the server-personalized methods
+class ModelMixingStrategy(PersonalizedStrategy[OptionsT]):
+    """Sends every sampled client i its own u_i = Σ_j Ξ_ij w_j, an affine combination of the
+    stored client models w_j (Θ^0 for a client never sampled) over the trainable parameters
+    (buffers copied from the client's stored model). Subclasses give Ξ (:meth:`mixing`):
+    DiversiFed's step on L_M (Eq. 6), FedAMP's attentive message passing. No global model:
+    stage G evaluates the mean of the stored models. The neighbor set follows
+    ``options.neighbors`` (this round's participants, or every client's latest upload)."""
 
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
@@ -236,23 +241,18 @@ class DiversiFedStrategy(PersonalizedStrategy["DiversiFedOptions"]):
             return sorted(partition_ids)
         return sorted(set(self.client_sizes) | set(partition_ids))
 
+    def mixing(self, server_round: int, neighbors: list[int], vectors: np.ndarray) -> np.ndarray:
+        """Ξ (rows sum to 1) for the flattened float32 models ``vectors`` of ``neighbors``."""
+        raise NotImplementedError
+
     def client_messages(
         self, server_round: int, partition_ids: list[int], global_weights: NDArrays
     ) -> dict[int, NDArrays]:
-        options = self.options
         neighbors = self.neighbor_ids(partition_ids)
         models = {pid: self.client_models.get(pid, self.initial_weights) for pid in neighbors}
         mask = parameter_mask(self, self.initial_weights)
         vectors = np.stack([flatten(models[pid], mask).astype(np.float32) for pid in neighbors])
-        distances = pairwise_distances(vectors, squared=options.distance == Distance.l2_sq)
-        xi = mixing_matrix(
-            distances,
-            options.tau,
-            options.eta,
-            options.distance,
-            options.grad_mode,
-            options.eps_dist,
-        )
+        xi = self.mixing(server_round, neighbors, vectors)
         self.last_mixing = (neighbors, xi)
         targets = mix(xi, vectors)
         row = {pid: index for index, pid in enumerate(neighbors)}
@@ -264,22 +264,63 @@ class DiversiFedStrategy(PersonalizedStrategy["DiversiFedOptions"]):
         return mean_of_stored(self)
 
 
+def initial_weights_untouched(client: PersonalClient) -> NDArrays:
+    """Θ^0, rebuilt from the seed, leaving the global torch RNG as it was."""
+    with torch.random.fork_rng(devices=[]):
+        return client.experiment.initial_weights()
+
+
+class OwnModelClient(PersonalClient[OptionsT]):
+    """A client whose deployable model is its own, kept in ``context.state`` under
+    :attr:`model_key` (all ``state_dict`` arrays) and Θ^0 before its first round: it trains
+    from it, stores the trained model, and evaluates it at stage L1."""
+
+    model_key: ClassVar[str]
+
+    def own_model(self) -> NDArrays:
+        """The stored model, or Θ^0 before the client's first round."""
+        stored = self.state.get_arrays(self.model_key)
+        return stored if stored is not None else initial_weights_untouched(self)
+
+    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.own_model()
+
+    def remember(
+        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> None:
+        self.state.put_arrays(self.model_key, trained)
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        return self.own_model()
+
+
+# --------------------------------------------------------------------------------- server
+class DiversiFedStrategy(ModelMixingStrategy["DiversiFedOptions"]):
+    """Eq. 6 on the server: one gradient step on L_M per sampled client from the stored models."""
+
+    def mixing(self, server_round: int, neighbors: list[int], vectors: np.ndarray) -> np.ndarray:
+        options = self.options
+        distances = pairwise_distances(vectors, squared=options.distance == Distance.l2_sq)
+        return mixing_matrix(
+            distances,
+            options.tau,
+            options.eta,
+            options.distance,
+            options.grad_mode,
+            options.eps_dist,
+        )
+
+
 # --------------------------------------------------------------------------------- client
-class DiversiFedClient(PersonalClient["DiversiFedOptions"]):
+class DiversiFedClient(OwnModelClient["DiversiFedOptions"]):
     """Eq. 7: trains its own w_i with the pull (λ/(2η))‖w − u_i‖² toward the received u_i."""
 
-    def personal_model(self) -> NDArrays:
-        """The stored w_i, or Θ^0 (rebuilt from the seed) before the client's first round."""
-        stored = self.state.get_arrays(PERSONAL)
-        if stored is not None:
-            return stored
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
-            return self.experiment.initial_weights()
+    model_key: ClassVar[str] = PERSONAL
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         if self.options.start_from == StartFrom.target:
             return global_weights
-        return self.personal_model()
+        return self.own_model()
 
     def regularizer(
         self, global_weights: NDArrays, config: dict[str, Scalar]
@@ -287,14 +328,6 @@ class DiversiFedClient(PersonalClient["DiversiFedOptions"]):
         if self.options.lam == 0:
             return None
         return proximal_term(self.model, global_weights, self.options.lam / self.options.eta)
-
-    def remember(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> None:
-        self.state.put_arrays(PERSONAL, trained)
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.personal_model()
 
 
 @register_algorithm("diversifed", strategy=DiversiFedStrategy, client=DiversiFedClient)

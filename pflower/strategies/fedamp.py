@@ -38,25 +38,18 @@ from logging import WARNING
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import NDArrays, Scalar
 from flwr.common.logger import log
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer
 from pflower.strategies.diversifed import (
-    MEAN_OF_CLIENT_MODELS,
+    ModelMixingStrategy,
     Neighbors,
-    flatten,
-    mean_of_stored,
-    mix,
+    OwnModelClient,
     pairwise_distances,
-    parameter_mask,
-    unflatten,
 )
 from pflower.strategies.fedprox import proximal_term
 
@@ -88,18 +81,13 @@ def alpha_at(options: FedAMPOptions, server_round: int) -> float:
     )
 
 
-class FedAMPStrategy(PersonalizedStrategy["FedAMPOptions"]):
+class FedAMPStrategy(ModelMixingStrategy["FedAMPOptions"]):
     """The server's attentive message passing from the stored client models."""
-
-    keeps_client_models: ClassVar[bool] = True
-    global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
-        self.initial_weights: NDArrays = self.global_weights
         self.guard_events: list[tuple[int, int, float]] = []
         """(round, partition id, off-diagonal sum) each time the guard rescaled a row."""
-        self.last_mixing: tuple[list[int], np.ndarray] | None = None
 
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
         return {
@@ -110,16 +98,7 @@ class FedAMPStrategy(PersonalizedStrategy["FedAMPOptions"]):
     def alpha(self, server_round: int) -> float:
         return alpha_at(self.options, server_round)
 
-    def client_messages(
-        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
-    ) -> dict[int, NDArrays]:
-        if self.options.neighbors == Neighbors.participants:
-            neighbors = sorted(partition_ids)
-        else:
-            neighbors = sorted(set(self.client_sizes) | set(partition_ids))
-        models = {pid: self.client_models.get(pid, self.initial_weights) for pid in neighbors}
-        mask = parameter_mask(self, self.initial_weights)
-        vectors = np.stack([flatten(models[pid], mask).astype(np.float32) for pid in neighbors])
+    def mixing(self, server_round: int, neighbors: list[int], vectors: np.ndarray) -> np.ndarray:
         xi, rescaled = attention_weights(
             pairwise_distances(vectors, squared=True), self.alpha(server_round), self.options.sigma
         )
@@ -133,29 +112,13 @@ class FedAMPStrategy(PersonalizedStrategy["FedAMPOptions"]):
                 neighbors[row],
                 total,
             )
-        self.last_mixing = (neighbors, xi)
-        targets = mix(xi, vectors)
-        row_of = {pid: index for index, pid in enumerate(neighbors)}
-        return {pid: unflatten(targets[row_of[pid]], models[pid], mask) for pid in partition_ids}
-
-    def aggregate(
-        self, server_round: int, updates: list[ClientUpdate], current: NDArrays
-    ) -> NDArrays:
-        return mean_of_stored(self)
+        return xi
 
 
-class FedAMPClient(PersonalClient["FedAMPOptions"]):
+class FedAMPClient(OwnModelClient["FedAMPOptions"]):
     """Trains its own w_i with the pull (λ/(2α_K))‖w − u_i‖² toward the received u_i."""
 
-    def personal_model(self) -> NDArrays:
-        stored = self.state.get_arrays(PERSONAL)
-        if stored is not None:
-            return stored
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
-            return self.experiment.initial_weights()
-
-    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.personal_model()
+    model_key: ClassVar[str] = PERSONAL
 
     def regularizer(
         self, global_weights: NDArrays, config: dict[str, Scalar]
@@ -164,14 +127,6 @@ class FedAMPClient(PersonalClient["FedAMPOptions"]):
             return None
         alpha_k = float(config[ALPHA_KEY])
         return proximal_term(self.model, global_weights, self.options.lam / alpha_k)
-
-    def remember(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> None:
-        self.state.put_arrays(PERSONAL, trained)
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.personal_model()
 
 
 @register_algorithm("fedamp", strategy=FedAMPStrategy, client=FedAMPClient)

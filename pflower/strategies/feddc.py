@@ -39,7 +39,12 @@ Deviations and additions: the official code scales α and the correction by n_i 
 1 for equal-sized clients and is left out here. ``drift_weight`` λ (pflower's knob, 1 = FedDC)
 multiplies h_i in the penalty and in the server correction, and the gradient-correction term:
 λ = 0 leaves FedProx with μ = α, and with α = 0 as well, FedAvg exactly. The mean over S follows
-``aggregation`` (default ``uniform``, as the official code).
+``aggregation`` (default ``uniform``, as the official code). The correction's Δ/(K η) is
+SCAFFOLD's option II and, like it, assumes plain SGD steps: with ``train.momentum`` β > 0 the
+denominator is K_eff η, K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)
+(:func:`~pflower.strategies.control_variates.effective_steps`, which explains why; with K η
+the corrections grow about 1/(1 − β) times too large and diverge to NaN within 4 rounds on
+digits at the default β = 0.9). β = 0 computes K η exactly; ``train.optimizer=adam`` is refused.
 """
 
 from __future__ import annotations
@@ -48,31 +53,34 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
-from pflower.strategies.fedprox import proximal_term
-from pflower.strategies.scaffold import (
+from pflower.strategies.control_variates import (
+    ModelAndVariateClient,
+    ModelAndVariateStrategy,
     as_float64,
     cast_like,
     linear_term,
-    local_steps,
+    mean_delta_update,
     require_mask,
     trainable_part,
     zeros_like_trainable,
 )
+from pflower.strategies.fedprox import proximal_term
 
 DRIFT = "feddc_drift"
 CORRECTION = "feddc_correction"
 
 
-class FedDCStrategy(PersonalizedStrategy["FedDCOptions"]):
-    """Keeps G and every client's latest h_i; w = mean θ_i + mean h_i."""
+class FedDCStrategy(ModelAndVariateStrategy["FedDCOptions"]):
+    """Keeps G (sent after w) and every client's latest h_i; w = mean θ_i + mean h_i."""
+
+    variate_attribute: ClassVar[str] = "global_correction"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
@@ -80,26 +88,6 @@ class FedDCStrategy(PersonalizedStrategy["FedDCOptions"]):
         """G: one array per trainable parameter (None = zero, before the first update)."""
         self.client_drifts: dict[int, NDArrays] = {}
         """h_i by partition id: the latest drift each client uploaded."""
-        self._message: tuple[int, Parameters] | None = None
-
-    def correction(self) -> NDArrays:
-        if self.global_correction is None:
-            self.global_correction = zeros_like_trainable(self.global_weights, require_mask(self))
-        return [array.copy() for array in self.global_correction]
-
-    def client_parameters(
-        self, server_round: int, partition_id: int, global_parameters: Parameters
-    ) -> Parameters:
-        """w followed by G (one message for all clients, built once per round)."""
-        if self._message is None or self._message[0] != server_round:
-            arrays = parameters_to_ndarrays(global_parameters) + self.correction()
-            self._message = (server_round, ndarrays_to_parameters(arrays))
-        return self._message[1]
-
-    def evaluate_parameters(
-        self, server_round: int, partition_id: int, global_parameters: Parameters
-    ) -> Parameters:
-        return global_parameters
 
     def expected_upload(self, current: NDArrays) -> NDArrays:
         """θ, then h_i, then ΔG_i."""
@@ -133,34 +121,21 @@ class FedDCStrategy(PersonalizedStrategy["FedDCOptions"]):
                 new[index] = (np.asarray(mean[index], np.float64) + weight * h).astype(
                     mean[index].dtype
                 )
-        correction = self.correction()
-        total = as_float64(correction)
-        for update in updates:
-            for acc, delta in zip(total, update.weights[size + count :], strict=True):
-                acc += np.asarray(delta, np.float64) / num_clients
-        self.global_correction = cast_like(total, correction)
+        self.global_correction = mean_delta_update(
+            self.server_variate(), [u.weights[size + count :] for u in updates], num_clients
+        )
         return new
 
 
-class FedDCClient(PersonalClient["FedDCOptions"]):
-    """Penalized, corrected local training; updates h_i and G_i."""
-
-    def _split(self, parameters: NDArrays) -> tuple[NDArrays, NDArrays]:
-        size = len(self.model.state_dict())
-        return list(parameters[:size]), list(parameters[size:])
-
-    def _stored(self, key: str, like: NDArrays) -> NDArrays:
-        stored = self.state.get_arrays(key)
-        return stored if stored is not None else [np.zeros_like(a) for a in like]
-
-    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self._split(global_weights)[0]
+class FedDCClient(ModelAndVariateClient["FedDCOptions"]):
+    """Penalized, corrected local training; updates h_i and G_i; uploads θ, then h_i, then
+    ΔG_i."""
 
     def regularizer(self, global_weights: NDArrays, config: dict[str, Scalar]) -> Regularizer:
-        w, g_server = self._split(global_weights)
+        w, g_server = self.split_message(global_weights)
         mask = trainable_mask(self.model)
-        h = self._stored(DRIFT, g_server)
-        g_own = self._stored(CORRECTION, g_server)
+        h = self.stored_or_zeros(DRIFT, g_server)
+        g_own = self.stored_or_zeros(CORRECTION, g_server)
         weight = self.options.drift_weight
         drifts = iter(h)
         anchor = [
@@ -180,35 +155,28 @@ class FedDCClient(PersonalClient["FedDCOptions"]):
     def remember(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> None:
-        w, g_server = self._split(global_weights)
+        w, g_server = self.split_message(global_weights)
         mask = trainable_mask(self.model)
-        h = self._stored(DRIFT, g_server)
-        g_own = self._stored(CORRECTION, g_server)
+        h = self.stored_or_zeros(DRIFT, g_server)
+        g_own = self.stored_or_zeros(CORRECTION, g_server)
         delta = [
             np.asarray(t, np.float64) - np.asarray(x, np.float64)
             for t, x in zip(trainable_part(trained, mask), trainable_part(w, mask), strict=True)
         ]
         new_h = [np.asarray(own, np.float64) + d for own, d in zip(h, delta, strict=True)]
-        settings = self.train_settings(config)
-        steps = local_steps(len(self.data.train), settings)
-        scale = 1.0 / (steps * settings.lr) if steps else 0.0
-        new_g = [
-            np.asarray(own, np.float64) - np.asarray(s, np.float64) - scale * d
-            for own, s, d in zip(g_own, g_server, delta, strict=True)
-        ]
-        if not steps:
+        scale = self.option_ii_scale(config)  # 1/(K η); 1/(K_eff η) with momentum
+        if scale is None:
             new_g = as_float64(g_own)
-        self._upload_extra = cast_like(new_h, h) + cast_like(
+        else:
+            new_g = [
+                np.asarray(own, np.float64) - np.asarray(s, np.float64) - scale * d
+                for own, s, d in zip(g_own, g_server, delta, strict=True)
+            ]
+        self.extra_upload = cast_like(new_h, h) + cast_like(
             [n - np.asarray(o, np.float64) for n, o in zip(new_g, g_own, strict=True)], g_own
         )
         self.state.put_arrays(DRIFT, cast_like(new_h, h))
         self.state.put_arrays(CORRECTION, cast_like(new_g, g_own))
-
-    def upload(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays:
-        """θ, then h_i, then ΔG_i."""
-        return list(trained) + list(self._upload_extra)
 
 
 @register_algorithm("feddc", strategy=FedDCStrategy, client=FedDCClient)

@@ -46,8 +46,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, trainable_mask
-from pflower.strategies.fedprox import proximal_term
-from pflower.strategies.scaffold import (
+from pflower.strategies.control_variates import (
     as_float64,
     cast_like,
     linear_term,
@@ -55,6 +54,7 @@ from pflower.strategies.scaffold import (
     trainable_part,
     zeros_like_trainable,
 )
+from pflower.strategies.fedprox import proximal_term
 
 LINEAR_TERM = "feddyn_grad"
 

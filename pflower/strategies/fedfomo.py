@@ -36,19 +36,17 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.experiment import ClientData, Experiment
 from pflower.core.options import AlgorithmOptions
 from pflower.core.state import ClientState
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
-from pflower.strategies.diversifed import MEAN_OF_CLIENT_MODELS, mean_of_stored
+from pflower.strategies.diversifed import MEAN_OF_CLIENT_MODELS, OwnModelClient, mean_of_stored
 
 PERSONAL = "fomo_personal"
 """Client state: the personalized model θ_i (all ``state_dict`` arrays)."""
@@ -152,8 +150,10 @@ class FedFomoStrategy(PersonalizedStrategy["FedFomoOptions"]):
         return mean_of_stored(self)
 
 
-class FedFomoClient(PersonalClient["FedFomoOptions"]):
+class FedFomoClient(OwnModelClient["FedFomoOptions"]):
     """Weighs the received models on its validation share, moves toward them, then trains."""
+
+    model_key: ClassVar[str] = PERSONAL
 
     def __init__(
         self,
@@ -167,20 +167,13 @@ class FedFomoClient(PersonalClient["FedFomoOptions"]):
         if len(data.val) == 0 and options.holdout > 0:
             self.data = hold_out(data, options.holdout, experiment.settings.seed)
 
-    def personal_model(self) -> NDArrays:
-        stored = self.state.get_arrays(PERSONAL)
-        if stored is not None:
-            return stored
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
-            return self.experiment.initial_weights()
-
     def val_loss(self, weights: NDArrays) -> float:
         set_weights(self.model, weights)
         batch_size = self.experiment.settings.eval.batch_size
         return evaluate(self.model, self.data.val, self.data.prepare, batch_size).loss
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        old = self.personal_model()
+        old = self.own_model()
         ids = [int(n) for n in str(config.get(IDS_KEY, "")).split(",") if n]
         self._weights_text = ""
         if not ids:
@@ -220,16 +213,8 @@ class FedFomoClient(PersonalClient["FedFomoOptions"]):
             start.append(moved.astype(array.dtype))
         return start
 
-    def remember(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> None:
-        self.state.put_arrays(PERSONAL, trained)
-
     def fit_metrics(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return {WEIGHTS_KEY: getattr(self, "_weights_text", "")}
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.personal_model()
 
 
 @register_algorithm("fedfomo", strategy=FedFomoStrategy, client=FedFomoClient)

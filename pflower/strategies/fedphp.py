@@ -36,8 +36,13 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient, server_round
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, batch_indices, set_weights
+from pflower.core.training import (
+    Regularizer,
+    TrainSettings,
+    set_weights,
+)
 from pflower.models import split
+from pflower.strategies.batches import optimizer_step, train_batches
 
 LOCAL_MODEL = "fedphp_local"
 BANDWIDTHS = (10.0, 15.0, 20.0, 50.0)
@@ -98,26 +103,16 @@ class FedPHPClient(PersonalClient["FedPHPOptions"]):
         regularizer: Regularizer | None = None,
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
-        model, data, lam = self.model, self.data.train, self.options.lam
+        model, lam = self.model, self.options.lam
         frozen = copy.deepcopy(model)
         set_weights(frozen, self._received)
         frozen.eval()
         for param in frozen.parameters():
             param.requires_grad_(False)
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
         model.train()
         optimizer = settings.make_optimizer(model.parameters())
         total, batches = 0.0, 0
-        for batch in batch_indices(
-            len(data),
-            settings.batch_size,
-            torch.Generator().manual_seed(int(seed)),
-            settings.epochs,
-            settings.steps,
-        ):
-            x, y = self.data.prepare(data.images[batch]), data.labels[batch]
+        for x, y in train_batches(self, settings, config):
             z = split.represent(model, x)
             ce = nn.functional.cross_entropy(split.head(model)(z), y)
             total += float(ce.detach())
@@ -126,13 +121,7 @@ class FedPHPClient(PersonalClient["FedPHPOptions"]):
                 with torch.no_grad():
                     z_global = split.represent(frozen, x)
                 loss = loss + lam * mmd(z, z_global)
-            if regularizer is not None:
-                loss = loss + regularizer(model)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if after_step is not None:
-                after_step(model)
+            optimizer_step(optimizer, loss, model, regularizer, after_step)
             batches += 1
         return total / max(batches, 1)
 

@@ -43,11 +43,18 @@ from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, batch_indices, evaluate
+from pflower.core.training import (
+    Regularizer,
+    TrainSettings,
+    batch_indices,
+    evaluate,
+    model_device,
+)
 from pflower.models.split import head, represent
+from pflower.strategies.batches import data_generator
+from pflower.strategies.diversifed import OwnModelClient
 
 MODEL = "proto_model"
 """Client state: the client's own model (never sent)."""
@@ -110,21 +117,25 @@ def class_prototypes(
 ) -> NDArrays:
     """``[C × D mean representation per class, C counts]`` of ``model`` on the samples."""
     model.eval()
+    device = model_device(model)
     sums: torch.Tensor | None = None
-    counts = torch.zeros(num_classes, dtype=torch.float64)
+    counts = torch.zeros(num_classes, dtype=torch.float64, device=device)
     with torch.no_grad():
         for start in range(0, len(labels), batch_size):
-            features = represent(model, prepare(images[start : start + batch_size])).double()
-            y = labels[start : start + batch_size]
+            batch = prepare(images[start : start + batch_size]).to(device)
+            features = represent(model, batch).double()
+            y = labels[start : start + batch_size].to(device)
             if sums is None:
-                sums = torch.zeros(num_classes, features.shape[1], dtype=torch.float64)
+                sums = torch.zeros(
+                    num_classes, features.shape[1], dtype=torch.float64, device=device
+                )
             sums.index_add_(0, y, features)
             counts += torch.bincount(y, minlength=num_classes).double()
     if sums is None:
         width = head(model).in_features  # type: ignore[union-attr]
-        sums = torch.zeros(num_classes, int(width), dtype=torch.float64)
+        sums = torch.zeros(num_classes, int(width), dtype=torch.float64, device=device)
     means = sums / counts.clamp(min=1.0)[:, None]
-    return [means.float().numpy(), counts.numpy()]
+    return [means.float().cpu().numpy(), counts.cpu().numpy()]
 
 
 class FedProtoStrategy(PersonalizedStrategy["FedProtoOptions"]):
@@ -163,28 +174,23 @@ class FedProtoStrategy(PersonalizedStrategy["FedProtoOptions"]):
         return self.prototypes
 
 
-class FedProtoClient(PersonalClient["FedProtoOptions"]):
+class FedProtoClient(OwnModelClient["FedProtoOptions"]):
     """Trains its own model with the prototype regularizer; uploads its class prototypes."""
 
+    model_key: ClassVar[str] = MODEL
     _global: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def receive(self, parameters: NDArrays) -> None:
         """Keep the global prototypes of this message (none before the first aggregation)."""
         if len(parameters) == 2:
             protos, counts = parameters
+            device = model_device(self.model)
             self._global = (
-                torch.from_numpy(np.asarray(protos)).float(),
-                torch.from_numpy(counts > 0),
+                torch.from_numpy(np.asarray(protos)).float().to(device),
+                torch.from_numpy(counts > 0).to(device),
             )
         else:
             self._global = None
-
-    def own_model(self) -> NDArrays:
-        stored = self.state.get_arrays(MODEL)
-        if stored is not None:
-            return stored
-        with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
-            return self.experiment.initial_weights()
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         self.receive(global_weights)
@@ -199,10 +205,7 @@ class FedProtoClient(PersonalClient["FedProtoOptions"]):
     ) -> float:
         """CE + λ_p·MSE(f(x), C̄^{(y)}) over the client's train split (same batches as the
         shared loop: data order seeded per round and client)."""
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
+        generator = data_generator(self, config)
         return prototype_train(
             self.model,
             self.data.train.images,
@@ -213,11 +216,6 @@ class FedProtoClient(PersonalClient["FedProtoOptions"]):
             self._global,
             self.options.lam,
         )
-
-    def remember(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> None:
-        self.state.put_arrays(MODEL, trained)
 
     def upload(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
@@ -265,6 +263,7 @@ def prototype_train(
     """FedProto's local objective with the shared loop's batches and optimizer; returns
     the mean cross-entropy."""
     model.train()
+    device = model_device(model)
     optimizer = settings.make_optimizer(model.parameters())
     criterion = nn.CrossEntropyLoss()
     total, batches = 0.0, 0
@@ -272,8 +271,8 @@ def prototype_train(
         len(labels), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         optimizer.zero_grad(set_to_none=True)
-        y = labels[index]
-        features = represent(model, prepare(images[index]))
+        y = labels[index].to(device)
+        features = represent(model, prepare(images[index]).to(device))
         loss = criterion(head(model)(features), y)
         total += float(loss.detach())
         if prototypes is not None and lam > 0:

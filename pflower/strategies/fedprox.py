@@ -25,7 +25,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import Regularizer
+from pflower.core.training import Regularizer, model_device
 
 
 class FedProxStrategy(PersonalizedStrategy["FedProxOptions"]):
@@ -43,8 +43,9 @@ def proximal_term(model: nn.Module, anchor_weights: NDArrays, mu: float) -> Regu
     """The loss term w ↦ (μ/2)‖w − w^t‖² over ``model``'s trainable parameters, where w^t are
     ``anchor_weights`` (in ``state_dict`` order, as they arrive from the server)."""
     names = list(model.state_dict())
+    device = model_device(model)
     anchors = {
-        name: torch.from_numpy(array).clone()
+        name: torch.from_numpy(array).clone().to(device)
         for name, array in zip(names, anchor_weights, strict=True)
     }
 

@@ -31,17 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-import numpy as np
-import torch
 from flwr.common import Scalar
 from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import server_round
 from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer, TrainSettings, train
 from pflower.models import split
+from pflower.strategies.batches import data_generator
 from pflower.strategies.fedper import SplitClient, SplitStrategy
 
 
@@ -60,9 +58,6 @@ class FedRepClient(SplitClient):
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
         if self.options.head_epochs > 0:
-            seed = np.random.SeedSequence(
-                [self.experiment.settings.seed, server_round(config), self.partition_id, 1]
-            ).generate_state(1)[0]
             head_settings = replace(settings, epochs=self.options.head_epochs, steps=None)
             with split.trainable_only(self.model, split.head_parameters(self.model)):
                 train(
@@ -70,7 +65,7 @@ class FedRepClient(SplitClient):
                     self.data.train,
                     self.data.prepare,
                     head_settings,
-                    torch.Generator().manual_seed(int(seed)),
+                    data_generator(self, config, 1),
                     regularizer,
                     after_step,
                 )

@@ -38,8 +38,14 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient, server_round
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, batch_indices, get_weights
+from pflower.core.training import (
+    Regularizer,
+    TrainSettings,
+    get_weights,
+    model_device,
+)
 from pflower.models import split
+from pflower.strategies.batches import optimizer_step, train_batches
 
 PERSONAL_HEAD = "fedrod_head"
 
@@ -96,40 +102,26 @@ class FedRoDClient(PersonalClient["FedRoDOptions"]):
         initial = get_weights(model) if server_round(config) == 1 else None
         personal = self.personal_head(initial)
         counts = torch.bincount(data.labels, minlength=split.head(model).out_features)
-        log_prior = counts.to(torch.float32).clamp_min(1e-8).log()
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
+        device = model_device(model)
+        log_prior = counts.to(torch.float32).clamp_min(1e-8).log().to(device)
         model.train()
         optimizer = settings.make_optimizer(model.parameters())
         personal_optimizer = settings.make_optimizer(personal.parameters())
         total, batches = 0.0, 0
-        for batch in batch_indices(
-            len(data),
-            settings.batch_size,
-            torch.Generator().manual_seed(int(seed)),
-            settings.epochs,
-            settings.steps,
-        ):
-            x, y = self.data.prepare(data.images[batch]), data.labels[batch]
+        for x, y in train_batches(self, settings, config):
             z = split.represent(model, x)
             generic = split.head(model)(z)
             loss = nn.functional.cross_entropy(generic + log_prior, y)  # balanced softmax
             total += float(loss.detach())
-            if regularizer is not None:
-                loss = loss + regularizer(model)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if after_step is not None:
-                after_step(model)
+            optimizer_step(optimizer, loss, model, regularizer, after_step)
             personal_loss = nn.functional.cross_entropy(generic.detach() + personal(z.detach()), y)
             personal_optimizer.zero_grad(set_to_none=True)
             personal_loss.backward()
             personal_optimizer.step()
             batches += 1
         self.state.put_arrays(
-            PERSONAL_HEAD, [t.detach().numpy().copy() for t in personal.state_dict().values()]
+            PERSONAL_HEAD,
+            [t.detach().cpu().numpy().copy() for t in personal.state_dict().values()],
         )
         return total / max(batches, 1)
 

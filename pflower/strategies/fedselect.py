@@ -61,6 +61,7 @@ from pflower.core.training import (
     train,
     trainable_mask,
 )
+from pflower.strategies.batches import data_generator
 
 MODEL = "fedselect_model"
 PERSONAL = "fedselect_personal"
@@ -166,16 +167,13 @@ class FedSelectClient(PersonalClient["FedSelectOptions"]):
         names = list(self.model.state_dict())
         trainable = dict(self.model.named_parameters())
         one_pass = replace(settings, epochs=1, steps=None)
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))  # one data order for all passes
+        generator = data_generator(self, config)  # one data order for all passes
         losses = []
         for _ in range(settings.epochs):
             for free in (1, 0):
                 frozen = {
                     name: (
-                        torch.from_numpy(mask != free),
+                        torch.from_numpy(mask != free).to(trainable[name].device),
                         trainable[name].detach().clone(),
                     )
                     for name, mask in zip(names, personal, strict=True)

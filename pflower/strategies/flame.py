@@ -59,16 +59,22 @@ from enum import StrEnum
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from pflower.config import RobustKind, require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, get_weights
+from pflower.strategies.moreau import (
+    PersonalAndGlobalClient,
+    anchor_tensors,
+    float_or,
+    moreau_term,
+    set_anchors,
+    steps_per_epoch,
+)
 
 THETA = "flame_theta"
 DUAL = "flame_pi"
@@ -81,7 +87,7 @@ def local_model_update(
 ) -> NDArrays:
     """Eq. 12: w_i = (α_i λ θ_i + ρ w − π_i) / (α_i λ + ρ), elementwise (float64, cast back)."""
     return [
-        _float_or(t, (alpha_lambda * t.astype(np.float64) + rho * g - p) / (alpha_lambda + rho))
+        float_or(t, (alpha_lambda * t.astype(np.float64) + rho * g - p) / (alpha_lambda + rho))
         for t, g, p in zip(theta, global_, dual, strict=True)
     ]
 
@@ -89,7 +95,7 @@ def local_model_update(
 def dual_update(dual: NDArrays, local: NDArrays, global_: NDArrays, rho: float) -> NDArrays:
     """Eq. 13: π_i ← π_i + ρ (w_i − w)."""
     return [
-        _float_or(p, p.astype(np.float64) + rho * (w_i.astype(np.float64) - g))
+        float_or(p, p.astype(np.float64) + rho * (w_i.astype(np.float64) - g))
         for p, w_i, g in zip(dual, local, global_, strict=True)
     ]
 
@@ -97,56 +103,8 @@ def dual_update(dual: NDArrays, local: NDArrays, global_: NDArrays, rho: float) 
 def upload_vector(local: NDArrays, dual: NDArrays, rho: float) -> NDArrays:
     """z_i = w_i + π_i / ρ, the client's term of the server's average."""
     return [
-        _float_or(w_i, w_i.astype(np.float64) + p / rho) for w_i, p in zip(local, dual, strict=True)
+        float_or(w_i, w_i.astype(np.float64) + p / rho) for w_i, p in zip(local, dual, strict=True)
     ]
-
-
-def _float_or(reference: np.ndarray, value: np.ndarray) -> np.ndarray:
-    """``value`` in ``reference``'s dtype; non-float arrays (counters) keep ``reference``."""
-    if not np.issubdtype(reference.dtype, np.floating):
-        return reference.copy()
-    return np.asarray(value).astype(reference.dtype)
-
-
-# ------------------------------------------------------------ the regularized local objective
-def anchor_tensors(model: nn.Module, weights: NDArrays) -> dict[str, torch.Tensor]:
-    """``weights`` (state_dict order) as tensors keyed by parameter name (trainable ones only)."""
-    names = list(model.state_dict())
-    trainable = {name for name, _ in model.named_parameters()}
-    return {
-        name: torch.from_numpy(np.array(array, dtype=np.float32))
-        for name, array in zip(names, weights, strict=True)
-        if name in trainable
-    }
-
-
-def moreau_term(anchors: dict[str, torch.Tensor], lambda_: float, mu: float) -> Regularizer:
-    """θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖² over trainable parameters; its gradient is
-    λ(θ − anchor) + μθ. ``anchors`` are read at every call, so updating them in place moves the
-    anchor between steps (FLAME's w_i after each ADMM update)."""
-
-    def term(model: nn.Module) -> torch.Tensor:
-        total = torch.zeros(())
-        for name, param in model.named_parameters():
-            if lambda_:
-                total = total + 0.5 * lambda_ * (param - anchors[name]).pow(2).sum()
-            if mu:
-                total = total + 0.5 * mu * param.pow(2).sum()
-        return total
-
-    return term
-
-
-def set_anchors(anchors: dict[str, torch.Tensor], model: nn.Module, weights: NDArrays) -> None:
-    """Overwrite ``anchors`` in place with ``weights`` (state_dict order)."""
-    for name, array in zip(model.state_dict(), weights, strict=True):
-        if name in anchors:
-            anchors[name].copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)))
-
-
-def steps_per_epoch(num_samples: int, batch_size: int) -> int:
-    """Mini-batches in one pass (the last may be smaller)."""
-    return max(1, math.ceil(num_samples / batch_size))
 
 
 def client_weight(alpha: AlphaMode, num_clients: int, num_train: int, n_total: int | None) -> float:
@@ -214,8 +172,11 @@ def admm_average(uploads: list[NDArrays]) -> NDArrays:
 
 
 # ------------------------------------------------------------------------------ client half
-class FLAMEClient(PersonalClient["FLAMEOptions"]):
-    """θ_i by local SGD on (11); w_i and π_i by (12)-(13); uploads z_i = w_i + π_i/ρ."""
+class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
+    """θ_i by local SGD on (11); w_i and π_i by (12)-(13); uploads z_i = w_i + π_i/ρ. Stage L1:
+    θ_i (PM) and w^{k+1} (GM)."""
+
+    personal_key: ClassVar[str] = THETA
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         """θ_i^k (the received model for a client seen for the first time)."""
@@ -289,16 +250,6 @@ class FLAMEClient(PersonalClient["FLAMEOptions"]):
             for w, g in zip(self._w_local, self._w_global, strict=True)
         )
         return {"admm_primal_residual": math.sqrt(residual)}
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        """The PM θ_i (the received model before the client has trained)."""
-        return self.state.get_arrays(THETA) or global_weights
-
-    def global_model_for_eval(
-        self, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays | None:
-        """The GM w^{k+1}, for the hybrid model of Sec. IV-D."""
-        return global_weights
 
 
 @register_algorithm("flame", strategy=FLAMEStrategy, client=FLAMEClient)

@@ -29,14 +29,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
+from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import (
@@ -44,8 +43,10 @@ from pflower.core.training import (
     TrainSettings,
     batch_indices,
     get_weights,
+    model_device,
     set_weights,
 )
+from pflower.strategies.batches import data_generator
 
 INNER_STREAM = 2
 EVAL_STREAM = 3
@@ -62,19 +63,17 @@ class PerFedAvgClient(PersonalClient["PerFedAvgOptions"]):
         return settings.lr if self.options.alpha is None else self.options.alpha
 
     def _stream(self, config: dict[str, Scalar], purpose: int) -> Iterator[torch.Tensor]:
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id, purpose]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
+        generator = data_generator(self, config, purpose)
         return batch_indices(
             len(self.data.train), self.train_settings(config).batch_size, generator, epochs=2**31
         )
 
     def _adapt(self, batch: torch.Tensor, alpha: float, parameters: list[nn.Parameter]) -> None:
         """w ← w − α ∇f(w; batch), in place."""
-        data = self.data.train
+        data, device = self.data.train, model_device(self.model)
         loss = nn.functional.cross_entropy(
-            self.model(self.data.prepare(data.images[batch])), data.labels[batch]
+            self.model(self.data.prepare(data.images[batch]).to(device)),
+            data.labels[batch].to(device),
         )
         grads = torch.autograd.grad(loss, parameters)
         with torch.no_grad():
@@ -89,13 +88,10 @@ class PerFedAvgClient(PersonalClient["PerFedAvgOptions"]):
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
         model, data = self.model, self.data.train
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
         outer = batch_indices(
             len(data),
             settings.batch_size,
-            torch.Generator().manual_seed(int(seed)),
+            data_generator(self, config),
             settings.epochs,
             settings.steps,
         )
@@ -109,8 +105,10 @@ class PerFedAvgClient(PersonalClient["PerFedAvgOptions"]):
             saved = [param.detach().clone() for param in parameters]
             self._adapt(next(inner), alpha, parameters)  # w̃ = w − α∇f(w; D)
             optimizer.zero_grad(set_to_none=True)
+            device = model_device(model)
             loss = nn.functional.cross_entropy(
-                model(self.data.prepare(data.images[batch])), data.labels[batch]
+                model(self.data.prepare(data.images[batch]).to(device)),
+                data.labels[batch].to(device),
             )
             total += float(loss.detach())
             if regularizer is not None:

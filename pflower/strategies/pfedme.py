@@ -40,22 +40,27 @@ from enum import StrEnum
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import (
     Regularizer,
     TrainSettings,
-    batch_indices,
     get_weights,
 )
-from pflower.strategies.flame import anchor_tensors, moreau_term, set_anchors, steps_per_epoch
+from pflower.strategies.batches import train_batches
+from pflower.strategies.moreau import (
+    PersonalAndGlobalClient,
+    anchor_tensors,
+    float_or,
+    moreau_term,
+    set_anchors,
+    steps_per_epoch,
+)
 
 THETA = "pfedme_theta"
 
@@ -70,9 +75,7 @@ class PFedMeProfile(StrEnum):
 def moreau_step(local: NDArrays, theta: NDArrays, eta_lambda: float) -> NDArrays:
     """w ← w − ηλ (w − θ), computed as (1 − ηλ) w + ηλ θ (float64, cast back)."""
     return [
-        ((1.0 - eta_lambda) * w.astype(np.float64) + eta_lambda * t).astype(w.dtype)
-        if np.issubdtype(w.dtype, np.floating)
-        else t.copy()
+        float_or(t, (1.0 - eta_lambda) * w.astype(np.float64) + eta_lambda * t)
         for w, t in zip(local, theta, strict=True)
     ]
 
@@ -97,8 +100,11 @@ class PFedMeStrategy(PersonalizedStrategy["PFedMeOptions"]):
         return server_step(current, mean, self.options.beta)
 
 
-class PFedMeClient(PersonalClient["PFedMeOptions"]):
-    """θ by (K-step or one-pass) proximal SGD; w_i by the Moreau-envelope gradient step."""
+class PFedMeClient(PersonalAndGlobalClient["PFedMeOptions"]):
+    """θ by (K-step or one-pass) proximal SGD; w_i by the Moreau-envelope gradient step. Stage
+    L1: θ_i (PM) and the received w (GM)."""
+
+    personal_key: ClassVar[str] = THETA
 
     def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
         settings = super().train_settings(config)
@@ -157,19 +163,12 @@ class PFedMeClient(PersonalClient["PFedMeOptions"]):
 
         Batches come in the seeded order the shared loop uses, so K = 1 with ηλ = 1 reproduces
         FedAvg's local training exactly."""
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
-        model, data = self.model, self.data.train
+        model = self.model
         model.train()
         optimizer = settings.make_optimizer(model.parameters())
         criterion = nn.CrossEntropyLoss()
         total, batches = 0.0, 0
-        for index in batch_indices(
-            len(data), settings.batch_size, generator, settings.epochs, settings.steps
-        ):
-            images, labels = self.data.prepare(data.images[index]), data.labels[index]
+        for images, labels in train_batches(self, settings, config):
             for _ in range(self.options.inner_steps):
                 optimizer.zero_grad(set_to_none=True)
                 loss = criterion(model(images), labels)
@@ -192,14 +191,6 @@ class PFedMeClient(PersonalClient["PFedMeOptions"]):
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> NDArrays:
         return self._w_local
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.state.get_arrays(THETA) or global_weights
-
-    def global_model_for_eval(
-        self, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays | None:
-        return global_weights
 
 
 @register_algorithm("pfedme", strategy=PFedMeStrategy, client=PFedMeClient)

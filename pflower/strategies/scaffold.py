@@ -23,6 +23,21 @@ loss term ⟨θ, c − c_i⟩, whose gradient is exactly c − c_i: the optimize
 with momentum or weight decay. K is the number of optimizer steps the client took this round,
 η_l the round's learning rate.
 
+Momentum (a deviation; Alg. 1 takes plain SGD steps): with ``train.momentum`` β > 0 the option-II
+denominator K η_l becomes K_eff η_l, K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)
+(:func:`~pflower.strategies.control_variates.effective_steps`). Option II's (x − y_i)/(K η_l) is
+the mean of the K corrected gradients because each plain SGD step moves the model by η_l times
+one gradient; under heavy-ball momentum (buffer reset every round) the displacement is
+η_l Σ_k w_k g̃_k with Σ_k w_k = K_eff ≈ K/(1 − β), so dividing by K η_l overestimates c_i about
+1/(1 − β) times (10× at β = 0.9 for K ≫ 10) and the control variates blow up (NaN within 5
+rounds on digits with the default β = 0.9, where K = 28 and K_eff ≈ 195). Dividing by K_eff η_l
+restores a weighted mean of the corrected gradients with weights summing to 1 (exact for a
+constant gradient, as option II is for plain SGD); β = 0 computes K η_l exactly as printed. The
+FedMPR comparison (Göksu & Pugeault, Sec. V-C) trains every method with the same SGD (lr 2e-2,
+momentum not stated), so SCAFFOLD runs with the shared optimizer instead of refusing momentum;
+set ``train.momentum=0`` for Alg. 1 verbatim. ``train.optimizer=adam`` is refused (ConfigError):
+Adam's displacement is no multiple of the gradient.
+
 What crosses the wire (Alg. 1 lines 5 and 13, exactly two model-sized messages each way):
 
 - server → client (fit): the arrays of x (every ``state_dict`` entry), followed by c (one array
@@ -47,118 +62,42 @@ round exactly (the first round always is).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
-import torch
-from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
-from torch import nn
+from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
-from pflower.core.training import Regularizer, TrainSettings, trainable_mask
+from pflower.core.strategy import ClientUpdate
+from pflower.core.training import Regularizer, trainable_mask
+from pflower.strategies.control_variates import (
+    ModelAndVariateClient,
+    ModelAndVariateStrategy,
+    cast_like,
+    linear_term,
+    mean_delta_update,
+    require_mask,
+    trainable_part,
+    zeros_like_trainable,
+)
 
 CLIENT_CONTROL = "scaffold_ci"
 
 
-# ----------------------------------------------------------------------- shared helpers
-def trainable_part(arrays: Sequence[np.ndarray], mask: Sequence[bool]) -> NDArrays:
-    """The entries of a ``state_dict``-ordered list that are trainable parameters."""
-    return [array for array, keep in zip(arrays, mask, strict=True) if keep]
-
-
-def zeros_like_trainable(arrays: Sequence[np.ndarray], mask: Sequence[bool]) -> NDArrays:
-    """Zero arrays shaped like the trainable entries of ``arrays``."""
-    return [np.zeros_like(array) for array in trainable_part(arrays, mask)]
-
-
-def local_steps(num_examples: int, settings: TrainSettings) -> int:
-    """K: the optimizer steps of one local round (as :func:`~pflower.core.training.train` takes)."""
-    if num_examples == 0:
-        return 0
-    if settings.steps is not None:
-        return settings.steps
-    return settings.epochs * -(-num_examples // settings.batch_size)
-
-
-def linear_term(model: nn.Module, coefficients: NDArrays, scale: float = 1.0) -> Regularizer:
-    """The loss term θ ↦ scale · Σ_j ⟨θ_j, v_j⟩ over the trainable parameters of ``model`` (in
-    ``state_dict`` order), with ``coefficients`` v; its gradient is exactly scale · v."""
-    names = [
-        name for name, keep in zip(model.state_dict(), trainable_mask(model), strict=True) if keep
-    ]
-    vectors = {
-        name: torch.from_numpy(np.asarray(array)).clone()
-        for name, array in zip(names, coefficients, strict=True)
-    }
-
-    def term(current: nn.Module) -> torch.Tensor:
-        products = [
-            (param * vectors[name]).sum()
-            for name, param in current.named_parameters()
-            if name in vectors
-        ]
-        return scale * torch.stack(products).sum()
-
-    return term
-
-
-def as_float64(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:
-    return [np.asarray(array, dtype=np.float64) for array in arrays]
-
-
-def cast_like(arrays: Sequence[np.ndarray], references: Sequence[np.ndarray]) -> NDArrays:
-    return [
-        np.asarray(array).astype(reference.dtype)
-        for array, reference in zip(arrays, references, strict=True)
-    ]
-
-
-def require_mask(strategy: PersonalizedStrategy) -> list[bool]:
-    """The strategy's trainable mask (the ServerApp sets it); a clear error if it is missing."""
-    if strategy.trainable_mask is None:
-        raise RuntimeError(
-            f"{type(strategy).__name__} needs strategy.trainable_mask (which model arrays are "
-            "trainable parameters); the ServerApp sets it, a hand-built strategy must set it too"
-        )
-    return strategy.trainable_mask
-
-
 # ----------------------------------------------------------------------------- server
-class ScaffoldStrategy(PersonalizedStrategy["ScaffoldOptions"]):
-    """Keeps the server control variate c; sends (x, c); applies Alg. 1 lines 16-17."""
+class ScaffoldStrategy(ModelAndVariateStrategy["ScaffoldOptions"]):
+    """Keeps the server control variate c; sends (x, c) (Alg. 1 line 5); applies Alg. 1 lines
+    16-17."""
+
+    variate_attribute: ClassVar[str] = "server_control"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.server_control: NDArrays | None = None
         """c: one array per trainable parameter (None = zero, before the first update)."""
-        self._message: tuple[int, Parameters] | None = None
-
-    def control(self) -> NDArrays:
-        """The current server control variate c (zeros before any update)."""
-        if self.server_control is None:
-            self.server_control = zeros_like_trainable(self.global_weights, require_mask(self))
-        return [array.copy() for array in self.server_control]
-
-    def client_parameters(
-        self, server_round: int, partition_id: int, global_parameters: Parameters
-    ) -> Parameters:
-        """x followed by c (the same message for every client; built once per round)."""
-        if self._message is None or self._message[0] != server_round:
-            arrays = parameters_to_ndarrays(global_parameters) + self.control()
-            self._message = (server_round, ndarrays_to_parameters(arrays))
-        return self._message[1]
-
-    def evaluate_parameters(
-        self, server_round: int, partition_id: int, global_parameters: Parameters
-    ) -> Parameters:
-        """Evaluation needs x only."""
-        return global_parameters
 
     def expected_upload(self, current: NDArrays) -> NDArrays:
         """y_i followed by Δc_i."""
@@ -182,48 +121,36 @@ class ScaffoldStrategy(PersonalizedStrategy["ScaffoldOptions"]):
             else:
                 x64 = np.asarray(x, dtype=np.float64)
                 new_x.append((x64 + eta * (np.asarray(y, dtype=np.float64) - x64)).astype(x.dtype))
-        control = self.control()
-        total = as_float64(control)
-        for update in updates:
-            for acc, delta in zip(total, update.weights[size:], strict=True):
-                acc += np.asarray(delta, dtype=np.float64) / self.settings.num_clients
-        self.server_control = cast_like(total, control)
+        self.server_control = mean_delta_update(
+            self.server_variate(), [u.weights[size:] for u in updates], self.settings.num_clients
+        )
         return new_x
 
 
 # ----------------------------------------------------------------------------- client
-class ScaffoldClient(PersonalClient["ScaffoldOptions"]):
-    """Trains with the gradient correction c − c_i and updates c_i (option II)."""
-
-    def _split(self, parameters: NDArrays) -> tuple[NDArrays, NDArrays]:
-        size = len(self.model.state_dict())
-        return list(parameters[:size]), list(parameters[size:])
+class ScaffoldClient(ModelAndVariateClient["ScaffoldOptions"]):
+    """Trains with the gradient correction c − c_i and updates c_i (option II); uploads y_i
+    followed by Δc_i."""
 
     def client_control(self, like: NDArrays) -> NDArrays:
         """c_i from the client's state (zeros shaped like ``like`` before the first round)."""
-        stored = self.state.get_arrays(CLIENT_CONTROL)
-        return stored if stored is not None else [np.zeros_like(a) for a in like]
-
-    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self._split(global_weights)[0]
+        return self.stored_or_zeros(CLIENT_CONTROL, like)
 
     def regularizer(self, global_weights: NDArrays, config: dict[str, Scalar]) -> Regularizer:
-        _, c = self._split(global_weights)
+        _, c = self.split_message(global_weights)
         c_i = self.client_control(c)
         return linear_term(self.model, [s - own for s, own in zip(c, c_i, strict=True)])
 
     def remember(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> None:
-        x, c = self._split(global_weights)
+        x, c = self.split_message(global_weights)
         c_i = self.client_control(c)
         mask = trainable_mask(self.model)
-        settings = self.train_settings(config)
-        steps = local_steps(len(self.data.train), settings)
-        if steps == 0:
-            self._delta_control = [np.zeros_like(a) for a in c_i]
+        scale = self.option_ii_scale(config)  # 1/(K η_l); 1/(K_eff η_l) with momentum
+        if scale is None:
+            self.extra_upload = [np.zeros_like(a) for a in c_i]
             return
-        scale = 1.0 / (steps * settings.lr)
         x_t, y_t = trainable_part(x, mask), trainable_part(trained, mask)
         new_c_i = [
             np.asarray(own, np.float64)
@@ -231,16 +158,10 @@ class ScaffoldClient(PersonalClient["ScaffoldOptions"]):
             + scale * (np.asarray(x0, np.float64) - np.asarray(y, np.float64))
             for own, server, x0, y in zip(c_i, c, x_t, y_t, strict=True)
         ]
-        self._delta_control = cast_like(
+        self.extra_upload = cast_like(
             [new - np.asarray(own, np.float64) for new, own in zip(new_c_i, c_i, strict=True)], c_i
         )
         self.state.put_arrays(CLIENT_CONTROL, cast_like(new_c_i, c_i))
-
-    def upload(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays:
-        """y_i followed by Δc_i."""
-        return list(trained) + list(self._delta_control)
 
 
 @register_algorithm("scaffold", strategy=ScaffoldStrategy, client=ScaffoldClient)

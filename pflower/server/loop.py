@@ -1,0 +1,118 @@
+"""The server's round loop: Flower's legacy ``Server`` loop, checkpointed and resumable.
+
+:class:`CheckpointingServer` runs the rounds exactly as ``flwr.server.Server.fit`` does (fit
+round, stage G on the server, evaluate round) and after every ``checkpoint.every``-th round and
+the last one writes a :class:`~pflower.core.checkpoint.ServerCheckpoint`. Started with a
+checkpoint, it restores the strategy, the server's random generators and the global model, skips
+what the checkpoint already covers (the initial evaluation and rounds up to the checkpoint's) and
+goes on from the next round.
+"""
+
+from __future__ import annotations
+
+import timeit
+from logging import INFO
+from pathlib import Path
+
+from flwr.common import ndarrays_to_parameters
+from flwr.common.logger import log
+from flwr.server import Server
+from flwr.server.client_manager import ClientManager
+from flwr.server.history import History
+
+from pflower.core.checkpoint import (
+    CHECKPOINT_ROUND,
+    RESUME_ROUND,
+    ServerCheckpoint,
+    random_state,
+    save_checkpoint,
+    set_random_state,
+)
+from pflower.core.strategy import PersonalizedStrategy
+from pflower.results.rundir import RunRecorder, resolved_config
+
+
+class CheckpointingServer(Server):
+    """Flower's legacy server loop with checkpoints (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        client_manager: ClientManager,
+        strategy: PersonalizedStrategy,
+        run_dir: Path,
+        overrides: list[str],
+        every: int,
+        resume_from: ServerCheckpoint | None = None,
+    ) -> None:
+        super().__init__(client_manager=client_manager, strategy=strategy)
+        self.personalized = strategy
+        self.run_dir = run_dir
+        self.overrides = overrides
+        self.resume_from = resume_from
+        self.every = every
+        """Checkpoint after every ``every``-th round and the last one; 0: never."""
+
+    def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
+        """Run the rounds after the checkpoint (all of them in a new run)."""
+        history = History()
+        first_round = self._start(timeout)
+        start_time = timeit.default_timer()
+        for current_round in range(first_round, num_rounds + 1):
+            log(INFO, "")
+            log(INFO, "[ROUND %s]", current_round)
+            res_fit = self.fit_round(server_round=current_round, timeout=timeout)
+            if res_fit is not None and res_fit[0] is not None:
+                self.parameters = res_fit[0]
+            res_cen = self.strategy.evaluate(current_round, parameters=self.parameters)
+            if res_cen is not None:
+                history.add_loss_centralized(server_round=current_round, loss=res_cen[0])
+                history.add_metrics_centralized(server_round=current_round, metrics=res_cen[1])
+            res_fed = self.evaluate_round(server_round=current_round, timeout=timeout)
+            if res_fed is not None and res_fed[0] is not None:
+                history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
+            if self.every and (current_round % self.every == 0 or current_round == num_rounds):
+                self._checkpoint(current_round)
+        return history, timeit.default_timer() - start_time
+
+    def _start(self, timeout: float | None) -> int:
+        """Initialize a new run (global model, stage G of round 0) or restore a checkpoint;
+        returns the first round to run."""
+        checkpoint = self.resume_from
+        if checkpoint is None:
+            log(INFO, "[INIT]")
+            self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
+            self.strategy.evaluate(0, parameters=self.parameters)
+            return 1
+        self.personalized.restore_state(checkpoint.strategy)
+        set_random_state(checkpoint.rng)
+        self.parameters = ndarrays_to_parameters(self.personalized.global_weights)
+        self.personalized.checkpoint_keys = {
+            CHECKPOINT_ROUND: checkpoint.round,
+            RESUME_ROUND: checkpoint.round,
+        }
+        log(INFO, "[RESUME] from the checkpoint of round %s in %s", checkpoint.round, self.run_dir)
+        return checkpoint.round + 1
+
+    def _checkpoint(self, server_round: int) -> None:
+        recorder = self.personalized.recorder
+        if not isinstance(recorder, RunRecorder):
+            return  # nothing is written for this run, so nothing could resume it
+        position = recorder.position
+        save_checkpoint(
+            self.run_dir,
+            ServerCheckpoint(
+                round=server_round,
+                config=resolved_config(recorder.cfg),
+                overrides=self.overrides,
+                strategy=self.personalized.checkpoint_state(),
+                rows=position.rows,
+                elapsed_s=position.elapsed_s,
+                rng=random_state(),
+            ),
+        )
+        self.personalized.checkpoint_keys = {
+            **self.personalized.checkpoint_keys,
+            CHECKPOINT_ROUND: server_round,
+        }
+        log(INFO, "round %s: checkpoint written to %s", server_round, self.run_dir)

@@ -1,0 +1,67 @@
+"""The shared loop's mini-batches, for algorithms that write their own local training loop
+(FedRoD's two heads, FedPHP's MMD alignment, pFedMe's K inner steps, APFL's model pair, ...),
+and the optimizer step of the shared loop (:func:`optimizer_step`).
+
+:meth:`pflower.core.client.PersonalClient.local_train` draws a client's data order from a
+generator seeded by (experiment seed, round, partition id); a custom loop that uses
+:func:`data_generator` and :func:`train_batches` visits the same batches in the same order, so
+its identities with FedAvg hold bit for bit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import torch
+from flwr.common import Scalar
+from torch import nn
+
+from pflower.core.client import PersonalClient, server_round
+from pflower.core.training import Regularizer, TrainSettings, batch_indices, model_device
+
+
+def data_generator(
+    client: PersonalClient, config: dict[str, Scalar], *extra: int
+) -> torch.Generator:
+    """The generator of the shared loop's data order for ``client`` in this round; ``extra``
+    entries give a further, independent stream (e.g. a second pass over other batches)."""
+    seed = np.random.SeedSequence(
+        [client.experiment.settings.seed, server_round(config), client.partition_id, *extra]
+    ).generate_state(1)[0]
+    return torch.Generator().manual_seed(int(seed))
+
+
+def train_batches(
+    client: PersonalClient, settings: TrainSettings, config: dict[str, Scalar]
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(prepared inputs, labels) of the client's train split on its model's device, in the
+    shared loop's order: ``settings.epochs`` passes, or ``settings.steps`` batches."""
+    data = client.data.train
+    for index in batch_indices(
+        len(data),
+        settings.batch_size,
+        data_generator(client, config),
+        settings.epochs,
+        settings.steps,
+    ):
+        device = model_device(client.model)
+        yield client.data.prepare(data.images[index]).to(device), data.labels[index].to(device)
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    loss: torch.Tensor,
+    model: nn.Module,
+    regularizer: Regularizer | None = None,
+    after_step: Callable[[nn.Module], None] | None = None,
+) -> None:
+    """One step of the shared loop on ``loss``: the algorithm's ``regularizer`` term added, the
+    gradients reset, backward, the optimizer step, then ``after_step``."""
+    if regularizer is not None:
+        loss = loss + regularizer(model)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    if after_step is not None:
+        after_step(model)

@@ -1,0 +1,92 @@
+"""Shared machinery of the methods that keep a personalized model beside the global one and
+train it on a proximal (Moreau-envelope) objective: pFedMe (Dinh, Tran and Nguyen, NeurIPS 2020,
+Alg. 1), FLAME (Zhu et al., arXiv 2407.16397, Eq. 11), Ditto (Li et al., ICML 2021, Alg. 1
+line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
+
+- :func:`anchor_tensors`, :func:`moreau_term`, :func:`set_anchors`: the loss term
+  θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖² with an anchor that may move between steps (FLAME's w_i
+  after each ADMM update, pFedMe's local copy w_i after each w-step);
+- :func:`steps_per_epoch`: the mini-batches of one pass (when the per-pass updates run);
+- :func:`float_or`: an elementwise closed-form update that leaves non-float arrays alone;
+- :class:`PersonalAndGlobalClient`: stage L1 evaluates the stored personalized model (PM) and
+  the received global model (GM), and reports the hybrid model (FLAME paper, Sec. IV-D).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+import torch
+from flwr.common import NDArrays, Scalar
+from torch import nn
+
+from pflower.core.client import PersonalClient
+from pflower.core.options import OptionsT
+from pflower.core.training import Regularizer, model_device
+
+
+def anchor_tensors(model: nn.Module, weights: NDArrays) -> dict[str, torch.Tensor]:
+    """``weights`` (state_dict order) as tensors keyed by parameter name (trainable ones only)."""
+    names = list(model.state_dict())
+    trainable = {name for name, _ in model.named_parameters()}
+    device = model_device(model)
+    return {
+        name: torch.from_numpy(np.array(array, dtype=np.float32)).to(device)
+        for name, array in zip(names, weights, strict=True)
+        if name in trainable
+    }
+
+
+def moreau_term(anchors: dict[str, torch.Tensor], lambda_: float, mu: float) -> Regularizer:
+    """θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖² over trainable parameters; its gradient is
+    λ(θ − anchor) + μθ. ``anchors`` are read at every call, so updating them in place moves the
+    anchor between steps (FLAME's w_i after each ADMM update)."""
+
+    def term(model: nn.Module) -> torch.Tensor:
+        total = torch.zeros((), device=model_device(model))
+        for name, param in model.named_parameters():
+            if lambda_:
+                total = total + 0.5 * lambda_ * (param - anchors[name]).pow(2).sum()
+            if mu:
+                total = total + 0.5 * mu * param.pow(2).sum()
+        return total
+
+    return term
+
+
+def set_anchors(anchors: dict[str, torch.Tensor], model: nn.Module, weights: NDArrays) -> None:
+    """Overwrite ``anchors`` in place with ``weights`` (state_dict order)."""
+    for name, array in zip(model.state_dict(), weights, strict=True):
+        if name in anchors:
+            anchors[name].copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)))
+
+
+def steps_per_epoch(num_samples: int, batch_size: int) -> int:
+    """Mini-batches in one pass (the last may be smaller)."""
+    return max(1, math.ceil(num_samples / batch_size))
+
+
+def float_or(reference: np.ndarray, value: np.ndarray) -> np.ndarray:
+    """``value`` in ``reference``'s dtype; non-float arrays (counters) keep ``reference``."""
+    if not np.issubdtype(reference.dtype, np.floating):
+        return reference.copy()
+    return np.asarray(value).astype(reference.dtype)
+
+
+class PersonalAndGlobalClient(PersonalClient[OptionsT]):
+    """Stage L1 evaluates the personalized model stored under :attr:`personal_key` (the received
+    model before the client has trained) as PM and the received global model as GM."""
+
+    personal_key: ClassVar[str]
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """The PM (the received model before the client has trained)."""
+        return self.state.get_arrays(self.personal_key) or global_weights
+
+    def global_model_for_eval(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> NDArrays | None:
+        """The GM: the received global model, for the hybrid model (FLAME paper, Sec. IV-D)."""
+        return global_weights

@@ -1,0 +1,100 @@
+"""A missing or corrupt dataset ends ``pflower ...`` like a configuration error: the message, exit
+code 2, no traceback, and nothing started (no run directory, no simulation)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+TINY_RUN = ["dataset=mnist", "num_clients=3", "rounds=1"]
+
+
+def pflower(arguments: list[str], data_root: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python -m pflower <arguments>`` with ``PFLOWER_DATA=data_root``, in ``cwd``."""
+    environment = {**os.environ, "PFLOWER_DATA": str(data_root)}
+    return subprocess.run(
+        [sys.executable, "-m", "pflower", *arguments],
+        cwd=cwd,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def flat(text: str) -> str:
+    """The output with line wrapping undone (the console wraps long messages)."""
+    return " ".join(text.split())
+
+
+def corrupt_mnist(root: Path) -> Path:
+    """MNIST's four files where they belong, but not gzip IDX files (wrong MD5, wrong format)."""
+    folder = root / "mnist"
+    folder.mkdir(parents=True)
+    for name in MNIST_FILES:
+        (folder / name).write_bytes(b"not the MNIST file")
+    return folder
+
+
+def test_missing_dataset_ends_with_the_message_and_exit_code_2(tmp_path: Path) -> None:
+    data_root = tmp_path / "data"
+    data_root.mkdir()
+    run_dir = tmp_path / "run"
+    done = pflower([*TINY_RUN, f"output_dir={run_dir}"], data_root, tmp_path)
+    output = flat(done.stdout + done.stderr)
+    assert done.returncode == 2, output
+    assert f"dataset error: Dataset 'mnist' was not found under {data_root}" in output
+    assert str(data_root / "mnist" / "train-images-idx3-ubyte.gz") in output  # what is expected
+    assert "PFLOWER_DATA" in output  # and how to point elsewhere
+    assert "Traceback" not in done.stderr
+    assert not run_dir.exists()
+
+
+def test_corrupt_dataset_ends_with_the_message_and_exit_code_2(tmp_path: Path) -> None:
+    folder = corrupt_mnist(tmp_path / "data")
+    run_dir = tmp_path / "run"
+    done = pflower([*TINY_RUN, f"output_dir={run_dir}"], tmp_path / "data", tmp_path)
+    output = flat(done.stdout + done.stderr)
+    assert done.returncode == 2, output
+    assert "dataset error: Dataset file" in output
+    assert "is unusable: MD5 is" in output
+    assert str(folder) in output
+    assert "Traceback" not in done.stderr
+    assert not run_dir.exists()
+
+
+def test_partition_command_reports_a_corrupt_dataset_with_exit_code_2(tmp_path: Path) -> None:
+    corrupt_mnist(tmp_path / "data")
+    done = pflower(
+        ["partition", *TINY_RUN, "dataset.verify=false", f"output_dir={tmp_path / 'out'}"],
+        tmp_path / "data",
+        tmp_path,
+    )
+    output = flat(done.stdout + done.stderr)
+    assert done.returncode == 2, output
+    assert "dataset error: Dataset file" in output
+    assert "not a readable gzip file" in output  # without the MD5 check, the format check
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("error", ["missing", "corrupt"])
+def test_the_error_types_are_what_the_command_line_catches(error: str, tmp_path: Path) -> None:
+    """The loaders raise exactly the two types that ``pflower`` turns into exit code 2."""
+    from pflower.cli import CorruptDatasetError, DatasetNotFoundError
+    from pflower.datasets.loaders import load_dataset
+
+    if error == "corrupt":
+        corrupt_mnist(tmp_path)
+    expected = DatasetNotFoundError if error == "missing" else CorruptDatasetError
+    with pytest.raises(expected):
+        load_dataset("mnist", {"root": str(tmp_path)})
