@@ -30,7 +30,7 @@ import psutil
 import pytest
 from flwr.app import Context, RecordDict
 from flwr.common import FitIns, FitRes, GetPropertiesIns
-from flwr.server import Server, SimpleClientManager
+from flwr.server import Server
 
 from pflower.client.app import client_fn
 from pflower.compose import compose_config
@@ -38,6 +38,7 @@ from pflower.config import RUN_CONFIG_KEY, app_dir, overrides_to_string
 from pflower.core.strategy import NodesMissingError
 from pflower.registry import ConfigError
 from pflower.server.app import server_fn
+from pflower.server.loop import CheckpointingServer
 from tests.deploy_helpers import free_port
 from tests.inprocess import InProcessProxy
 
@@ -59,9 +60,9 @@ def _server(overrides: list[str], run_dir: Path, present: list[int]) -> tuple[Se
     components = server_fn(
         Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config)
     )
-    assert components.strategy is not None and components.config is not None
-    num_clients = components.strategy.settings.num_clients
-    manager = SimpleClientManager()
+    server = components.server
+    assert isinstance(server, CheckpointingServer) and components.config is not None
+    num_clients = server.personalized.settings.num_clients
     for pid in present:
         context = Context(
             run_id=1,
@@ -70,8 +71,7 @@ def _server(overrides: list[str], run_dir: Path, present: list[int]) -> tuple[Se
             state=RecordDict(),
             run_config=run_config,
         )
-        manager.register(InProcessProxy(str(100 + pid), context, client_fn))
-    server = Server(client_manager=manager, strategy=components.strategy)
+        server.client_manager().register(InProcessProxy(str(100 + pid), context, client_fn))
     server.set_max_workers(1)
     return server, run_dir
 
