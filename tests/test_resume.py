@@ -50,9 +50,11 @@ class Crash(Exception):
     """Stands for the process dying in the middle of a round."""
 
 
-def crash_in_round(monkeypatch: pytest.MonkeyPatch, crash_round: int) -> None:
-    """Make the run die right after round ``crash_round``'s training was aggregated (its
-    clients have written that round's state; no checkpoint covers it)."""
+def stopped_in_round(
+    monkeypatch: pytest.MonkeyPatch, experiment: list[str], run_dir: Path, crash_round: int
+) -> None:
+    """Run ``experiment`` until it dies right after round ``crash_round``'s training was
+    aggregated (its clients have written that round's state; no checkpoint covers it)."""
     original = RunRecorder.fit_done
 
     def fit_done(self: RunRecorder, server_round: int) -> None:
@@ -60,7 +62,10 @@ def crash_in_round(monkeypatch: pytest.MonkeyPatch, crash_round: int) -> None:
         if server_round == crash_round:
             raise Crash(f"killed in round {server_round}")
 
-    monkeypatch.setattr(RunRecorder, "fit_done", fit_done)
+    with monkeypatch.context() as patch:
+        patch.setattr(RunRecorder, "fit_done", fit_done)
+        with pytest.raises(Crash):
+            run_inprocess(experiment, run_dir)
 
 
 def results(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
@@ -95,10 +100,7 @@ def test_stopped_and_resumed_run_equals_uninterrupted(
     reference, _ = run_inprocess(experiment, tmp_path / "reference")
 
     run_dir = tmp_path / "run"
-    with monkeypatch.context() as patch:
-        crash_in_round(patch, 5)
-        with pytest.raises(Crash):
-            run_inprocess(experiment, run_dir)
+    stopped_in_round(monkeypatch, experiment, run_dir, 5)
     assert load_checkpoint(run_dir).round == 4
     assert not (run_dir / "summary.json").exists()
     assert max(r["round"] for r in read_rows(run_dir)) == 5  # round 5 was partly recorded
@@ -115,10 +117,7 @@ def test_resume_without_restored_client_state_differs(tmp_path: Path, monkeypatc
     experiment = [*BASE, "strategy=fliu"]
     reference, _ = run_inprocess(experiment, tmp_path / "reference")
     run_dir = tmp_path / "run"
-    with monkeypatch.context() as patch:
-        crash_in_round(patch, 5)
-        with pytest.raises(Crash):
-            run_inprocess(experiment, run_dir)
+    stopped_in_round(monkeypatch, experiment, run_dir, 5)
     for snapshot in (run_dir / "client_state").rglob("*.npz"):
         snapshot.unlink()
     resumed, _ = run_inprocess([*experiment, "checkpoint.resume=true"], run_dir)

@@ -27,8 +27,8 @@ Checkpoints are pickles: resume only run directories you trust.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
-import os
 import pickle
 import random
 import re
@@ -45,6 +45,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import EXECUTION_KEYS
 from pflower.registry import ConfigError
+from pflower.results.rundir import write_atomic
 
 FORMAT_VERSION = 1
 """Version of the checkpoint layout; a checkpoint of another version is refused."""
@@ -95,17 +96,6 @@ def set_random_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` through a temporary file and a rename: never half written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("wb") as file:
-        file.write(data)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(temporary, path)
-
-
 def save_checkpoint(run_dir: Path, checkpoint: ServerCheckpoint) -> Path:
     """Write ``checkpoint`` into ``run_dir`` (atomically, with a checksum of its contents)."""
     payload = pickle.dumps(checkpoint, protocol=pickle.HIGHEST_PROTOCOL)
@@ -115,7 +105,7 @@ def save_checkpoint(run_dir: Path, checkpoint: ServerCheckpoint) -> Path:
         "payload": payload,
     }
     path = run_dir / CHECKPOINT_FILE
-    _write_atomic(path, pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL))
+    write_atomic(path, pickle.dumps(envelope, protocol=pickle.HIGHEST_PROTOCOL))
     return path
 
 
@@ -233,19 +223,16 @@ class ClientStateFiles:
             else:
                 raise TypeError(f"client state '{key}' holds {type(record).__name__}")
         arrays["layout"] = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
-        path = self.path(server_round)
-        temporary = path.with_name(f".{path.name}.tmp")
+        snapshot = io.BytesIO()
+        np.savez(snapshot, **arrays)
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.path(server_round), snapshot.getvalue())
         except OSError as error:
             raise OSError(
                 f"cannot keep this client's state in {self.directory} ({error}): give the node a "
                 "writable folder (node config client-state-dir, or client_state.dir), or turn "
                 "checkpoints off with checkpoint.every=0"
             ) from error
-        with temporary.open("wb") as file:
-            np.savez(file, **arrays)
-        os.replace(temporary, path)
         older = [r for r in self.rounds() if r < server_round]
         needed = max((r for r in older if r <= checkpointed), default=None)
         for stale in older:

@@ -139,10 +139,15 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return container
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename: never half written."""
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (text as UTF-8) to ``path`` through a flushed temporary file and a rename:
+    a crash leaves the previous file, never a half-written one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text, encoding="utf-8")
+    with temporary.open("wb") as file:
+        file.write(data.encode() if isinstance(data, str) else data)
+        file.flush()
+        os.fsync(file.fileno())
     os.replace(temporary, path)
 
 
@@ -166,7 +171,7 @@ def write_summary(
         "config": config,
     }
     path = run_dir / "summary.json"
-    _write_atomic(path, json.dumps(summary, indent=2))
+    write_atomic(path, json.dumps(summary, indent=2))
     return path
 
 
@@ -265,7 +270,7 @@ class RunRecorder(Recorder):
                 f"{self.run_dir / 'metrics.jsonl'} holds {len(self.rows)} rows, but the "
                 f"checkpoint was written after row {rows}"
             )
-        _write_atomic(
+        write_atomic(
             self.run_dir / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.rows)
         )
         (self.run_dir / "summary.json").unlink(missing_ok=True)
