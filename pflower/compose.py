@@ -154,4 +154,21 @@ def config_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
 def _compose_cached(overrides: tuple[str, ...]) -> DictConfig:
     cfg = compose_config(overrides)
     OmegaConf.set_readonly(cfg, True)
+    if overrides not in _COMPOSED:
+        _COMPOSED.append(overrides)
     return cfg
+
+
+_COMPOSED: list[tuple[str, ...]] = []
+"""The overrides :func:`config_from_run_config` composed in this process, oldest first."""
+
+
+def composed_overrides() -> list[tuple[str, ...]]:
+    """The overrides :func:`config_from_run_config` composed in this process (what the
+    deployment's fork server composes ahead for the ClientApp tasks it forks)."""
+    return list(_COMPOSED)
+
+
+def warm_config(overrides: Sequence[str]) -> None:
+    """Compose ``overrides`` into this process's cache of :func:`config_from_run_config`."""
+    _compose_cached(tuple(overrides))

@@ -153,6 +153,20 @@ class L2Clients(StrEnum):
     """Every client that trained in the round."""
 
 
+class ClientGlobalTest(StrEnum):
+    """The samples of the global test set on which each client measures Acc(G)
+    (``eval.client_global_test``)."""
+
+    slice = "slice"
+    """Client i's own slice: the set dealt, class by class in proportion, into ``num_clients``
+    disjoint slices (each capped at ``eval.global_test_max_samples``). An evaluation stage reads
+    the global test set at most once in all, whatever the number of clients, and the mean over
+    all clients counts every sample once."""
+    subsample = "subsample"
+    """The same stratified subsample of ``eval.global_test_max_samples`` samples for every client
+    (null or 0: the whole set, the exact protocol): an evaluation stage costs clients × samples."""
+
+
 @dataclass
 class EvalConfig:
     """When and how stages G, L1 and L2 are evaluated (``eval.*``).
@@ -161,10 +175,14 @@ class EvalConfig:
         every: evaluate every this many rounds, and always in the last round.
         fraction: share of clients evaluated at stage L1.
         batch_size: evaluation batch size.
-        global_test_max_samples: size of the stratified subsample of the global test set on which
-            clients measure Acc(G) at stages L1 and L2: the class proportions of the whole set,
-            drawn with the run's seed, the same samples for every client and round (null or 0:
-            the whole set, exactly). Stage G on the server always uses the whole set.
+        client_global_test: the samples on which each client measures Acc(G) at stages L1 and
+            L2: its own stratified ``slice`` of the global test set, or a ``subsample`` shared by
+            all clients (see :class:`ClientGlobalTest`). Stage G on the server always uses the
+            whole set.
+        global_test_max_samples: the most samples of a client's Acc(G): the cap of its slice, or
+            the size of the shared stratified subsample (class proportions of the whole set,
+            drawn with the run's seed, the same samples for every client and round); null or 0:
+            no cap (with ``subsample``, the whole set, exactly).
         l2_clients: which of a round's training clients measure stage L2 in an evaluation round:
             ``evaluated`` (those also in the round's evaluation sample, ``eval.fraction``) or
             ``trained`` (all of them).
@@ -174,6 +192,7 @@ class EvalConfig:
     every: int = 1
     fraction: float = 1.0
     batch_size: int = 512
+    client_global_test: ClientGlobalTest = ClientGlobalTest.slice
     global_test_max_samples: int | None = 2000
     l2_clients: L2Clients = L2Clients.evaluated
     rho_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9])
@@ -394,16 +413,31 @@ class CheckpointConfig:
         require(self.every >= 0, f"checkpoint.every must be >= 0 rounds, got {self.every}")
 
 
+class StateStore(StrEnum):
+    """Where a client's personal state lives between the messages it handles
+    (``client_state.store``)."""
+
+    memory = "memory"
+    """Flower's ``context.state``: in memory, in the process that holds the nodes' contexts (a
+    simulation's driver holds every client's); snapshots on disk only while checkpoints are on."""
+    disk = "disk"
+    """Snapshots in ``client_state.dir``, loaded for every message; ``context.state`` is emptied
+    after each one, so memory holds only the state of the clients being run. For populations whose
+    personal state does not fit in memory (10,000 clients, ResNet-sized personal models)."""
+
+
 @dataclass
 class ClientStateConfig:
-    """Where clients persist their personal state between rounds (``client_state.*``).
+    """Where clients keep their personal state between rounds (``client_state.*``).
 
     Attributes:
+        store: in memory (Flower's context) or on disk (see :class:`StateStore`).
         dir: the folder of the clients' state snapshots on the machine that runs them; empty:
             ``<output_dir>/client_state``. A SuperNode's node config ``client-state-dir`` takes
             precedence, so that every node can keep its state on its own disk.
     """
 
+    store: StateStore = StateStore.memory
     dir: str = ""
 
 

@@ -2,18 +2,28 @@
 
 The apps receive the experiment exactly as ``flwr run`` delivers it: the Hydra overrides (plus the
 pinned run directory) in the run config, fused with the app's declared defaults; Flower's Ray
-backend runs the ClientApps.
+backend runs the ClientApps. Two parts of Flower's simulation engine that cost time in proportion
+to the population rather than to the sampled clients are replaced for these runs (see
+:func:`_scale_to_many_clients`): with them, a round of 100 clients out of 10,000 takes seconds.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pflower.config import RUN_CONFIG_KEY, ExperimentConfig, app_dir, overrides_to_string
+
+if TYPE_CHECKING:
+    import threading
+    from queue import Queue
+
+    from flwr.app import Message
+    from flwr.server.superlink.linkstate import LinkState
 
 QUIET_RAY_ENVIRONMENT = {
     # Ray >= 2.48 warns on every start that it will stop clearing CUDA_VISIBLE_DEVICES for
@@ -38,6 +48,58 @@ def ray_backend_config(settings: ExperimentConfig) -> dict[str, Any]:
     }
 
 
+def deliver_pending_messages(
+    state: LinkState,
+    queue: Queue[Message],
+    nodes_mapping: dict[int, int],
+    f_stop: threading.Event,
+) -> None:
+    """Flower's simulation loop that hands the server's messages to the client workers, asking
+    the link state only for the nodes that have an undelivered message.
+
+    Flower 1.39's own loop (``vce_api.add_messages_to_queue``) asks for every node's messages
+    every 0.1 s, and each question scans every stored message: N x M checks per pass, which
+    keeps the driver busy for minutes per round at 10,000 clients. This one scans the stored
+    messages once per pass and asks only for their destinations (in the nodes' order, as
+    Flower does), so a round costs what its sampled clients cost. Same messages, same
+    delivery."""
+    position = {node_id: index for index, node_id in enumerate(nodes_mapping)}
+    store: dict[str, Message] = state.message_ins_store  # type: ignore[attr-defined]
+    while not f_stop.is_set():
+        with state.lock:  # type: ignore[attr-defined]
+            waiting = {
+                message.metadata.dst_node_id
+                for message in store.values()
+                if message.metadata.delivered_at == ""
+            }
+        for node_id in sorted(waiting & position.keys(), key=position.__getitem__):
+            for message in state.get_message_ins(node_id=node_id, limit=1):
+                queue.put(message)
+        f_stop.wait(0.1)
+
+
+def _scale_to_many_clients() -> None:
+    """Two changes to Flower's simulation engine (``vce_api``) that keep a round's cost
+    proportional to the sampled clients: :func:`deliver_pending_messages` delivers the server's
+    messages, and the node-to-partition map Flower makes when it registers the nodes is published
+    on the (in-memory) link state (:data:`~pflower.core.nodes.SIMULATED_PARTITIONS`), so that the
+    server need not ask every node for its partition before the first round."""
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from pflower.core.nodes import SIMULATED_PARTITIONS
+
+    register_nodes = getattr(vce_api._register_nodes, "__wrapped__", vce_api._register_nodes)
+
+    @functools.wraps(register_nodes)
+    def register_and_publish(num_nodes: int, state_factory: Any) -> dict[int, int]:
+        mapping = register_nodes(num_nodes, state_factory)
+        setattr(state_factory.state(), SIMULATED_PARTITIONS, dict(mapping))
+        return mapping
+
+    vce_api._register_nodes = register_and_publish
+    vce_api.add_messages_to_queue = deliver_pending_messages
+
+
 def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
     """Run the experiment that ``overrides`` compose as a Ray simulation; returns ``run_dir``.
 
@@ -59,6 +121,7 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
 
     for key, value in QUIET_RAY_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
+    _scale_to_many_clients()
     overrides = [*overrides, f"output_dir={run_dir.resolve()}"]
     run = Run.create_empty(run_id=settings.seed + 1)
     run.override_config = {RUN_CONFIG_KEY: overrides_to_string(overrides)}

@@ -14,6 +14,8 @@ import pytest
 from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
 
 from pflower.client.app import client_fn
+from pflower.compose import compose_config
+from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import RoundFailedError
 from pflower.strategies.fliu import adaptive_gamma, mix
@@ -122,12 +124,24 @@ def test_fliu_state_persists_and_mix_is_evaluated_at_l1(tmp_path: Path) -> None:
 
 
 def test_fedavg_l1_is_the_global_model(tmp_path: Path) -> None:
-    rows, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path)
+    exact = [*BASE, "strategy=fedavg", "eval.client_global_test=subsample"]
+    rows, _ = run_inprocess([*exact, "eval.global_test_max_samples=null"], tmp_path / "exact")
     for round_ in (1, 2, 3):
         (g,) = stage_rows(rows, "G", round_)
         for row in stage_rows(rows, "L1", round_):
             assert row["acc_global"] == pytest.approx(g["acc"])
             assert row["loss_global"] == pytest.approx(g["loss"], rel=1e-5)
+    # by default each client measures Acc(G) on its own slice; the slices partition the global
+    # test set, so their size-weighted mean is the global model's accuracy on the whole set
+    sliced = [*BASE, "strategy=fedavg", "eval.global_test_max_samples=null"]
+    rows, _ = run_inprocess(sliced, tmp_path / "sliced")
+    sizes = [len(s) for s in Experiment(compose_config(sliced))._slices]
+    for round_ in (1, 2, 3):
+        (g,) = stage_rows(rows, "G", round_)
+        l1 = stage_rows(rows, "L1", round_)
+        assert sorted(r["client"] for r in l1) == list(range(len(sizes)))
+        mean = sum(r["acc_global"] * sizes[r["client"]] for r in l1) / sum(sizes)
+        assert mean == pytest.approx(g["acc"])
 
 
 def test_fedprox_with_mu0_and_fedavg_ft_with_0_epochs_equal_fedavg(tmp_path: Path) -> None:

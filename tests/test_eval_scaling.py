@@ -1,8 +1,11 @@
-"""Evaluation that scales: the stratified global-test subsample for the clients' Acc(G), and
-stage L2 measured only on the training clients that are also in the round's evaluation sample.
+"""Evaluation that scales: each client's own stratified slice of the global test set (or a
+stratified subsample all clients share) for the clients' Acc(G), and stage L2 measured only on
+the training clients that are also in the round's evaluation sample.
 
-Defaults: ``eval.global_test_max_samples=2000`` (null or 0: the whole set), stage G on the server
-always on the whole set; ``eval.l2_clients=evaluated`` (``trained``: every training client).
+Defaults: ``eval.client_global_test=slice`` with ``eval.global_test_max_samples=2000`` (the cap of
+a slice; ``subsample``: the size of the shared subsample, null or 0: the whole set), stage G on
+the server always on the whole set; ``eval.l2_clients=evaluated`` (``trained``: every training
+client).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 from pflower.client.app import client_fn
 from pflower.compose import compose_config
 from pflower.config import RUN_CONFIG_KEY, overrides_to_string
-from pflower.core.experiment import Experiment, _stratified_subsample
+from pflower.core.experiment import Experiment, _stratified_slices, _stratified_subsample
 from pflower.core.strategy import Phase, round_rng
 from pflower.core.training import evaluate, get_weights
 from pflower.registry import ConfigError
@@ -34,6 +37,7 @@ BASE = [
     "train.batch_size=32",
 ]
 LIMIT = 100
+SHARED = "eval.client_global_test=subsample"
 
 
 def experiment(*overrides: str) -> Experiment:
@@ -44,7 +48,7 @@ def experiment(*overrides: str) -> Experiment:
 # ------------------------------------------------------------------ the global-test subsample
 def test_subsample_is_stratified_seeded_and_the_same_for_every_client() -> None:
     full = experiment().full_global_test
-    sub = experiment(f"eval.global_test_max_samples={LIMIT}").global_test
+    sub = experiment(SHARED, f"eval.global_test_max_samples={LIMIT}").global_test
     assert len(sub) == LIMIT < len(full)
     # stratified: every class within one sample of its share of the whole set
     full_counts = np.bincount(full.labels.numpy(), minlength=10)
@@ -56,7 +60,7 @@ def test_subsample_is_stratified_seeded_and_the_same_for_every_client() -> None:
     sub_rows = [tuple(image.flatten().tolist()) for image in sub.images]
     assert len(set(sub_rows)) == LIMIT and set(sub_rows) <= full_rows
     # deterministic by seed: rebuilt from scratch, the same samples; another seed, others
-    again = experiment(f"eval.global_test_max_samples={LIMIT}").global_test
+    again = experiment(SHARED, f"eval.global_test_max_samples={LIMIT}").global_test
     assert torch.equal(again.images, sub.images) and torch.equal(again.labels, sub.labels)
     labels = full.labels.numpy()
     for seed in (0, 1):
@@ -67,7 +71,7 @@ def test_subsample_is_stratified_seeded_and_the_same_for_every_client() -> None:
         _stratified_subsample(labels, LIMIT, 0), _stratified_subsample(labels, LIMIT, 1)
     )
     # the same for every client (and so for every round: it is built once per process)
-    exp = experiment(f"eval.global_test_max_samples={LIMIT}")
+    exp = experiment(SHARED, f"eval.global_test_max_samples={LIMIT}")
     tests = [exp.client_data(pid).global_test for pid in range(4)]
     assert all(torch.equal(t.images, tests[0].images) for t in tests)
     assert torch.equal(tests[0].labels, exp.global_test.labels)
@@ -75,7 +79,7 @@ def test_subsample_is_stratified_seeded_and_the_same_for_every_client() -> None:
 
 @pytest.mark.parametrize("whole", ["null", "0", "100000"])
 def test_null_zero_or_a_larger_limit_is_the_whole_set(whole: str) -> None:
-    exp = experiment(f"eval.global_test_max_samples={whole}")
+    exp = experiment(SHARED, f"eval.global_test_max_samples={whole}")
     full = exp.federation.global_test_split()
     assert torch.equal(exp.global_test.images, full.images)
     assert torch.equal(exp.global_test.labels, full.labels)
@@ -87,7 +91,7 @@ def test_negative_limit_is_refused() -> None:
 
 
 def test_stage_g_always_uses_the_whole_set() -> None:
-    exp = experiment(f"eval.global_test_max_samples={LIMIT}")
+    exp = experiment(SHARED, f"eval.global_test_max_samples={LIMIT}")
     weights = exp.initial_weights()
     result = global_evaluator(exp)(weights)
     model = exp.new_model()
@@ -97,8 +101,12 @@ def test_stage_g_always_uses_the_whole_set() -> None:
 
 
 def test_clients_measure_acc_g_on_the_subsample_and_stage_g_is_unchanged(tmp_path: Path) -> None:
-    whole, _ = run_inprocess([*BASE, "eval.global_test_max_samples=null"], tmp_path / "whole")
-    sub, _ = run_inprocess([*BASE, f"eval.global_test_max_samples={LIMIT}"], tmp_path / "sub")
+    whole, _ = run_inprocess(
+        [*BASE, SHARED, "eval.global_test_max_samples=null"], tmp_path / "whole"
+    )
+    sub, _ = run_inprocess(
+        [*BASE, SHARED, f"eval.global_test_max_samples={LIMIT}"], tmp_path / "sub"
+    )
     # stage G: the same whole set, the same models (training does not depend on evaluation)
     assert comparable(stage_rows(whole, "G")) == comparable(stage_rows(sub, "G"))
     # local metrics unchanged; Acc(G) of every client counted on LIMIT samples
@@ -110,8 +118,59 @@ def test_clients_measure_acc_g_on_the_subsample_and_stage_g_is_unchanged(tmp_pat
         for row in rows_sub:
             assert abs(row["acc_global"] * LIMIT - round(row["acc_global"] * LIMIT)) < 1e-9
     # the whole-set run evaluates exactly what evaluating on the whole set gives
-    exp = experiment("eval.global_test_max_samples=null")
+    exp = experiment(SHARED, "eval.global_test_max_samples=null")
     assert len(exp.global_test) == len(exp.full_global_test)
+
+
+# ------------------------------------------------------------ each client's own slice (default)
+def test_slices_are_disjoint_stratified_cover_the_set_and_are_seeded() -> None:
+    exp = experiment("eval.global_test_max_samples=null")
+    full = exp.federation.global_test
+    labels = exp.federation.pool.labels.numpy()[full]
+    slices = [exp.client_data(pid).global_test for pid in range(4)]
+    chosen = np.concatenate([full[s] for s in exp._slices])
+    assert sorted(chosen.tolist()) == sorted(full.tolist()), "every sample once, in one slice"
+    sizes = [len(s) for s in slices]
+    assert max(sizes) - min(sizes) <= 1 and sum(sizes) == len(full)
+    whole_counts = np.bincount(labels, minlength=10)
+    for split in slices:  # each class within one sample of its share of the whole set
+        counts = np.bincount(split.labels.numpy(), minlength=10)
+        assert np.all(np.abs(counts - whole_counts / 4) < 1.0)
+    again = experiment("eval.global_test_max_samples=null")
+    assert all(np.array_equal(a, b) for a, b in zip(exp._slices, again._slices, strict=True))
+    other = experiment("eval.global_test_max_samples=null", "seed=1")
+    assert not all(np.array_equal(a, b) for a, b in zip(exp._slices, other._slices, strict=True))
+
+
+def test_a_slice_is_cut_to_the_cap_keeping_class_proportions() -> None:
+    cap = 40
+    exp = experiment(f"eval.global_test_max_samples={cap}")
+    whole = np.bincount(exp.full_global_test.labels.numpy(), minlength=10)
+    for pid in range(4):
+        split = exp.client_data(pid).global_test
+        assert len(exp._slices[pid]) == cap < len(exp.full_global_test) // 4
+        counts = np.bincount(split.labels.numpy(), minlength=10)
+        assert np.all(np.abs(counts - whole * cap / whole.sum()) <= 1.5)
+
+
+def test_more_clients_than_test_samples_get_one_sample_each() -> None:
+    slices = _stratified_slices(np.array([0, 1, 1, 2, 0]), 12, None, seed=3)
+    assert all(len(s) == 1 for s in slices)
+    assert sorted(int(s[0]) for s in slices[:5]) == [0, 1, 2, 3, 4]
+
+
+def test_clients_measure_acc_g_on_their_slice(tmp_path: Path) -> None:
+    rows, _ = run_inprocess([*BASE, "eval.global_test_max_samples=null"], tmp_path / "sliced")
+    exp = experiment("eval.global_test_max_samples=null")
+    sizes = {pid: len(exp.client_data(pid).global_test) for pid in range(4)}
+    for stage in ("L1", "L2"):
+        for row in stage_rows(rows, stage):
+            correct = row["acc_global"] * sizes[row["client"]]
+            assert abs(correct - round(correct)) < 1e-9, "Acc(G) counted on the client's slice"
+    shared, _ = run_inprocess(
+        [*BASE, SHARED, "eval.global_test_max_samples=null"], tmp_path / "all"
+    )
+    assert comparable(stage_rows(rows, "G")) == comparable(stage_rows(shared, "G"))
 
 
 # --------------------------------------------------------------- L2 on the evaluated clients

@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.inprocess import run_inprocess
+from tests.test_core import comparable
+
 
 @pytest.mark.slow
 def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
@@ -44,6 +47,12 @@ def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     assert l1["acc_local"]["mean"] > 0.85
     assert summary["final"]["G"]["acc"] > 0.2
     assert "round 4/4" in result.stdout  # the live view reported every round
+    # Flower's simulation engine as pflower runs it (nodes' partitions read from the engine's
+    # node map, messages delivered only to nodes that have one; see pflower.simulation) gives
+    # the rows of the in-process run, whose server asks every node for its partition
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    asked, _ = run_inprocess(["num_clients=4", "rounds=4", "strategy=fliu"], tmp_path / "inprocess")
+    assert sorted(comparable(rows)) == sorted(comparable(asked))
 
 
 @pytest.mark.slow
@@ -63,3 +72,46 @@ def test_a_bad_override_fails_with_a_clear_message(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "strategy.gamma must be in [0, 1], got 2" in result.stdout
+
+
+def test_messages_are_delivered_to_the_nodes_that_have_one_in_node_order() -> None:
+    import threading
+    from queue import Queue
+    from types import SimpleNamespace
+
+    from pflower.simulation import deliver_pending_messages
+
+    def message(node_id: int, delivered: str = "") -> SimpleNamespace:
+        return SimpleNamespace(
+            metadata=SimpleNamespace(dst_node_id=node_id, delivered_at=delivered)
+        )
+
+    stop = threading.Event()
+
+    class State:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.message_ins_store = {
+                "a": message(30),
+                "b": message(10),
+                "c": message(20, delivered="earlier"),
+                "d": message(99),  # not a node of this simulation
+            }
+            self.asked: list[int] = []
+
+        def get_message_ins(self, node_id: int, limit: int) -> list[SimpleNamespace]:
+            self.asked.append(node_id)
+            found = [
+                m
+                for m in self.message_ins_store.values()
+                if m.metadata.dst_node_id == node_id and not m.metadata.delivered_at
+            ]
+            for m in found[:limit]:
+                m.metadata.delivered_at = "now"
+            stop.set()  # one pass
+            return found[:limit]
+
+    state, queue = State(), Queue()
+    deliver_pending_messages(state, queue, {10: 0, 20: 1, 30: 2, 40: 3}, stop)  # type: ignore[arg-type]
+    assert state.asked == [10, 30], "only nodes with an undelivered message, in node order"
+    assert [queue.get().metadata.dst_node_id for _ in range(queue.qsize())] == [10, 30]

@@ -11,8 +11,9 @@ from flwr.client import Client, ClientApp
 from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config
+from pflower.config import StateStore
 from pflower.core.algorithm import algorithm_of
-from pflower.core.checkpoint import ClientStateFiles, PersistentClient
+from pflower.core.checkpoint import PersistentClient
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.registry import ConfigError
@@ -52,11 +53,16 @@ def client_fn(context: Context) -> Client:
         model=experiment.shared_model(),
         state=ClientState(context.state),
     )
+    on_disk = settings.client_state.store == StateStore.disk
     state_dir = client_state_dir(cfg, context)
-    if not settings.checkpoint.every or state_dir is None:
+    if state_dir is None and on_disk:
+        raise ConfigError(
+            "client_state.store=disk needs a folder for the clients' state: set "
+            "client_state.dir, output_dir, or the node config client-state-dir"
+        )
+    if state_dir is None or not (settings.checkpoint.every or on_disk):
         return client.to_client()
-    files = ClientStateFiles(state_dir, partition_id)
-    return PersistentClient(client, context.state, files).to_client()
+    return PersistentClient(client, context.state, state_dir, partition_id, on_disk).to_client()
 
 
 def client_state_dir(cfg: DictConfig, context: Context) -> Path | None:

@@ -11,11 +11,18 @@ draws what the uninterrupted run drew.
 
 Client side, every client keeps snapshots of its ``context.state`` in ``client_state.dir``
 (one folder per partition, on the machine that runs the client: a SuperNode's own disk in a
-deployment), written after each message it handles. The server tells clients the last round it
-checkpointed (``checkpoint-round``); a client keeps its newest snapshot and the one a resume from
-that checkpoint needs, and deletes the others. In a resumed run the server sends
+deployment), written after each message it handles and named by round and by the server run
+that wrote it (``state-attempt``, new each time a server starts: the snapshots a crashed attempt
+wrote after the checkpoint it is resumed from are never read). The server tells clients the last
+round it checkpointed (``checkpoint-round``); a client keeps its newest snapshot and the one a
+resume from that checkpoint needs, and deletes the others. In a resumed run the server sends
 ``resume-round``: a client whose state is empty (its process or node started afresh) first
-restores its newest snapshot from a round no later than that.
+restores its newest snapshot from a round no later than that, or a newer one of this attempt.
+
+With ``client_state.store=disk`` the same snapshots are the state itself: a client loads its
+snapshot for every message and empties ``context.state`` afterwards, so the clients' personal
+state lives on disk, not in the memory of the process that holds the nodes' contexts (a
+simulation of 10,000 clients keeps only the sampled clients' state in memory).
 
 Every file is written to a temporary name and renamed, so a crash while writing leaves the
 previous file. A checkpoint is refused, with the reason, when it is missing, corrupt (its
@@ -57,6 +64,10 @@ CHECKPOINT_ROUND = "checkpoint-round"
 
 RESUME_ROUND = "resume-round"
 """Config key of fit/evaluate instructions in a resumed run: the round it resumed from."""
+
+ATTEMPT = "state-attempt"
+"""Config key of fit/evaluate instructions: the id of this server run (new at every start, fresh
+or resumed), which names the client snapshots written in it."""
 
 MAY_DIFFER_ON_RESUME = ("rounds", *EXECUTION_KEYS)
 """Top-level config keys a resumed run may change: how it executes, and ``rounds``, which may
@@ -188,29 +199,57 @@ def check_compatible(checkpoint: ServerCheckpoint, config: Mapping[str, Any], pa
 
 
 # ------------------------------------------------------------------------------- client side
-_SNAPSHOT = re.compile(r"round_(\d+)\.npz")
+_SNAPSHOT = re.compile(r"round_(\d+)(?:\.(\w+))?\.npz")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """One snapshot file: the state after ``round``, written by server run ``attempt``."""
+
+    round: int
+    attempt: str
+    path: Path
 
 
 class ClientStateFiles:
-    """Snapshots of one client's ``context.state``, one file per round, in ``directory``."""
+    """Snapshots of one client's ``context.state`` in ``directory``, one file per round and
+    server run. Run ``attempt``, resumed from round ``resumed`` (0: a fresh run), sees the
+    snapshots up to that round and its own: the others are what a crashed run wrote after its
+    last checkpoint, or what an earlier run in the same folder left."""
 
-    def __init__(self, directory: Path, partition_id: int) -> None:
+    def __init__(
+        self, directory: Path, partition_id: int, attempt: str = "", resumed: int = 0
+    ) -> None:
         self.directory = directory / f"partition_{partition_id}"
+        self.attempt = attempt
+        self.resumed = resumed
 
-    def rounds(self) -> list[int]:
-        """Rounds with a snapshot, ascending."""
+    def snapshots(self) -> list[Snapshot]:
+        """This run's view: the snapshots it may read, oldest first."""
         if not self.directory.is_dir():
             return []
-        found = (_SNAPSHOT.fullmatch(p.name) for p in self.directory.iterdir())
-        return sorted(int(match.group(1)) for match in found if match)
+        found = []
+        for path in self.directory.iterdir():
+            if match := _SNAPSHOT.fullmatch(path.name):
+                snapshot = Snapshot(int(match.group(1)), match.group(2) or "", path)
+                if snapshot.round <= self.resumed or snapshot.attempt == self.attempt:
+                    found.append(snapshot)
+        return sorted(
+            found, key=lambda snapshot: (snapshot.round, snapshot.attempt == self.attempt)
+        )
+
+    def rounds(self) -> list[int]:
+        """Rounds with a snapshot this run may read, ascending."""
+        return [snapshot.round for snapshot in self.snapshots()]
 
     def path(self, server_round: int) -> Path:
-        return self.directory / f"round_{server_round:06d}.npz"
+        suffix = f".{self.attempt}" if self.attempt else ""
+        return self.directory / f"round_{server_round:06d}{suffix}.npz"
 
     def save(self, records: RecordDict, server_round: int, checkpointed: int) -> None:
         """Snapshot ``records`` as the state after ``server_round``; then keep only this
         snapshot and the newest one from a round up to ``checkpointed`` (what a resume from the
-        server's last checkpoint restores)."""
+        server's last checkpoint restores): older ones and those this run may not read go."""
         arrays: dict[str, np.ndarray] = {}
         layout: dict[str, Any] = {"arrays": {}, "scalars": {}}
         for index, (key, record) in enumerate(records.items()):
@@ -225,44 +264,65 @@ class ClientStateFiles:
         arrays["layout"] = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
         snapshot = io.BytesIO()
         np.savez(snapshot, **arrays)
+        written = self.path(server_round)
         try:
-            write_atomic(self.path(server_round), snapshot.getvalue())
+            write_atomic(written, snapshot.getvalue())
         except OSError as error:
             raise OSError(
                 f"cannot keep this client's state in {self.directory} ({error}): give the node a "
                 "writable folder (node config client-state-dir, or client_state.dir), or turn "
-                "checkpoints off with checkpoint.every=0"
+                "checkpoints off with checkpoint.every=0 (and client_state.store=memory)"
             ) from error
-        older = [r for r in self.rounds() if r < server_round]
-        needed = max((r for r in older if r <= checkpointed), default=None)
-        for stale in older:
-            if stale != needed:
-                self.path(stale).unlink(missing_ok=True)
+        readable = self.snapshots()
+        needed = [s.path for s in readable if s.round <= checkpointed and s.path != written][-1:]
+        keep = {written, *needed}
+        for path in self.directory.iterdir():
+            if _SNAPSHOT.fullmatch(path.name) and path not in keep:
+                path.unlink(missing_ok=True)
 
-    def restore(self, records: RecordDict, up_to_round: int) -> int | None:
-        """Load the newest snapshot from a round no later than ``up_to_round`` into ``records``;
-        returns its round (None if there is none)."""
-        candidates = [r for r in self.rounds() if r <= up_to_round]
+    def restore(self, records: RecordDict, up_to_round: int | None = None) -> int | None:
+        """Load the newest snapshot this run may read (from a round no later than
+        ``up_to_round``, if given) into ``records``; returns its round (None if there is none)."""
+        candidates = [s for s in self.snapshots() if up_to_round is None or s.round <= up_to_round]
         if not candidates:
             return None
-        with np.load(self.path(candidates[-1]), allow_pickle=False) as stored:
+        with np.load(candidates[-1].path, allow_pickle=False) as stored:
             layout = json.loads(stored["layout"].tobytes().decode())
             for key, names in layout["arrays"].items():
                 records[key] = ArrayRecord([stored[name] for name in names])
         for key, values in layout["scalars"].items():
             records[key] = ConfigRecord(values)
-        return candidates[-1]
+        return candidates[-1].round
 
 
 class PersistentClient(NumPyClient):
-    """A client whose state survives a crash: it wraps the algorithm's client, restores the
-    state from :class:`ClientStateFiles` when a resumed run first reaches it with an empty
-    state, and snapshots the state after every fit and evaluate."""
+    """A client whose state survives a crash, or lives on disk: it wraps the algorithm's client,
+    restores the state from :class:`ClientStateFiles` when it reaches the client empty in a
+    resumed run (or always, with ``evict``), snapshots it after every fit and evaluate, and with
+    ``evict`` then empties it (``client_state.store=disk``)."""
 
-    def __init__(self, client: NumPyClient, records: RecordDict, files: ClientStateFiles) -> None:
+    def __init__(
+        self,
+        client: NumPyClient,
+        records: RecordDict,
+        directory: Path,
+        partition_id: int,
+        evict: bool = False,
+    ) -> None:
         self.client = client
         self.records = records
-        self.files = files
+        self.directory = directory
+        self.partition_id = partition_id
+        self.evict = evict
+
+    def _files(self, config: dict[str, Scalar]) -> ClientStateFiles:
+        """The snapshots as the server run that sent ``config`` sees them."""
+        return ClientStateFiles(
+            self.directory,
+            self.partition_id,
+            attempt=str(config.get(ATTEMPT, "")),
+            resumed=int(config.get(RESUME_ROUND, 0)),
+        )
 
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         return self.client.get_properties(config)
@@ -284,10 +344,13 @@ class PersistentClient(NumPyClient):
         return result
 
     def _restore(self, config: dict[str, Scalar]) -> None:
-        if RESUME_ROUND in config and not self.records:
-            self.files.restore(self.records, int(config[RESUME_ROUND]))
+        if not self.records and (self.evict or RESUME_ROUND in config):
+            self._files(config).restore(self.records)
 
     def _save(self, config: dict[str, Scalar]) -> None:
         if self.records:
             checkpointed = int(config.get(CHECKPOINT_ROUND, 0))
-            self.files.save(self.records, int(config["server-round"]), checkpointed)
+            self._files(config).save(self.records, int(config["server-round"]), checkpointed)
+        if self.evict:
+            for key in list(self.records):
+                del self.records[key]

@@ -17,7 +17,7 @@ from flwr.common import NDArrays
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pflower.config import AttackKind, ExperimentConfig
+from pflower.config import AttackKind, ClientGlobalTest, ExperimentConfig
 from pflower.core.training import Prepare, TrainSettings, get_weights, resolve_device
 from pflower.datasets.base import ImageSplit
 from pflower.datasets.federation import Federation, build_federation
@@ -75,11 +75,27 @@ class Experiment:
             split=settings.split,
         )
 
+    def client_global_test(self, partition_id: int) -> ImageSplit:
+        """The samples on which client ``partition_id`` measures Acc(G)
+        (``eval.client_global_test``): its own slice, or the subsample all clients share."""
+        if self.settings.eval.client_global_test == ClientGlobalTest.subsample:
+            return self.global_test
+        federation = self.federation
+        return federation.pool.subset(federation.global_test[self._slices[partition_id]])
+
+    @cached_property
+    def _slices(self) -> list[np.ndarray]:
+        federation = self.federation
+        labels = federation.pool.labels.numpy()[federation.global_test]
+        limit = self.settings.eval.global_test_max_samples or None
+        return _stratified_slices(labels, federation.num_clients, limit, self.settings.seed)
+
     @cached_property
     def global_test(self) -> ImageSplit:
-        """The global test set on which clients measure Acc(G): a stratified subsample of
-        ``eval.global_test_max_samples`` samples (the same for every client and round), or the
-        whole set (null or 0, or a set no larger). Stage G uses :attr:`full_global_test`.
+        """The stratified subsample of the global test set that every client shares under
+        ``eval.client_global_test=subsample``: ``eval.global_test_max_samples`` samples (the same
+        for every client and round), or the whole set (null or 0, or a set no larger). Stage G
+        uses :attr:`full_global_test`.
 
         The subsample is taken from the pool directly, so a worker that only needs it never
         copies the whole set (the same samples as subsampling :attr:`full_global_test`)."""
@@ -177,7 +193,7 @@ class Experiment:
 
         return ClientData(
             partition_id=partition_id,
-            global_test=self.global_test,
+            global_test=self.client_global_test(partition_id),
             prepare=prepare,
             **splits,
         )
@@ -198,6 +214,32 @@ class Experiment:
 
 def _already_prepared(images: torch.Tensor) -> torch.Tensor:
     return images
+
+
+def _stratified_slices(
+    labels: np.ndarray, count: int, limit: int | None, seed: int
+) -> list[np.ndarray]:
+    """``count`` disjoint slices of the positions of ``labels`` (seeded): each class, shuffled,
+    is dealt round-robin over the slices, continuing where the previous class stopped, so slice
+    sizes and every class's count in a slice differ by at most one. A slice longer than
+    ``limit`` keeps the samples that come first within their class, which keeps the class
+    proportions. With more slices than samples, slice i holds the single sample i mod len."""
+    rng = np.random.default_rng(seed)
+    if count > len(labels):
+        order = rng.permutation(len(labels))
+        return [order[[i % len(labels)]] for i in range(count)]
+    owner = np.empty(len(labels), dtype=np.int64)
+    rank = np.empty(len(labels))
+    dealt = 0
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        position = np.arange(len(members))
+        owner[members] = (dealt + position) % count
+        rank[members] = (position + 0.5) / len(members)
+        dealt += len(members)
+    by_owner = np.lexsort((rank, owner))
+    bounds = np.cumsum(np.bincount(owner, minlength=count))[:-1]
+    return [np.sort(mine[:limit]) for mine in np.split(by_owner, bounds)]
 
 
 def _stratified_subsample(labels: np.ndarray, limit: int, seed: int) -> np.ndarray:

@@ -66,6 +66,24 @@ def simulated_nodes(client_manager: ClientManager) -> int | None:
     return None
 
 
+SIMULATED_PARTITIONS = "pflower_partitions"
+"""Attribute of a simulation's in-memory link state holding its node-id -> partition-id map,
+set by pflower's simulation runner (:mod:`pflower.simulation`) when it registers the nodes."""
+
+
+def simulated_partitions(client_manager: ClientManager) -> dict[str, int] | None:
+    """Every connected node's partition, when a simulation published them on its link state (None
+    otherwise, e.g. in a deployment or under ``flwr run``, where nodes are asked)."""
+    partitions: dict[str, int] = {}
+    for cid, proxy in client_manager.all().items():
+        grid = getattr(proxy, "grid", None)
+        published = getattr(getattr(grid, "state", None), SIMULATED_PARTITIONS, None)
+        if not isinstance(grid, InMemoryGrid) or published is None or int(cid) not in published:
+            return None
+        partitions[cid] = int(published[int(cid)])
+    return partitions or None
+
+
 def simulation_mismatch(available: int, expected: int) -> str:
     """Why a simulation of ``available`` SuperNodes cannot run ``expected`` clients; the fix."""
     return (

@@ -55,7 +55,13 @@ from flwr.server.strategy import FedAvg
 from pflower.config import ExperimentConfig, L2Clients, RobustKind
 from pflower.core.aggregation import weighted_mean, weighted_mean_partial
 from pflower.core.client import MEASURE_L2
-from pflower.core.nodes import NodeQuestions, ranges, simulated_nodes, simulation_mismatch
+from pflower.core.nodes import (
+    NodeQuestions,
+    ranges,
+    simulated_nodes,
+    simulated_partitions,
+    simulation_mismatch,
+)
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.store import ClientModelStore
 from pflower.core.training import payload_bytes
@@ -162,6 +168,10 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         self.trainable_mask: list[bool] | None = None
         """Per array of the model (``state_dict`` order): whether it is a trainable parameter
         (False for buffers such as BatchNorm statistics); set by the ServerApp, None if unknown."""
+        self.train_sizes: list[int] | None = None
+        """Training-set size of every partition, from the server's own copy of the federation
+        (set by the ServerApp): with it, a simulation's nodes need not be asked (see
+        :meth:`_learn_partitions`)."""
         self.checkpoint_keys: dict[str, Scalar] = {}
         """Sent with every fit and evaluate instruction: the last round checkpointed and, in a
         resumed run, the round it resumed from (see :mod:`pflower.core.checkpoint`)."""
@@ -461,11 +471,26 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         A node that cannot answer in time is left out until it can; it is recorded as a failure.
         Nodes in ``skip`` are not asked. Returns the nodes that failed, with their errors.
         """
+        if self._read_simulated_partitions(client_manager):
+            return {}
         asking = self._ask_new_nodes(client_manager, skip or set())
         if asking is None:
             return {}
         asking.wait()
         return self._record_answers(asking.answers)
+
+    def _read_simulated_partitions(self, client_manager: ClientManager) -> bool:
+        """In a simulation that published its node-to-partition map (pflower's own), take every
+        node's partition from it and its training-set size from :attr:`train_sizes`, asking no
+        node: one question per node costs a message through the Ray workers each, minutes at
+        10,000 clients. Returns whether it did."""
+        partitions = simulated_partitions(client_manager)
+        if partitions is None or self.train_sizes is None:
+            return False
+        for cid, partition_id in partitions.items():
+            self._partition_of[cid] = partition_id
+            self._num_train[partition_id] = self.train_sizes[partition_id]
+        return True
 
     def _ask_new_nodes(self, client_manager: ClientManager, skip: set[str]) -> NodeQuestions | None:
         """Start asking the connected nodes whose partition is unknown (None if there are none).

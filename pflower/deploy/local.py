@@ -30,7 +30,13 @@ from pflower.deploy.processes import (
     terminate,
     wait_for_port,
 )
-from pflower.deploy.topology import Endpoints, Security, superlink_args, supernode_args
+from pflower.deploy.topology import (
+    Endpoints,
+    Security,
+    superlink_args,
+    supernode_args,
+    supernode_command,
+)
 
 CONNECTION = "pflower-local"
 """Name of the SuperLink connection written to the deployment's Flower configuration."""
@@ -61,6 +67,9 @@ class Deployment:
     security: Security = field(default_factory=Security)
     tag: str = field(default_factory=lambda: f"pflower-{uuid.uuid4().hex[:12]}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
+    fast_rounds: bool = True
+    """Start SuperNodes through :mod:`pflower.deploy.launcher` (ClientApp fork server, short
+    polling intervals); False starts ``flower-supernode`` itself."""
     _popens: dict[str, subprocess.Popen[bytes]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -130,7 +139,10 @@ class Deployment:
         args = supernode_args(
             index, self.num_clients, superlink, ("127.0.0.1", port), self.security
         )
-        self._start(f"supernode-{index}", [executable("flower-supernode"), *args], wrapper)
+        command = (
+            supernode_command(args) if self.fast_rounds else [executable("flower-supernode"), *args]
+        )
+        self._start(f"supernode-{index}", command, wrapper)
 
     def stop(self, name: str, sig: signal.Signals = signal.SIGTERM, grace: float = 10.0) -> None:
         """End process ``name`` and everything it started."""
@@ -270,6 +282,7 @@ class Deployment:
                 k: None if v is None else str(v) for k, v in asdict(self.security).items()
             },
             "processes": [asdict(p) for p in self.processes.values()],
+            "fast_rounds": self.fast_rounds,
         }
         (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
@@ -288,4 +301,5 @@ class Deployment:
             security,
             state["tag"],
             processes,
+            state.get("fast_rounds", True),
         )

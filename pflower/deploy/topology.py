@@ -7,6 +7,7 @@ processes; both the local processes (:mod:`pflower.deploy.local`) and the docker
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +145,13 @@ def supernode_args(
     if key is not None:
         args += ["--auth-supernode-private-key", str(key)]
     return args
+
+
+def supernode_command(args: list[str], python: str | None = None) -> list[str]:
+    """The command running ``flower-supernode args`` through pflower's launcher
+    (:mod:`pflower.deploy.launcher`: a ClientApp fork server and short polling intervals) on
+    ``python`` (default: this interpreter)."""
+    return [python or sys.executable, "-m", "pflower.deploy.launcher", "supernode", "--", *args]
 
 
 def superexec_args(runtime_address: str, root_certificates: str | None) -> list[str]:

@@ -10,7 +10,7 @@ import torch
 from flwr.app import Context
 from flwr.common import NDArrays
 from flwr.common.logger import log
-from flwr.server import ServerApp, ServerAppComponents, ServerConfig, SimpleClientManager
+from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config
@@ -28,6 +28,7 @@ from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.results.rundir import RecorderPosition, RunRecorder, read_rows, resolved_config
 from pflower.server.loop import CheckpointingServer
+from pflower.server.polling import PromptClientManager
 
 
 def run_directory(cfg: DictConfig) -> Path:
@@ -69,6 +70,7 @@ def build_strategy(
     )
     with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
         strategy.trainable_mask = trainable_mask(experiment.new_model())
+    strategy.train_sizes = [len(client.train) for client in experiment.federation.clients]
     return strategy
 
 
@@ -113,7 +115,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         if not o.startswith(("output_dir=", "checkpoint.resume="))
     ]
     server = CheckpointingServer(
-        client_manager=SimpleClientManager(),
+        client_manager=PromptClientManager(),  # prompt reply polls in a deployment
         strategy=strategy,
         run_dir=run_dir,
         overrides=overrides,

@@ -11,6 +11,7 @@ goes on from the next round.
 from __future__ import annotations
 
 import timeit
+import uuid
 from logging import INFO
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from flwr.server.client_manager import ClientManager
 from flwr.server.history import History
 
 from pflower.core.checkpoint import (
+    ATTEMPT,
     CHECKPOINT_ROUND,
     RESUME_ROUND,
     ServerCheckpoint,
@@ -79,6 +81,7 @@ class CheckpointingServer(Server):
         """Initialize a new run (global model, stage G of round 0) or restore a checkpoint;
         returns the first round to run."""
         checkpoint = self.resume_from
+        self.personalized.checkpoint_keys = {ATTEMPT: uuid.uuid4().hex[:12]}
         if checkpoint is None:
             log(INFO, "[INIT]")
             self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
@@ -88,6 +91,7 @@ class CheckpointingServer(Server):
         set_random_state(checkpoint.rng)
         self.parameters = ndarrays_to_parameters(self.personalized.global_weights)
         self.personalized.checkpoint_keys = {
+            **self.personalized.checkpoint_keys,
             CHECKPOINT_ROUND: checkpoint.round,
             RESUME_ROUND: checkpoint.round,
         }

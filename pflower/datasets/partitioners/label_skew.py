@@ -125,25 +125,21 @@ class BalancedPathologicalPartitioner(CountMatrixPartitioner):
 
 
 def _first_with_duplicate(slots: np.ndarray) -> int | None:
-    for client, row in enumerate(slots):
-        if len(set(row.tolist())) < len(row):
-            return client
-    return None
+    ordered = np.sort(slots, axis=1)
+    clients = np.flatnonzero((ordered[:, 1:] == ordered[:, :-1]).any(axis=1))
+    return int(clients[0]) if len(clients) else None
 
 
 def _swap_duplicate(slots: np.ndarray, client: int, rng: np.random.Generator) -> None:
-    """Swap one duplicated slot of ``client`` with a slot of another client, both left valid."""
+    """Swap one duplicated slot of ``client`` with a slot of another client, both left valid:
+    drawn uniformly from the (other client, slot) pairs in row-major order."""
     row = slots[client].tolist()
     position = next(i for i, label in enumerate(row) if row.index(label) != i)
     duplicate = row[position]
-    candidates = [
-        (other, slot)
-        for other in range(len(slots))
-        if other != client and duplicate not in slots[other]
-        for slot in range(slots.shape[1])
-        if slots[other, slot] not in row
-    ]
-    if not candidates:
+    other_ok = ~(slots == duplicate).any(axis=1)
+    other_ok[client] = False
+    candidates = np.argwhere(other_ok[:, None] & ~np.isin(slots, row))
+    if not len(candidates):
         raise ValueError("cannot give every client distinct classes; use fewer classes per client")
     other, slot = candidates[rng.integers(len(candidates))]
     slots[client, position], slots[other, slot] = slots[other, slot], duplicate

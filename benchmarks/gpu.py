@@ -1,0 +1,133 @@
+"""Time per round of the papers' presets with the clients on a GPU.
+
+Each case is a paper's full-scale preset (``+experiment=<paper>_paper``: its dataset, model,
+clients, local epochs and batch size) run for a few rounds with ``train.device=cuda`` by the real
+``pflower`` command (Ray backend), with ``backend.num_gpus_per_client`` set so that several
+simulated clients share the GPU (``--clients-per-gpu``). The ``resnet18-cifar`` case times
+FedMPR's ResNet-18 (CIFAR stem) on synthetic data of CIFAR-10's shape (50,000 train / 10,000
+test images of 3x32x32, 10 classes): timing needs the right shapes, not the real images.
+
+Round time = time between the ends of consecutive training phases (metrics.jsonl ``time`` rows),
+steady state = median over rounds 2..; the first round carries the workers' start-up and CUDA
+initialization. ``--device cpu`` runs the same cases on the CPU, for a ratio measured on the same
+machine.
+
+Usage::
+
+    python benchmarks/gpu.py [--cases fliu fedala flame fedmpr diversifed resnet18-cifar]
+        [--rounds 4] [--clients-per-gpu 4] [--device cuda|cpu] [--out DIR]
+
+Writes ``gpu.json`` and appends one row per case to ``gpu.md`` in the output folder. Without a
+CUDA device (and ``--device cuda``) it says so and exits 2 before running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+import torch
+from overhead import run_pflower
+
+CASES: dict[str, list[str]] = {
+    "fliu": ["+experiment=fliu_table1_paper"],
+    "fedala": ["+experiment=fedala_table2_paper"],
+    "flame": ["+experiment=flame_table3_paper"],
+    "fedmpr": ["+experiment=fedmpr_table2_paper"],
+    "diversifed": ["+experiment=diversifed_table2_paper"],
+    "resnet18-cifar": [
+        "+experiment=fedmpr_table2_paper",
+        "dataset=synthetic",
+        "dataset.image_shape=[3,32,32]",
+        "dataset.num_train=50000",
+        "dataset.num_test=10000",
+        "split=default",
+        "partition=iid",
+    ],
+}
+
+
+def gpu_name() -> str:
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    return ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+
+
+def nvidia_smi() -> str:
+    try:
+        return subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--clients-per-gpu", type=int, default=4)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra Hydra overrides"
+    )
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("benchmarks/gpu.py: no CUDA device here; nothing was run", file=sys.stderr)
+        raise SystemExit(2)
+    execution = [f"train.device={args.device}", "progress=false", "checkpoint.every=0"]
+    if args.device == "cuda":
+        execution.append(f"backend.num_gpus_per_client={1 / args.clients_per_gpu}")
+    machine = (
+        f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, GPU: {gpu_name()}"
+    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    table = args.out / "gpu.md"
+    header = (
+        "| date | machine | case | device | steady round (s) | first round incl. start-up (s) "
+        "| command |\n|---|---|---|---|---|---|---|\n"
+    )
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in args.cases:
+            workload = [*CASES[case], *execution, *args.set]
+            measured = run_pflower(args.rounds, Path(tmp) / case, workload)
+            result = {
+                "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                "machine": machine,
+                "nvidia_smi": nvidia_smi(),
+                "case": case,
+                "device": args.device,
+                "command": " ".join(["pflower", *workload, f"rounds={args.rounds}"]),
+                **measured,
+            }
+            results.append(result)
+            print(json.dumps(result, indent=2), flush=True)
+            text = table.read_text() if table.exists() else ""
+            if header.splitlines()[0] not in text:
+                text += ("\n" if text else "") + header
+            table.write_text(
+                text + f"| {result['date']} | {machine} | {case} | {args.device} | "
+                f"{measured['steady_round_s']:.2f} | "
+                f"{measured['startup_s'] + measured['steady_round_s']:.1f} | "
+                f"`{result['command']}` |\n"
+            )
+    store = args.out / "gpu.json"
+    earlier = json.loads(store.read_text()) if store.exists() else []
+    store.write_text(json.dumps([*earlier, *results], indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,546 @@
+"""A fork server for ClientApp processes: each task starts in milliseconds, not seconds.
+
+In Flower 1.39 a SuperNode hands every message to a new ``flwr-clientapp`` process, started by its
+SuperExec by name (``subprocess.Popen(["flwr-clientapp", ...])``), which runs that one task and
+exits. Such a process spends most of its life importing torch, Flower and the app's libraries
+(6-8 s on a 2-core machine), twice a round per client (a ``train`` and an ``evaluate`` message).
+
+The fork server imports those libraries once, then forks a child per task:
+
+- :class:`ForkServerProcess` (in the process that starts the SuperNode or SuperExec, see
+  :mod:`pflower.deploy.launcher`) makes a directory holding the listening Unix socket and a
+  ``bin/flwr-clientapp`` script, starts the server (``python -m pflower.deploy.forkserver``,
+  the socket passed as an open file descriptor), and gives the SuperNode/SuperExec an
+  environment with ``bin`` first on ``PATH`` and the socket in
+  :data:`~pflower.deploy.forkclient.SOCKET_VARIABLE`;
+- the script runs :mod:`pflower.deploy.forkclient` (standard library only), which sends the
+  server its command line, environment, working directory and standard streams and waits;
+- the server (:class:`ForkServer`) forks; the child takes over the streams, environment, working
+  directory and ``sys.argv`` of the stand-in and calls Flower's ``flwr-clientapp`` entry point
+  (:data:`DEFAULT_TARGET`), which connects to the SuperNode, pulls the task, runs the app and
+  exits; the server reports the child's exit status back to the stand-in, which exits likewise.
+
+What the child runs is what ``flwr-clientapp`` runs: the same Flower function, the same
+arguments (runtime address, token, TLS root certificates, ``--parent-pid``), the same
+environment. The server imports ``pflower.client.app`` (and with it torch, torchvision, Flower,
+Hydra, datasets, ...) and composes the default configuration once (Hydra's lazy imports). The
+app a child runs is still the run's FAB: Flower imports the ClientApp from the FAB's directory
+unless it is imported already, so a child keeps the server's ``pflower`` modules only when the
+FAB's ``pflower/**/*.py`` and ``conf/**/*.yaml`` have the same digest as the imported ones, and
+otherwise forgets them and imports the FAB's code (:func:`keep_app_if_unchanged`). A child that
+ran the server's import tells the server which configurations it composed, and the server
+composes them too (:func:`warm_configs`): later children find them in their cache. The server
+never runs torch code (no thread pools exist when it forks) and is single-threaded; it parks its
+objects outside the garbage collector (``gc.freeze``) and its children end with ``os._exit``
+after flushing their streams: a normal interpreter exit would tear down every inherited module
+and so copy every page of the server's memory (seconds per task).
+
+The server lives as long as the process that started it (``--watch-pid``) and removes its
+directory when it ends. If it is gone, the stand-in runs the real ``flwr-clientapp`` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import hashlib
+import importlib
+import logging
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from pflower.deploy import forkclient
+from pflower.deploy.forkclient import SOCKET_VARIABLE, receive_message, send_message
+
+DEFAULT_TARGET = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
+"""The function a child calls: Flower's ``flwr-clientapp`` console script."""
+
+PRELOAD = (
+    "flwr.supernode.cli.flwr_clientapp",
+    "pflower.client.app",
+    "pflower.deploy.forkserver:warm_up",
+    "sklearn.datasets",
+)
+"""Imported (``module``) or called (``module:function``) by the server before it serves."""
+
+APP_PACKAGE = "pflower"
+
+SOCKET_NAME = "server.sock"
+
+TASK_LOG_PREFIX = "pflower fork server: task"
+"""Start of the line the server prints (to the SuperNode's log) when a task's child ended:
+``<prefix> <pid> ran <seconds> s <status>``."""
+
+
+@dataclass
+class Task:
+    """What a child runs: the stand-in's command line, environment, directory and streams."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    fds: dict[int, int] = field(default_factory=dict)
+    """Standard stream number -> the received file descriptor to put there."""
+
+
+def preload(modules: Sequence[str]) -> None:
+    """Import ``modules`` (``module`` or ``module:function``, a function to call once the
+    modules before it are imported).
+
+    One that fails is reported and skipped: the children import it themselves.
+    """
+    for name in modules:
+        try:
+            module, _, function = name.partition(":")
+            loaded = importlib.import_module(module)
+            if function:
+                getattr(loaded, function)()
+        except Exception as error:  # any failure here only costs the children time
+            print(f"pflower fork server: not preloaded: {name}: {error!r}", file=sys.stderr)
+
+
+def warm_up() -> None:
+    """Compose the default configuration once: imports what Hydra loads lazily."""
+    from pflower.compose import compose_config
+
+    compose_config([])
+
+
+def forget(package: str = APP_PACKAGE) -> None:
+    """Drop ``package`` and its submodules from ``sys.modules`` (the next import reads them
+    anew, from wherever ``sys.path`` finds them first)."""
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
+        del sys.modules[name]
+
+
+def app_digest(package_dir: Path, conf_dir: Path) -> str:
+    """A digest of an app's code and configuration: the ``*.py`` files under ``package_dir``
+    and the ``*.yaml`` files under ``conf_dir``, by relative path and content."""
+    digest = hashlib.sha256()
+    for kind, root, pattern in (("py", package_dir, "*.py"), ("conf", conf_dir, "*.yaml")):
+        files = sorted(
+            p
+            for p in root.rglob(pattern)
+            if not {"__pycache__", "_app"} & set(p.relative_to(root).parts)
+        )
+        for path in files:
+            digest.update(f"{kind}:{path.relative_to(root).as_posix()}:".encode())
+            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    return digest.hexdigest()
+
+
+def loaded_app_digest(package: str = APP_PACKAGE) -> str | None:
+    """:func:`app_digest` of the imported ``package`` (None if it is not imported)."""
+    if package not in sys.modules:
+        return None
+    try:
+        from pflower.config import conf_dir
+
+        return app_digest(Path(sys.modules[package].__file__ or "").parent, conf_dir())
+    except Exception:  # no digest: the children import the app themselves
+        return None
+
+
+_app_kept = [True]
+"""In a child: whether it still runs the server's import of the app."""
+
+
+def configs_to_warm() -> list[list[str]]:
+    """In a child that ran the server's import of the app: the configurations it composed
+    (``pflower.compose.composed_overrides``), for the server to compose ahead."""
+    compose = sys.modules.get(f"{APP_PACKAGE}.compose")
+    if not _app_kept[0] or compose is None or not hasattr(compose, "composed_overrides"):
+        return []
+    return [list(overrides) for overrides in compose.composed_overrides()]
+
+
+def send_warm_hint(overrides: list[list[str]]) -> None:
+    """Ask the server (at :data:`SOCKET_VARIABLE`) to compose ``overrides`` ahead; best effort."""
+    path = os.environ.get(SOCKET_VARIABLE)
+    if not overrides or not path:
+        return
+    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(2)
+        sock.connect(path)
+        send_message(sock, {"kind": "warm", "overrides": overrides})
+
+
+def warm_configs(overrides: list[list[str]]) -> None:
+    """In the server: compose the configurations not composed yet (the children forked from
+    now on find them in ``config_from_run_config``'s cache)."""
+    compose = sys.modules.get(f"{APP_PACKAGE}.compose")
+    if compose is None or not hasattr(compose, "warm_config"):
+        return
+    known = set(compose.composed_overrides())
+    for entry in overrides:
+        if tuple(entry) in known:
+            continue
+        try:
+            compose.warm_config([str(o) for o in entry])
+        except Exception as error:  # the children compose it themselves
+            print(f"pflower fork server: not composed ahead: {error!r}", file=sys.stderr)
+    gc.freeze()
+
+
+def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> None:
+    """In a child: keep the server's imported app only for a FAB with the same code.
+
+    Flower loads the ClientApp with ``load_app(reference, error, project_dir)``, which imports
+    the module from the FAB's directory unless it is imported already. This wraps that call: if
+    the FAB's ``package`` and ``conf`` have the digest ``loaded`` of the server's import, the
+    imported modules are used as they are; otherwise (or if Flower has no such call) they are
+    forgotten first and the FAB's own code is imported, as in a new process.
+    """
+    from flwr.clientapp import utils
+
+    original = getattr(utils, "load_app", None)
+    if loaded is None or original is None:
+        forget(package)
+        _app_kept[0] = False
+        return
+
+    def load_app(reference: str, error_type: type[Exception], project_dir: object = None) -> object:
+        root = Path(str(project_dir)) if project_dir is not None else None
+        if root is None or app_digest(root / package, root / "conf") != loaded:
+            forget(package)
+            _app_kept[0] = False
+        return original(reference, error_type, project_dir)
+
+    utils.load_app = load_app
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_status(status: int) -> dict[str, int]:
+    """A ``waitpid`` status as the stand-in expects it: ``exit`` code or ``signal`` number."""
+    if os.WIFSIGNALED(status):
+        return {"signal": os.WTERMSIG(status)}
+    return {"exit": os.waitstatus_to_exitcode(status)}
+
+
+class ForkServer:
+    """Accepts tasks on ``listener`` and runs each in a forked child (see the module docstring).
+
+    ``watch_pid``: serve only while this process lives.
+    """
+
+    def __init__(self, listener: socket.socket, watch_pid: int | None = None) -> None:
+        self.listener = listener
+        self.watch_pid = watch_pid
+        self.children: dict[int, socket.socket] = {}
+        self.started: dict[int, float] = {}
+        self.pid = os.getpid()
+
+    def serve(self) -> Task | None:
+        """Serve until the watched process ends (returns None, in the server) or a task was
+        forked (returns the task, in the child)."""
+        selector = selectors.DefaultSelector()
+        selector.register(self.listener, selectors.EVENT_READ)
+        try:
+            while self.watch_pid is None or _pid_alive(self.watch_pid):
+                for _ in selector.select(timeout=0.05 if self.children else 0.5):
+                    task = self._accept()
+                    if task is not None:
+                        return task
+                self._reap()
+        finally:
+            selector.close()
+        return None
+
+    def _accept(self) -> Task | None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return None
+        conn.settimeout(30)
+        try:
+            request, fds = receive_message(conn, max_fds=3)
+            if request.get("kind") == "ping":
+                send_message(conn, {"ready": True})
+                conn.close()
+                return None
+            if request.get("kind") == "warm":
+                conn.close()
+                warm_configs(request["overrides"])
+                return None
+            task = Task(
+                argv=[str(a) for a in request["argv"]],
+                env={str(k): str(v) for k, v in request["env"].items()},
+                cwd=str(request["cwd"]),
+                fds=dict(zip((int(n) for n in request["fds"]), fds, strict=True)),
+            )
+        except (OSError, EOFError, ValueError, KeyError, TypeError):
+            conn.close()
+            return None
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        pid = os.fork()
+        if pid == 0:
+            self._become_child(conn)
+            return task
+        for fd in fds:
+            os.close(fd)
+        self.children[pid] = conn
+        self.started[pid] = time.monotonic()
+        with contextlib.suppress(OSError):
+            send_message(conn, {"pid": pid})
+        return None
+
+    def _become_child(self, conn: socket.socket) -> None:
+        """In a fresh child: drop the server's sockets and signal handlers."""
+        conn.close()
+        self.listener.close()
+        for other in self.children.values():
+            other.close()
+        self.children.clear()
+        for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _reap(self) -> None:
+        """Collect finished children and tell their stand-ins how they ended."""
+        while self.children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = self.children.pop(pid, None)
+            if pid in self.started:
+                ran = time.monotonic() - self.started.pop(pid)
+                print(f"{TASK_LOG_PREFIX} {pid} ran {ran:.3f} s {wait_status(status)}", flush=True)
+            if conn is not None:
+                with contextlib.suppress(OSError):
+                    send_message(conn, wait_status(status))
+                conn.close()
+
+    def close(self) -> None:
+        """End serving (in the server): close the sockets; running children go on."""
+        self.listener.close()
+        for conn in self.children.values():
+            conn.close()
+
+
+def resolve(target: str) -> Callable[[], object]:
+    """The function named ``module:function``."""
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_task(task: Task, target: str, loaded_app: str | None = None) -> None:
+    """In the child: take over the stand-in's streams, environment, directory and command line,
+    keep the server's import of the app for a FAB with its digest ``loaded_app``
+    (:func:`keep_app_if_unchanged`), then call ``target``. The child ends with the exit status
+    ``target`` leaves (as ``flwr-clientapp`` would), without tearing the interpreter down."""
+    for number in (0, 1, 2):
+        received = task.fds.get(number)
+        if received is None:
+            received = os.open(os.devnull, os.O_RDWR)
+        if received != number:
+            os.dup2(received, number)
+            os.close(received)
+    os.chdir(task.cwd)
+    os.environ.clear()
+    os.environ.update(task.env)
+    sys.argv = list(task.argv)
+    gc.enable()
+    keep_app_if_unchanged(loaded_app)
+    try:
+        resolve(target)()
+        code = 0
+    except SystemExit as done:
+        code = exit_code(done)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    send_warm_hint(configs_to_warm())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    # Not a normal interpreter exit: tearing down the modules inherited from the server would
+    # write to (and so copy) every page of its heap, seconds of work for nothing.
+    os._exit(code)
+
+
+def exit_code(done: SystemExit) -> int:
+    """The exit status Python gives a ``SystemExit`` (its message printed, if it has one)."""
+    if done.code is None:
+        return 0
+    if isinstance(done.code, int):
+        return done.code
+    print(done.code, file=sys.stderr)
+    return 1
+
+
+def import_clientapp_probe() -> None:
+    """A task that imports pflower's ClientApp and exits (what the benchmark times)."""
+    importlib.import_module("pflower.client.app")
+
+
+# ---------------------------------------------------------------------- starting a server
+def shim_script(python: str) -> str:
+    """The ``flwr-clientapp`` script: :mod:`pflower.deploy.forkclient` on ``python``."""
+    client = shlex.quote(str(Path(forkclient.__file__).resolve()))
+    return f'#!/bin/sh\nexec {shlex.quote(python)} -I -S {client} "$0" "$@"\n'
+
+
+@dataclass
+class ForkServerProcess:
+    """A fork server started by this process, in ``directory`` (see the module docstring)."""
+
+    directory: Path
+    popen: subprocess.Popen[bytes]
+
+    @property
+    def socket_path(self) -> Path:
+        return self.directory / SOCKET_NAME
+
+    @property
+    def bin(self) -> Path:
+        return self.directory / "bin"
+
+    @property
+    def shim(self) -> Path:
+        return self.bin / forkclient.COMMAND
+
+    @classmethod
+    def start(
+        cls,
+        directory: Path,
+        target: str = DEFAULT_TARGET,
+        watch_pid: int | None = None,
+        python: str = sys.executable,
+        preload_modules: Sequence[str] = PRELOAD,
+    ) -> ForkServerProcess:
+        """Write the stand-in, bind the socket and start the server (it imports in the
+        background; tasks that arrive meanwhile wait in the socket's backlog)."""
+        bin_dir = directory / "bin"
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        shim = bin_dir / forkclient.COMMAND
+        shim.write_text(shim_script(python))
+        shim.chmod(0o755)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(directory / SOCKET_NAME))
+            listener.listen(128)
+            command = [
+                python,
+                "-P",
+                "-m",
+                "pflower.deploy.forkserver",
+                "--fd",
+                str(listener.fileno()),
+                "--target",
+                target,
+                "--remove",
+                str(directory),
+                "--preload",
+                ",".join(preload_modules),
+            ]
+            if watch_pid is not None:
+                command += ["--watch-pid", str(watch_pid)]
+            popen = subprocess.Popen(
+                command, pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL
+            )
+        finally:
+            listener.close()
+        return cls(directory, popen)
+
+    def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """``base`` (default: this process's environment) with the stand-in first on ``PATH``
+        and the socket's path in :data:`~pflower.deploy.forkclient.SOCKET_VARIABLE`."""
+        env = dict(os.environ if base is None else base)
+        env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
+        env[SOCKET_VARIABLE] = str(self.socket_path)
+        return env
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until the server has imported and answers."""
+        deadline = time.monotonic() + timeout
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout)
+            sock.connect(str(self.socket_path))
+            send_message(sock, {"kind": "ping"})
+            while True:
+                try:
+                    reply, _ = receive_message(sock)
+                    break
+                except TimeoutError:
+                    if time.monotonic() > deadline:
+                        raise
+        if not reply.get("ready"):
+            raise RuntimeError(f"unexpected reply from the fork server: {reply}")
+
+    def stop(self, grace: float = 10.0) -> None:
+        """End the server (running children go on) and remove its directory."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------ the server
+def _stop(_signum: int, _frame: FrameType | None) -> None:
+    raise SystemExit(0)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="pflower's fork server for ClientApp tasks")
+    parser.add_argument("--fd", type=int, required=True, help="the listening Unix socket")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="module:function a child calls")
+    parser.add_argument("--watch-pid", type=int, default=None, help="serve while this pid lives")
+    parser.add_argument("--remove", type=Path, default=None, help="directory removed at the end")
+    parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import first")
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    listener = socket.socket(fileno=args.fd)
+    server = ForkServer(listener, args.watch_pid)
+    task, loaded_app = None, None
+    try:
+        preload([m for m in args.preload.split(",") if m])
+        loaded_app = loaded_app_digest()
+        # Park everything imported so far outside the collector: the children's collections
+        # then never touch (and copy) the server's objects.
+        gc.collect()
+        gc.freeze()
+        gc.disable()
+        task = server.serve()
+    finally:
+        if os.getpid() == server.pid:
+            server.close()
+            if args.remove is not None:
+                shutil.rmtree(args.remove, ignore_errors=True)
+    if task is not None:  # in a child
+        run_task(task, args.target, loaded_app)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""A deployment's round overhead removed: the ClientApp fork server, the launcher's polling
+intervals and the ServerApp's prompt reply polls (no deployment is started here; the deployment
+tests run SuperNodes through the launcher).
+
+- the fork server runs a task as ``flwr-clientapp`` would: the stand-in's command line, working
+  directory, environment and standard streams reach the child, its exit code or signal comes
+  back; a child uses the server's import of the app only for a FAB with the same code;
+- without a server the stand-in runs the real ``flwr-clientapp``; the server ends with the
+  process it watches and removes its directory;
+- the launcher's command line, and the cap on the SuperNode loop's sleeps (its patch point exists
+  in this Flower version);
+- :class:`PromptGrid` keeps ``send_and_receive``'s contract (all replies; timeout) with short,
+  growing pauses, and only proxies over an ``HttpGrid`` get one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flwr.app import Message
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.superlink.grid import HttpGrid, InMemoryGrid
+
+from pflower.deploy import launcher
+from pflower.deploy.forkclient import SOCKET_VARIABLE
+from pflower.deploy.forkserver import ForkServerProcess, shim_script, wait_status
+from pflower.deploy.topology import supernode_command
+from pflower.server.polling import PromptClientManager, PromptGrid
+
+PROBE = """
+import json, os, signal, sys
+
+def main():
+    report = {}
+    if "PROBE_FAB" in os.environ:  # load a module as Flower loads the ClientApp from a FAB
+        from flwr.clientapp import utils
+
+        utils.load_app("pflower.deploy.topology:Endpoints", ValueError, os.environ["PROBE_FAB"])
+        report["app_file"] = sys.modules["pflower.deploy.topology"].__file__
+    if "PROBE_COMPOSE" in os.environ:  # compose a run's configuration as the ClientApp does
+        from pflower.compose import config_from_run_config
+        from pflower.config import RUN_CONFIG_KEY
+
+        config_from_run_config({RUN_CONFIG_KEY: os.environ["PROBE_COMPOSE"]})
+    compose = sys.modules.get("pflower.compose")
+    report.update(
+        argv=sys.argv,
+        cwd=os.getcwd(),
+        value=os.environ.get("PROBE_VALUE"),
+        app_modules=sorted(m for m in sys.modules if m.split(".")[0] == "pflower"),
+        preloaded="tomli_w" in sys.modules,
+        composed=[list(o) for o in compose.composed_overrides()] if compose else None,
+    )
+    print(json.dumps(report), flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    outcome = os.environ.get("PROBE_EXIT", "0")
+    if outcome.startswith("signal"):
+        os.kill(os.getpid(), int(outcome[len("signal"):]))
+    sys.exit(int(outcome))
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerProcess]:
+    """A fork server whose children call ``probe:main``; it pre-imports pflower.deploy.local
+    (which imports tomli_w) and pflower.compose."""
+    root = tmp_path_factory.mktemp("fork")
+    modules = root / "modules"
+    modules.mkdir()
+    (modules / "probe.py").write_text(textwrap.dedent(PROBE))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYTHONPATH", str(modules))
+        started = ForkServerProcess.start(
+            root / "server",
+            target="probe:main",
+            preload_modules=("pflower.deploy.local", "pflower.compose"),
+        )
+    try:
+        started.wait_ready(timeout=120)
+        yield started
+    finally:
+        started.stop()
+
+
+def _run(server: ForkServerProcess, cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = server.environment({**os.environ, **env})
+    return subprocess.run(
+        [str(server.shim), "--token", "secret", "--insecure"],
+        env=environment,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_child_runs_the_task_as_flwr_clientapp(server: ForkServerProcess, tmp_path: Path) -> None:
+    result = _run(server, tmp_path, PROBE_VALUE="from the stand-in", PROBE_EXIT="3")
+    assert result.returncode == 3, result.stderr
+    report = json.loads(result.stdout.splitlines()[0])
+    assert report["argv"] == [str(server.shim), "--token", "secret", "--insecure"]
+    assert report["cwd"] == str(tmp_path)
+    assert report["value"] == "from the stand-in"
+    assert "pflower.deploy.local" in report["app_modules"] and report["preloaded"]
+    assert "to stderr" in result.stderr
+
+
+def _fab(root: Path, changed: bool) -> Path:
+    """A FAB directory holding this checkout's pflower and conf, one file changed or not."""
+    repo = Path(__file__).resolve().parents[1]
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(repo / "pflower", root / "pflower", ignore=ignore)
+    shutil.copytree(repo / "conf", root / "conf", ignore=ignore)
+    if changed:
+        with (root / "pflower" / "deploy" / "topology.py").open("a") as file:
+            file.write("\n# a change\n")
+    return root
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_child_keeps_the_imported_app_only_for_the_same_code(
+    server: ForkServerProcess, tmp_path: Path, changed: bool
+) -> None:
+    """Flower imports the ClientApp from the FAB unless it is imported: the server's import may
+    stand in for it only when the FAB holds the same code and configuration."""
+    fab = _fab(tmp_path / "fab", changed)
+    result = _run(server, tmp_path, PROBE_FAB=str(fab))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.splitlines()[0])
+    imported_from_fab = Path(report["app_file"]).is_relative_to(fab)
+    assert imported_from_fab == changed
+
+
+def test_server_composes_ahead_what_a_child_composed(
+    server: ForkServerProcess, tmp_path: Path
+) -> None:
+    """A child that composed a run's configuration tells the server, which composes it too: the
+    children forked afterwards find it in their cache instead of composing it again."""
+    overrides = "dataset=digits num_clients=3 rounds=2"
+    first = _run(server, tmp_path, PROBE_COMPOSE=overrides)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["composed"] == [overrides.split()]
+    deadline = time.monotonic() + 30
+    while True:  # the server composes after the first child ended
+        later = json.loads(_run(server, tmp_path).stdout)
+        if later["composed"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert later["composed"] == [overrides.split()]
+
+
+def test_child_killed_by_a_signal_is_reported(server: ForkServerProcess, tmp_path: Path) -> None:
+    result = _run(server, tmp_path, PROBE_EXIT=f"signal{int(signal.SIGTERM)}")
+    assert result.returncode == -signal.SIGTERM
+
+
+def test_stand_in_runs_the_real_command_without_a_server(tmp_path: Path) -> None:
+    real, stand_in = tmp_path / "real", tmp_path / "stand-in"
+    for directory, text in [
+        (real, '#!/bin/sh\necho "real $*"\nexit 5\n'),
+        (stand_in, shim_script(sys.executable)),
+    ]:
+        directory.mkdir()
+        (directory / "flwr-clientapp").write_text(text)
+        (directory / "flwr-clientapp").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(stand_in), str(real), os.environ["PATH"]]),
+        SOCKET_VARIABLE: str(tmp_path / "no-server.sock"),
+    }
+    result = subprocess.run(
+        ["flwr-clientapp", "--token", "x"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 5, result.stderr
+    assert result.stdout.strip() == "real --token x"
+
+
+def test_server_ends_with_the_watched_process(tmp_path: Path) -> None:
+    watched = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    server = ForkServerProcess.start(tmp_path / "server", watch_pid=watched.pid, preload_modules=())
+    try:
+        server.wait_ready(timeout=60)
+        watched.kill()
+        watched.wait()
+        server.popen.wait(timeout=10)
+        assert not server.directory.exists()
+    finally:
+        watched.kill()
+        server.stop()
+
+
+def test_wait_status() -> None:
+    assert wait_status(3 << 8) == {"exit": 3}
+    assert wait_status(int(signal.SIGKILL)) == {"signal": int(signal.SIGKILL)}
+
+
+# ------------------------------------------------------------------------------ launcher
+def test_launcher_command_line() -> None:
+    flower = ["--insecure", "--superlink", "127.0.0.1:9092", "--isolation", "process"]
+    command = supernode_command(flower, python="python")
+    assert command == ["python", "-m", "pflower.deploy.launcher", "supernode", "--", *flower]
+    assert launcher.parse(command[3:]) == ("supernode", True, flower)
+    assert launcher.parse(["--no-fork-server", "superexec", "--insecure"]) == (
+        "superexec",
+        False,
+        ["--insecure"],
+    )
+    assert launcher.isolation_of(flower) == "process"
+    assert launcher.isolation_of(["--isolation=subprocess"]) == "subprocess"
+    assert launcher.isolation_of(["--insecure"]) == "subprocess"
+    with pytest.raises(SystemExit):
+        launcher.parse(["serverapp"])
+
+
+def test_supernode_sleeps_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flwr.supernode import start_client_internal
+
+    assert start_client_internal.time is time, "Flower's SuperNode loop no longer uses time.sleep"
+    monkeypatch.setattr(start_client_internal, "time", time)
+    launcher.cap_supernode_sleeps(0.05)
+    capped = start_client_internal.time
+    began = time.monotonic()
+    capped.sleep(3)  # Flower's idle poll
+    assert time.monotonic() - began < 1.0
+    assert capped.time is time.time and capped.monotonic is time.monotonic
+
+
+# ------------------------------------------------------------------------- ServerApp side
+class FakeGrid(HttpGrid):
+    """An HttpGrid without a SuperLink: replies become available after ``delay_pulls`` pulls."""
+
+    def __init__(self, delay_pulls: int) -> None:
+        super().__init__(insecure=True, token="t")
+        self.delay_pulls = delay_pulls
+        self.pulls = 0
+        self.pushed: list[Message] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        self.pushed = list(messages)
+        return [f"id-{i}" for i in range(len(self.pushed))]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        self.pulls += 1
+        if self.pulls <= self.delay_pulls:
+            return []
+        return [_reply(i) for i in sorted(message_ids)]
+
+
+def _reply(message_id: str) -> Any:
+    class Metadata:
+        reply_to_message_id = message_id
+
+    class Reply:
+        metadata = Metadata()
+
+    return Reply()
+
+
+def test_prompt_grid_waits_for_every_reply_with_short_pauses() -> None:
+    grid = PromptGrid(FakeGrid(delay_pulls=4))
+    began = time.monotonic()
+    replies = list(grid.send_and_receive(["a", "b"]))  # type: ignore[list-item]
+    elapsed = time.monotonic() - began
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["id-0", "id-1"]
+    assert grid.grid.pulls == 5
+    assert elapsed < 1.0, "pauses of 0.02, 0.03, 0.045, 0.0675 s, not Flower's 3 s"
+
+
+def test_prompt_grid_respects_the_timeout() -> None:
+    grid = PromptGrid(FakeGrid(delay_pulls=10**9))
+    began = time.monotonic()
+    assert list(grid.send_and_receive(["a"], timeout=0.5)) == []  # type: ignore[list-item]
+    assert 0.5 <= time.monotonic() - began < 1.5
+
+
+def test_only_proxies_over_an_http_grid_get_prompt_polls() -> None:
+    manager = PromptClientManager()
+    http = GridClientProxy(node_id=1, grid=FakeGrid(0), run_id=1)
+    memory = GridClientProxy(node_id=2, grid=InMemoryGrid.__new__(InMemoryGrid), run_id=1)
+    assert manager.register(http) and manager.register(memory)
+    assert isinstance(http.grid, PromptGrid)
+    assert isinstance(memory.grid, InMemoryGrid)
