@@ -134,14 +134,15 @@ def main() -> None:
         "| eval / train | start-up (s) | peak RSS (GiB) | peak PSS (GiB) | state on disk (GiB) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    results = []
+    store = args.out / "scale.json"
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         for case in args.cases:
             result = run_case(case, args.rounds, args.set, Path(tmp))
             result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
             result["machine"] = machine
-            results.append(result)
             print(json.dumps(result, indent=2), flush=True)
+            earlier = json.loads(store.read_text()) if store.exists() else []
+            store.write_text(json.dumps([*earlier, result], indent=2))  # kept if a later case fails
             text = table.read_text() if table.exists() else ""
             if header.splitlines()[0] not in text:
                 text += ("\n" if text else "") + header
@@ -152,9 +153,6 @@ def main() -> None:
                 f"{result['peak_rss_gb']:.1f} | {result['peak_pss_gb']:.1f} | "
                 f"{result['state_on_disk_gb']:.1f} |\n"
             )
-    store = args.out / "scale.json"
-    earlier = json.loads(store.read_text()) if store.exists() else []
-    store.write_text(json.dumps([*earlier, *results], indent=2))
 
 
 if __name__ == "__main__":
