@@ -25,16 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import subprocess
 import sys
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
 import torch
-from overhead import run_pflower
+from overhead import append_row, machine_description, run_pflower
 
 CASES: dict[str, list[str]] = {
     "fliu": ["+experiment=fliu_table1_paper"],
@@ -89,10 +87,7 @@ def main() -> None:
     execution = [f"train.device={args.device}", "progress=false", "checkpoint.every=0"]
     if args.device == "cuda":
         execution.append(f"backend.num_gpus_per_client={1 / args.clients_per_gpu}")
-    machine = (
-        f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, GPU: {gpu_name()}"
-    )
+    machine = f"{machine_description()}, GPU: {gpu_name()}"
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "gpu.md"
     header = (
@@ -115,14 +110,13 @@ def main() -> None:
             }
             results.append(result)
             print(json.dumps(result, indent=2), flush=True)
-            text = table.read_text() if table.exists() else ""
-            if header.splitlines()[0] not in text:
-                text += ("\n" if text else "") + header
-            table.write_text(
-                text + f"| {result['date']} | {machine} | {case} | {args.device} | "
+            append_row(
+                table,
+                header,
+                f"| {result['date']} | {machine} | {case} | {args.device} | "
                 f"{measured['steady_round_s']:.2f} | "
                 f"{measured['startup_s'] + measured['steady_round_s']:.1f} | "
-                f"`{result['command']}` |\n"
+                f"`{result['command']}` |\n",
             )
     store = args.out / "gpu.json"
     earlier = json.loads(store.read_text()) if store.exists() else []

@@ -110,6 +110,23 @@ class PeakMemory:
         self._thread.join()
 
 
+def machine_description() -> str:
+    """The machine a benchmark ran on, as recorded beside its figures."""
+    return (
+        f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
+    )
+
+
+def append_row(table: Path, header: str, row: str) -> None:
+    """Append ``row`` to the Markdown results ``table``, under ``header`` (a new table follows
+    the old ones when the columns changed)."""
+    text = table.read_text() if table.exists() else ""
+    if header.splitlines()[0] not in text:
+        text += ("\n" if text else "") + header
+    table.write_text(text + row)
+
+
 def run_pflower(rounds: int, run_dir: Path, workload: list[str]) -> dict:
     """(a): the pflower simulation in a child process; round times from metrics.jsonl."""
     started = time.time()
@@ -332,8 +349,7 @@ def main() -> None:
     bare = run_child("bare", args, workload)
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB",
+        "machine": machine_description(),
         "workload": [*workload, f"rounds={args.rounds}"],
         "pflower": pflower,
         "floor": floor,
@@ -359,11 +375,7 @@ def main() -> None:
         "| single loop peak RSS (MB) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
-    table = args.out / "overhead.md"
-    text = table.read_text() if table.exists() else ""
-    if header.splitlines()[0] not in text:  # older rows had no floor column: a new table
-        text += ("\n" if text else "") + header
-    table.write_text(text + line)
+    append_row(args.out / "overhead.md", header, line)
     print(json.dumps(result, indent=2))
 
 

@@ -34,15 +34,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import shutil
 import statistics
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-import psutil
-from overhead import run_pflower
+from overhead import append_row, machine_description, run_pflower
 
 PER_ROUND = 100
 EVAL_EVERY = 5
@@ -123,10 +121,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.rounds < EVAL_EVERY + 3:
         parser.error(f"--rounds must be at least {EVAL_EVERY + 3}")
-    machine = (
-        f"{platform.machine()}, {psutil.cpu_count()} CPUs, "
-        f"{psutil.virtual_memory().total / 2**30:.0f} GiB"
-    )
+    machine = machine_description()
     args.out.mkdir(parents=True, exist_ok=True)
     table = args.out / "scale.md"
     header = (
@@ -143,15 +138,14 @@ def main() -> None:
             print(json.dumps(result, indent=2), flush=True)
             earlier = json.loads(store.read_text()) if store.exists() else []
             store.write_text(json.dumps([*earlier, result], indent=2))  # kept if a later case fails
-            text = table.read_text() if table.exists() else ""
-            if header.splitlines()[0] not in text:
-                text += ("\n" if text else "") + header
-            table.write_text(
-                text + f"| {result['date']} | {machine} | {case} | {result['clients']} | "
+            append_row(
+                table,
+                header,
+                f"| {result['date']} | {machine} | {case} | {result['clients']} | "
                 f"{result['train_round_s']:.1f} | {result['eval_round_s']:.1f} | "
                 f"{result['eval_over_train']:.2f} | {result['startup_s']:.0f} | "
                 f"{result['peak_rss_gb']:.1f} | {result['peak_pss_gb']:.1f} | "
-                f"{result['state_on_disk_gb']:.1f} |\n"
+                f"{result['state_on_disk_gb']:.1f} |\n",
             )
 
 

@@ -97,7 +97,9 @@ def _open_fds() -> list[int]:
     return opened
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a copy of ``pflower.deploy.processes.pid_alive``: this
+    file runs with the standard library only)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -135,7 +137,7 @@ def run_through_server(path: str, argv: list[str]) -> int | None:
         status, _ = receive_message(sock)
     except (OSError, EOFError, ValueError):
         # The server went away while the child runs: wait for the child, status unknown.
-        while _pid_alive(pid):
+        while pid_alive(pid):
             time.sleep(0.2)
         return 1
     finally:

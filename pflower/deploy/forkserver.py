@@ -64,6 +64,7 @@ from types import FrameType
 
 from pflower.deploy import forkclient
 from pflower.deploy.forkclient import SOCKET_VARIABLE, receive_message, send_message
+from pflower.deploy.processes import pid_alive
 
 DEFAULT_TARGET = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
 """The function a child calls: Flower's ``flwr-clientapp`` console script."""
@@ -222,16 +223,6 @@ def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> Non
     utils.load_app = load_app
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def wait_status(status: int) -> dict[str, int]:
     """A ``waitpid`` status as the stand-in expects it: ``exit`` code or ``signal`` number."""
     if os.WIFSIGNALED(status):
@@ -258,7 +249,7 @@ class ForkServer:
         selector = selectors.DefaultSelector()
         selector.register(self.listener, selectors.EVENT_READ)
         try:
-            while self.watch_pid is None or _pid_alive(self.watch_pid):
+            while self.watch_pid is None or pid_alive(self.watch_pid):
                 for _ in selector.select(timeout=0.05 if self.children else 0.5):
                     task = self._accept()
                     if task is not None:

@@ -108,7 +108,8 @@ def tagged_pids(tag: str) -> list[int]:
     return found
 
 
-def _running(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists (one owned by another user counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -122,7 +123,7 @@ def _targets(tag: str, leaders: Sequence[int]) -> list[int]:
     """The processes to signal: tagged ones, or without ``/proc`` the live session leaders."""
     if _PROC.is_dir():
         return tagged_pids(tag)
-    return [pid for pid in leaders if _running(pid)]
+    return [pid for pid in leaders if pid_alive(pid)]
 
 
 def any_running(tag: str, leaders: Sequence[int] = ()) -> bool:
