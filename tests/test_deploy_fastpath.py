@@ -10,7 +10,9 @@ tests run SuperNodes through the launcher).
 - the launcher's command line, and the cap on the SuperNode loop's sleeps (its patch point exists
   in this Flower version);
 - :class:`PromptGrid` keeps ``send_and_receive``'s contract (all replies; timeout) with short,
-  growing pauses, and only proxies over an ``HttpGrid`` get one.
+  growing pauses, and only proxies over an ``HttpGrid`` get one;
+- a deployment round's messages go out in one push, and each reply, error or silence is
+  attributed to its own client.
 """
 
 from __future__ import annotations
@@ -27,16 +29,21 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
-from flwr.app import Message
+from flwr.app import Error, Message
+from flwr.app.message_type import MessageType
+from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.compat.common import recorddict_compat as compat
 from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
 from pflower.deploy import launcher
 from pflower.deploy.forkclient import SOCKET_VARIABLE
 from pflower.deploy.forkserver import ForkServerProcess, shim_script, wait_status
 from pflower.deploy.topology import supernode_command
-from pflower.server.polling import PromptClientManager, PromptGrid
+from pflower.server.polling import PromptClientManager, PromptGrid, fit_at_once, round_grid
 
 PROBE = """
 import json, os, signal, sys
@@ -291,3 +298,72 @@ def test_only_proxies_over_an_http_grid_get_prompt_polls() -> None:
     assert manager.register(http) and manager.register(memory)
     assert isinstance(http.grid, PromptGrid)
     assert isinstance(memory.grid, InMemoryGrid)
+
+
+class RoundGrid(HttpGrid):
+    """An HttpGrid without a SuperLink that records its pushes and answers each train message
+    as its node is told to: ``reply`` (its parameters plus one), ``error`` or ``silent``."""
+
+    def __init__(self, behaviour: dict[int, str]) -> None:
+        super().__init__(insecure=True, token="t")
+        self.behaviour = behaviour
+        self.pushes: list[list[Message]] = []
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        pushed = list(messages)
+        self.pushes.append(pushed)
+        for message in pushed:
+            message.metadata.__dict__["_message_id"] = message.object_id
+        return [m.metadata.message_id for m in pushed]
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        wanted = set(message_ids)
+        return [
+            self._reply(m)
+            for m in self.pushes[-1]
+            if m.metadata.message_id in wanted
+            and self.behaviour[m.metadata.dst_node_id] != "silent"
+        ]
+
+    def _reply(self, message: Message) -> Message:
+        if self.behaviour[message.metadata.dst_node_id] == "error":
+            return Message(Error(code=0, reason="client crashed"), reply_to=message)
+        ins = compat.recorddict_to_fitins(message.content, keep_input=True)
+        weights = [w + 1 for w in parameters_to_ndarrays(ins.parameters)]
+        res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(weights), 7, {})
+        return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
+
+
+def test_a_deployment_round_is_one_push_and_each_reply_finds_its_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # messages are made inside a run
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    grid = RoundGrid({11: "reply", 12: "error", 13: "silent"})
+    manager = PromptClientManager()
+    proxies = [GridClientProxy(node_id=n, grid=grid, run_id=1) for n in (11, 12, 13)]
+    for proxy in proxies:
+        manager.register(proxy)
+    shared = round_grid(proxies)
+    assert isinstance(shared, PromptGrid) and shared.grid is grid
+    ins = FitIns(ndarrays_to_parameters([np.arange(3.0)]), {"lr": 0.1})
+    results, failures = fit_at_once(shared, [(p, ins) for p in proxies], timeout=0.3, group_id=4)
+    assert len(grid.pushes) == 1, "one push for the whole round"
+    pushed = grid.pushes[0]
+    assert [m.metadata.dst_node_id for m in pushed] == [11, 12, 13]
+    assert {m.metadata.message_type for m in pushed} == {MessageType.TRAIN}
+    assert {m.metadata.group_id for m in pushed} == {"4"}
+    assert [(proxy.cid, res.num_examples) for proxy, res in results] == [("11", 7)]
+    np.testing.assert_array_equal(parameters_to_ndarrays(results[0][1].parameters)[0], [1, 2, 3])
+    assert [type(f).__name__ for f in failures] == ["ValueError", "TimeoutError"]
+    assert "client crashed" in str(failures[0]) and "node 13" in str(failures[1])
+
+
+def test_only_rounds_over_prompt_grids_are_sent_at_once() -> None:
+    http = GridClientProxy(node_id=1, grid=PromptGrid(FakeGrid(0)), run_id=1)
+    memory = GridClientProxy(node_id=2, grid=InMemoryGrid.__new__(InMemoryGrid), run_id=1)
+    assert round_grid([http]) is http.grid
+    assert round_grid([http, memory]) is None
+    assert round_grid([memory]) is None
+    assert round_grid([]) is None

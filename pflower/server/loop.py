@@ -6,6 +6,10 @@ the last one writes a :class:`~pflower.core.checkpoint.ServerCheckpoint`. Starte
 checkpoint, it restores the strategy, the server's random generators and the global model, skips
 what the checkpoint already covers (the initial evaluation and rounds up to the checkpoint's) and
 goes on from the next round.
+
+In a deployment a round's messages go out in one push (:func:`~pflower.server.polling.fit_at_once`
+and :func:`~pflower.server.polling.evaluate_at_once`); elsewhere (a simulation, in-process tests)
+each client is reached by Flower's ``fit_clients``/``evaluate_clients``.
 """
 
 from __future__ import annotations
@@ -15,11 +19,18 @@ import uuid
 from logging import INFO
 from pathlib import Path
 
-from flwr.common import ndarrays_to_parameters
+from flwr.common import EvaluateIns, FitIns, Parameters, Scalar, ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
+from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
+from flwr.server.server import (
+    EvaluateResultsAndFailures,
+    FitResultsAndFailures,
+    evaluate_clients,
+    fit_clients,
+)
 
 from pflower.core.checkpoint import (
     ATTEMPT,
@@ -32,6 +43,7 @@ from pflower.core.checkpoint import (
 )
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.results.rundir import RunRecorder, resolved_config
+from pflower.server.polling import evaluate_at_once, fit_at_once, round_grid
 
 
 class CheckpointingServer(Server):
@@ -76,6 +88,80 @@ class CheckpointingServer(Server):
             if self.every and (current_round % self.every == 0 or current_round == num_rounds):
                 self._checkpoint(current_round)
         return history, timeit.default_timer() - start_time
+
+    def fit_round(
+        self, server_round: int, timeout: float | None
+    ) -> tuple[Parameters | None, dict[str, Scalar], FitResultsAndFailures] | None:
+        """Flower's ``Server.fit_round``, reaching the clients through :meth:`_fit_clients`."""
+        instructions = self.strategy.configure_fit(
+            server_round=server_round,
+            parameters=self.parameters,
+            client_manager=self._client_manager,
+        )
+        if not instructions:
+            log(INFO, "configure_fit: no clients selected, cancel")
+            return None
+        log(
+            INFO,
+            "configure_fit: strategy sampled %s clients (out of %s)",
+            len(instructions),
+            self._client_manager.num_available(),
+        )
+        results, failures = self._fit_clients(instructions, timeout, server_round)
+        log(INFO, "aggregate_fit: received %s results and %s failures", len(results), len(failures))
+        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
+        return parameters, metrics, (results, failures)
+
+    def evaluate_round(
+        self, server_round: int, timeout: float | None
+    ) -> tuple[float | None, dict[str, Scalar], EvaluateResultsAndFailures] | None:
+        """Flower's ``Server.evaluate_round``, reaching the clients through
+        :meth:`_evaluate_clients`."""
+        instructions = self.strategy.configure_evaluate(
+            server_round=server_round,
+            parameters=self.parameters,
+            client_manager=self._client_manager,
+        )
+        if not instructions:
+            log(INFO, "configure_evaluate: no clients selected, skipping evaluation")
+            return None
+        log(
+            INFO,
+            "configure_evaluate: strategy sampled %s clients (out of %s)",
+            len(instructions),
+            self._client_manager.num_available(),
+        )
+        results, failures = self._evaluate_clients(instructions, timeout, server_round)
+        log(
+            INFO,
+            "aggregate_evaluate: received %s results and %s failures",
+            len(results),
+            len(failures),
+        )
+        loss, metrics = self.strategy.aggregate_evaluate(server_round, results, failures)
+        return loss, metrics, (results, failures)
+
+    def _fit_clients(
+        self,
+        instructions: list[tuple[ClientProxy, FitIns]],
+        timeout: float | None,
+        server_round: int,
+    ) -> FitResultsAndFailures:
+        grid = round_grid(proxy for proxy, _ in instructions)
+        if grid is not None:
+            return fit_at_once(grid, instructions, timeout, server_round)
+        return fit_clients(instructions, self.max_workers, timeout, server_round)
+
+    def _evaluate_clients(
+        self,
+        instructions: list[tuple[ClientProxy, EvaluateIns]],
+        timeout: float | None,
+        server_round: int,
+    ) -> EvaluateResultsAndFailures:
+        grid = round_grid(proxy for proxy, _ in instructions)
+        if grid is not None:
+            return evaluate_at_once(grid, instructions, timeout, server_round)
+        return evaluate_clients(instructions, self.max_workers, timeout, server_round)
 
     def _start(self, timeout: float | None) -> int:
         """Initialize a new run (global model, stage G of round 0) or restore a checkpoint;

@@ -10,20 +10,33 @@ an ``HttpGrid`` a :class:`PromptGrid` around it: the same push, the same pulls a
 end conditions (all replies, or ``timeout``), with pauses that start at
 :attr:`PromptGrid.first_s` and grow by half up to :attr:`PromptGrid.longest_s`, so a reply waits
 at most ``longest_s`` and a long round costs the SuperLink a pull every ``longest_s``. The
-simulation's ``InMemoryGrid`` (0.1 s pulls already) is left alone. Only timing changes: the
-messages, and so every result, are the same.
+simulation's ``InMemoryGrid`` (0.1 s pulls already) is left alone.
+
+A round's messages also go out together: :func:`fit_at_once` and :func:`evaluate_at_once` push all
+of a round's ``train`` (or ``evaluate``) messages in one request and wait for all replies, where
+Flower's legacy loop gives each client a thread that pushes its own message and waits for its
+reply. The SuperLink then registers every message's objects before any node can take its message,
+and stores the arrays the messages share (the global model) once; with one push per client, the
+SuperLink of Flower 1.39 sometimes dropped a shared array while another client's push still
+needed it, and that client failed with ``ObjectPushError``. It also removes the legacy loop's
+thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the messages, and so
+every result, are the same.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeVar
 
-from flwr.app import Message
+from flwr.app import Message, RecordDict
+from flwr.app.message_type import MessageType
+from flwr.common import Code, EvaluateIns, EvaluateRes, FitIns, FitRes
+from flwr.compat.common import recorddict_compat as compat
 from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.server import EvaluateResultsAndFailures, FitResultsAndFailures
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
@@ -87,3 +100,110 @@ class PromptClientManager(SimpleClientManager):
         if isinstance(client, GridClientProxy) and isinstance(client.grid, HttpGrid):
             client.grid = PromptGrid(client.grid)
         return super().register(client)
+
+
+def round_grid(proxies: Iterable[ClientProxy]) -> PromptGrid | None:
+    """The deployment grid that all ``proxies`` talk through: the :class:`PromptGrid` that
+    :class:`PromptClientManager` gave them; None where any has none (a simulation's proxies talk
+    through an ``InMemoryGrid``; the in-process test proxies through no grid at all)."""
+    grids = [getattr(proxy, "grid", None) for proxy in proxies]
+    if not grids or not all(isinstance(grid, PromptGrid) for grid in grids):
+        return None
+    return grids[0]
+
+
+Res = TypeVar("Res", FitRes, EvaluateRes)
+
+
+def exchange(
+    grid: Grid,
+    requests: Sequence[tuple[ClientProxy, RecordDict]],
+    message_type: str,
+    timeout: float | None,
+    group_id: int,
+) -> list[tuple[ClientProxy, RecordDict | Exception]]:
+    """Send each proxy its content in one push; each proxy's reply content, or why it has none.
+
+    The messages are those ``GridClientProxy`` builds; replies are matched by their source node
+    (one message per node). A node that did not reply within ``timeout`` or replied with an
+    error gets an exception, as from ``GridClientProxy``.
+    """
+    messages = [
+        Message(
+            content=content,
+            message_type=message_type,
+            dst_node_id=int(proxy.cid),
+            group_id=str(group_id) if group_id else "",
+            ttl=timeout,
+        )
+        for proxy, content in requests
+    ]
+    replies = {
+        reply.metadata.src_node_id: reply
+        for reply in grid.send_and_receive(messages, timeout=timeout)
+    }
+    answers: list[tuple[ClientProxy, RecordDict | Exception]] = []
+    for proxy, _ in requests:
+        reply = replies.get(int(proxy.cid))
+        if reply is None:
+            answers.append((proxy, TimeoutError(f"node {proxy.cid} did not reply in time")))
+        elif reply.has_error():
+            answers.append(
+                (proxy, ValueError(f"the node replied with an error: {reply.error.reason}"))
+            )
+        else:
+            answers.append((proxy, reply.content))
+    return answers
+
+
+def _at_once(
+    grid: Grid,
+    requests: Sequence[tuple[ClientProxy, RecordDict]],
+    message_type: str,
+    to_res: Callable[[RecordDict], Res],
+    timeout: float | None,
+    group_id: int,
+) -> tuple[list[tuple[ClientProxy, Res]], list[tuple[ClientProxy, Res] | BaseException]]:
+    """:func:`exchange`, sorted into Flower's results and failures (as ``fit_clients`` does)."""
+    results: list[tuple[ClientProxy, Res]] = []
+    failures: list[tuple[ClientProxy, Res] | BaseException] = []
+    for proxy, answer in exchange(grid, requests, message_type, timeout, group_id):
+        if isinstance(answer, Exception):
+            failures.append(answer)
+            continue
+        res = to_res(answer)
+        (results if res.status.code == Code.OK else failures).append((proxy, res))
+    return results, failures
+
+
+def fit_at_once(
+    grid: Grid,
+    instructions: Sequence[tuple[ClientProxy, FitIns]],
+    timeout: float | None,
+    group_id: int,
+) -> FitResultsAndFailures:
+    """Flower's ``fit_clients`` with all ``train`` messages in one push (module docstring)."""
+    requests = [(p, compat.fitins_to_recorddict(ins, keep_input=True)) for p, ins in instructions]
+    return _at_once(
+        grid,
+        requests,
+        MessageType.TRAIN,
+        lambda content: compat.recorddict_to_fitres(content, keep_input=False),
+        timeout,
+        group_id,
+    )
+
+
+def evaluate_at_once(
+    grid: Grid,
+    instructions: Sequence[tuple[ClientProxy, EvaluateIns]],
+    timeout: float | None,
+    group_id: int,
+) -> EvaluateResultsAndFailures:
+    """Flower's ``evaluate_clients`` with all ``evaluate`` messages in one push."""
+    requests = [
+        (p, compat.evaluateins_to_recorddict(ins, keep_input=True)) for p, ins in instructions
+    ]
+    return _at_once(
+        grid, requests, MessageType.EVALUATE, compat.recorddict_to_evaluateres, timeout, group_id
+    )
