@@ -3,7 +3,9 @@
 - the committed files are exactly what ``pflower deploy compose`` generates (no hand edits that
   drift from the local topology);
 - every service's command uses only options that the installed Flower executable accepts, read
-  from its ``--help``, with a value exactly where the option takes one;
+  from its ``--help``, with a value exactly where the option takes one; services started through
+  pflower's launcher are checked against the Flower executable it runs, and every ClientApp
+  executor (only those) gets its fork server;
 - ports, node configs, runtime addresses, certificates and volumes agree with one another, for
   the committed 3-client files and for a generated 5-client set;
 - ``docker/certs.sh`` writes the files the TLS overlay mounts.
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pflower.deploy import launcher
 from pflower.deploy.compose import COMPOSE_FILES, render_compose
 from pflower.deploy.processes import executable
 
@@ -132,11 +135,27 @@ def _host_port(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+LAUNCHER = ["python", "-m", "pflower.deploy.launcher"]
+
+
+def flower_program(name: str, entrypoint: list[str]) -> str:
+    """The Flower executable a service's ``entrypoint`` runs, directly or through the launcher
+    (which starts a fork server exactly for ClientApp executors)."""
+    if entrypoint[: len(LAUNCHER)] == LAUNCHER:
+        component, fork_server, rest = launcher.parse(entrypoint[len(LAUNCHER) :])
+        assert rest == [], f"{name}: Flower's arguments belong in `command`"
+        assert fork_server == name.startswith("clientapp-"), f"{name}: fork server {fork_server}"
+        program = f"flower-{component}"
+    else:
+        (program,) = entrypoint
+    assert program in FLOWER_EXECUTABLES, f"{name} runs {program}, not a Flower executable"
+    return program
+
+
 def services_of(config: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, str | None]]]:
     """(service, Flower executable, parsed options) of every service."""
     for name, service in config["services"].items():
-        program = service["entrypoint"][0]
-        assert program in FLOWER_EXECUTABLES, f"{name} runs {program}, not a Flower executable"
+        program = flower_program(name, [str(t) for t in service["entrypoint"]])
         yield name, program, parse_command(program, [str(t) for t in service["command"]])
 
 

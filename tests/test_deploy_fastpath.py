@@ -42,7 +42,7 @@ from flwr.superlink.grid import HttpGrid, InMemoryGrid
 from pflower.deploy import launcher
 from pflower.deploy.forkclient import SOCKET_VARIABLE
 from pflower.deploy.forkserver import ForkServerProcess, shim_script, wait_status
-from pflower.deploy.topology import supernode_command
+from pflower.deploy.topology import launcher_command
 from pflower.server.polling import PromptClientManager, PromptGrid, fit_at_once, round_grid
 
 PROBE = """
@@ -215,7 +215,7 @@ def test_wait_status() -> None:
 # ------------------------------------------------------------------------------ launcher
 def test_launcher_command_line() -> None:
     flower = ["--insecure", "--superlink", "127.0.0.1:9092", "--isolation", "process"]
-    command = supernode_command(flower, python="python")
+    command = launcher_command("supernode", flower, python="python")
     assert command == ["python", "-m", "pflower.deploy.launcher", "supernode", "--", *flower]
     assert launcher.parse(command[3:]) == ("supernode", True, flower)
     assert launcher.parse(["--no-fork-server", "superexec", "--insecure"]) == (

@@ -33,9 +33,9 @@ from pflower.deploy.processes import (
 from pflower.deploy.topology import (
     Endpoints,
     Security,
+    launcher_command,
     superlink_args,
     supernode_args,
-    supernode_command,
 )
 
 CONNECTION = "pflower-local"
@@ -140,7 +140,9 @@ class Deployment:
             index, self.num_clients, superlink, ("127.0.0.1", port), self.security
         )
         command = (
-            supernode_command(args) if self.fast_rounds else [executable("flower-supernode"), *args]
+            launcher_command("supernode", args)
+            if self.fast_rounds
+            else [executable("flower-supernode"), *args]
         )
         self._start(f"supernode-{index}", command, wrapper)
 

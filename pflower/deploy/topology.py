@@ -147,11 +147,16 @@ def supernode_args(
     return args
 
 
-def supernode_command(args: list[str], python: str | None = None) -> list[str]:
-    """The command running ``flower-supernode args`` through pflower's launcher
-    (:mod:`pflower.deploy.launcher`: a ClientApp fork server and short polling intervals) on
-    ``python`` (default: this interpreter)."""
-    return [python or sys.executable, "-m", "pflower.deploy.launcher", "supernode", "--", *args]
+def launcher_command(
+    component: str, args: list[str], python: str | None = None, fork_server: bool = True
+) -> list[str]:
+    """The command running ``flower-<component> args`` (``supernode`` or ``superexec``) through
+    pflower's launcher (:mod:`pflower.deploy.launcher`: short polling intervals and, where
+    ClientApps run and ``fork_server``, a ClientApp fork server) on ``python`` (default: this
+    interpreter)."""
+    options = [] if fork_server else ["--no-fork-server"]
+    launcher = [python or sys.executable, "-m", "pflower.deploy.launcher", *options, component]
+    return [*launcher, "--", *args]
 
 
 def superexec_args(runtime_address: str, root_certificates: str | None) -> list[str]:

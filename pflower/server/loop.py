@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import timeit
 import uuid
+from collections.abc import Callable
 from logging import INFO
 from pathlib import Path
+from typing import Any
 
-from flwr.common import EvaluateIns, FitIns, Parameters, Scalar, ndarrays_to_parameters
+from flwr.common import Parameters, Scalar, ndarrays_to_parameters
 from flwr.common.logger import log
 from flwr.server import Server
 from flwr.server.client_manager import ClientManager
@@ -92,76 +94,75 @@ class CheckpointingServer(Server):
     def fit_round(
         self, server_round: int, timeout: float | None
     ) -> tuple[Parameters | None, dict[str, Scalar], FitResultsAndFailures] | None:
-        """Flower's ``Server.fit_round``, reaching the clients through :meth:`_fit_clients`."""
-        instructions = self.strategy.configure_fit(
-            server_round=server_round,
-            parameters=self.parameters,
-            client_manager=self._client_manager,
+        """Flower's ``Server.fit_round``, the clients reached as :meth:`_round` says."""
+        strategy = self.strategy
+        return self._round(
+            "fit",
+            strategy.configure_fit,
+            (fit_at_once, fit_clients),
+            strategy.aggregate_fit,
+            server_round,
+            timeout,
         )
-        if not instructions:
-            log(INFO, "configure_fit: no clients selected, cancel")
-            return None
-        log(
-            INFO,
-            "configure_fit: strategy sampled %s clients (out of %s)",
-            len(instructions),
-            self._client_manager.num_available(),
-        )
-        results, failures = self._fit_clients(instructions, timeout, server_round)
-        log(INFO, "aggregate_fit: received %s results and %s failures", len(results), len(failures))
-        parameters, metrics = self.strategy.aggregate_fit(server_round, results, failures)
-        return parameters, metrics, (results, failures)
 
     def evaluate_round(
         self, server_round: int, timeout: float | None
     ) -> tuple[float | None, dict[str, Scalar], EvaluateResultsAndFailures] | None:
-        """Flower's ``Server.evaluate_round``, reaching the clients through
-        :meth:`_evaluate_clients`."""
-        instructions = self.strategy.configure_evaluate(
+        """Flower's ``Server.evaluate_round``, the clients reached as :meth:`_round` says."""
+        strategy = self.strategy
+        return self._round(
+            "evaluate",
+            strategy.configure_evaluate,
+            (evaluate_at_once, evaluate_clients),
+            strategy.aggregate_evaluate,
+            server_round,
+            timeout,
+        )
+
+    def _round(
+        self,
+        phase: str,
+        configure: Callable[..., list[tuple[ClientProxy, Any]]],
+        senders: tuple[Callable[..., Any], Callable[..., Any]],
+        aggregate: Callable[..., tuple[Any, dict[str, Scalar]]],
+        server_round: int,
+        timeout: float | None,
+    ) -> Any:
+        """One ``phase`` ("fit" or "evaluate") of a round, logged as in Flower's loop: configure,
+        send, aggregate; ``(aggregate, metrics, (results, failures))``, or None if no client was
+        selected. Over a deployment's grid the round's messages go in one push (the first of
+        ``senders``), elsewhere Flower's function reaches each client (the second)."""
+        instructions = configure(
             server_round=server_round,
             parameters=self.parameters,
             client_manager=self._client_manager,
         )
         if not instructions:
-            log(INFO, "configure_evaluate: no clients selected, skipping evaluation")
+            log(INFO, "configure_%s: no clients selected, skipping it", phase)
             return None
+        available = self._client_manager.num_available()
         log(
             INFO,
-            "configure_evaluate: strategy sampled %s clients (out of %s)",
+            "configure_%s: strategy sampled %s clients (out of %s)",
+            phase,
             len(instructions),
-            self._client_manager.num_available(),
+            available,
         )
-        results, failures = self._evaluate_clients(instructions, timeout, server_round)
+        at_once, per_client = senders
+        grid = round_grid(proxy for proxy, _ in instructions)
+        if grid is not None:
+            results, failures = at_once(grid, instructions, timeout, server_round)
+        else:
+            results, failures = per_client(instructions, self.max_workers, timeout, server_round)
         log(
             INFO,
-            "aggregate_evaluate: received %s results and %s failures",
+            "aggregate_%s: received %s results and %s failures",
+            phase,
             len(results),
             len(failures),
         )
-        loss, metrics = self.strategy.aggregate_evaluate(server_round, results, failures)
-        return loss, metrics, (results, failures)
-
-    def _fit_clients(
-        self,
-        instructions: list[tuple[ClientProxy, FitIns]],
-        timeout: float | None,
-        server_round: int,
-    ) -> FitResultsAndFailures:
-        grid = round_grid(proxy for proxy, _ in instructions)
-        if grid is not None:
-            return fit_at_once(grid, instructions, timeout, server_round)
-        return fit_clients(instructions, self.max_workers, timeout, server_round)
-
-    def _evaluate_clients(
-        self,
-        instructions: list[tuple[ClientProxy, EvaluateIns]],
-        timeout: float | None,
-        server_round: int,
-    ) -> EvaluateResultsAndFailures:
-        grid = round_grid(proxy for proxy, _ in instructions)
-        if grid is not None:
-            return evaluate_at_once(grid, instructions, timeout, server_round)
-        return evaluate_clients(instructions, self.max_workers, timeout, server_round)
+        aggregated, metrics = aggregate(server_round, results, failures)
+        return aggregated, metrics, (results, failures)
 
     def _start(self, timeout: float | None) -> int:
         """Initialize a new run (global model, stage G of round 0) or restore a checkpoint;
