@@ -1,6 +1,8 @@
 """``client_state.store=disk``: the clients' personal state lives in their snapshot files, not in
 ``context.state``, and a run gives exactly the rows it gives with the state in memory; the
-snapshots a server run may read (its own, and those up to the round it resumed from)."""
+snapshots a server run may read (its own, and those up to the round it resumed from); a snapshot
+is written after every fit and after an evaluate that changed the state, not after one that only
+read it."""
 
 from __future__ import annotations
 
@@ -9,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.client import NumPyClient
 
-from pflower.core.checkpoint import ClientStateFiles, load_checkpoint
+from pflower.core.checkpoint import ATTEMPT, ClientStateFiles, PersistentClient, load_checkpoint
+from pflower.core.state import ClientState
 from pflower.registry import ConfigError
 from tests.inprocess import run_inprocess
 from tests.test_resume import BASE, results, stopped_in_round, summary_without_clock
@@ -125,3 +129,49 @@ def test_a_fresh_run_never_reads_snapshots_left_in_its_folder(tmp_path: Path) ->
     records = RecordDict()
     assert fresh.restore(records) == 1 and value(records) == 1
     assert [p.name for p in (tmp_path / "partition_0").iterdir()] == ["round_000001.new.npz"]
+
+
+# --------------------------------------------------------------- when a snapshot is written
+class Recorder(NumPyClient):
+    """An algorithm's client: fit stores ``fitted``; evaluate stores ``evaluated`` if given,
+    else only reads the state."""
+
+    def __init__(self, records: RecordDict, evaluated: int | None = None) -> None:
+        self.state = ClientState(records)
+        self.evaluated = evaluated
+
+    def fit(self, parameters, config):
+        self.state.put_arrays("w", [np.full(3, 1)])
+        return parameters, 1, {}
+
+    def evaluate(self, parameters, config):
+        self.state.get_arrays("w")
+        if self.evaluated is not None:
+            self.state.put_arrays("w", [np.full(3, self.evaluated)])
+        return 0.0, 1, {}
+
+
+def snapshot_names(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "partition_0").iterdir())
+
+
+@pytest.mark.parametrize("evict", [False, True], ids=["memory", "disk"])
+def test_an_evaluate_that_leaves_the_state_alone_writes_no_snapshot(
+    tmp_path: Path, evict: bool
+) -> None:
+    records = RecordDict()
+    config = {ATTEMPT: "a", "server-round": 1}
+
+    def client(evaluated: int | None = None) -> PersistentClient:
+        return PersistentClient(Recorder(records, evaluated), records, tmp_path, 0, evict)
+
+    client().fit([], config)
+    assert snapshot_names(tmp_path) == ["round_000001.a.npz"]
+    client().evaluate([], {**config, "server-round": 2})
+    assert snapshot_names(tmp_path) == ["round_000001.a.npz"], "unchanged: nothing rewritten"
+    assert bool(records) is not evict
+    client(evaluated=5).evaluate([], {**config, "server-round": 3})
+    assert snapshot_names(tmp_path) == ["round_000003.a.npz"], "changed: snapshot of round 3"
+    restored = RecordDict()
+    ClientStateFiles(tmp_path, 0, attempt="a").restore(restored)
+    assert value(restored) == 5

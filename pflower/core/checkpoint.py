@@ -295,11 +295,22 @@ class ClientStateFiles:
         return candidates[-1].round
 
 
+def _replaced(records: RecordDict, before: dict[str, Any]) -> bool:
+    """Whether ``records`` holds other record objects than ``before`` (a shallow copy taken
+    earlier, which keeps the old records alive, so no new record can reuse their identity)."""
+    return records.keys() != before.keys() or any(records[k] is not v for k, v in before.items())
+
+
 class PersistentClient(NumPyClient):
     """A client whose state survives a crash, or lives on disk: it wraps the algorithm's client,
     restores the state from :class:`ClientStateFiles` when it reaches the client empty in a
-    resumed run (or always, with ``evict``), snapshots it after every fit and evaluate, and with
-    ``evict`` then empties it (``client_state.store=disk``)."""
+    resumed run (or always, with ``evict``), snapshots it after every fit and after an evaluate
+    that changed it, and with ``evict`` then empties it (``client_state.store=disk``).
+
+    An evaluate changed the state if a record was added, removed or replaced: algorithms write
+    state only through :class:`~pflower.core.state.ClientState`, whose ``put_*`` replace the record
+    and whose ``get_*`` return copies, so a record left in place holds what it held. An unchanged
+    state is already in the newest snapshot, which a resume restores just the same."""
 
     def __init__(
         self,
@@ -339,16 +350,17 @@ class PersistentClient(NumPyClient):
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
         self._restore(config)
+        before = dict(self.records)
         result = self.client.evaluate(parameters, config)
-        self._save(config)
+        self._save(config, changed=_replaced(self.records, before))
         return result
 
     def _restore(self, config: dict[str, Scalar]) -> None:
         if not self.records and (self.evict or RESUME_ROUND in config):
             self._files(config).restore(self.records)
 
-    def _save(self, config: dict[str, Scalar]) -> None:
-        if self.records:
+    def _save(self, config: dict[str, Scalar], changed: bool = True) -> None:
+        if self.records and changed:
             checkpointed = int(config.get(CHECKPOINT_ROUND, 0))
             self._files(config).save(self.records, int(config["server-round"]), checkpointed)
         if self.evict:
