@@ -1,0 +1,47 @@
+"""The experiment presets (``conf/experiment/*.yaml``, ``pflower -m +experiment=<name>``): every
+job of every preset's sweep composes and validates, so a preset cannot name a strategy, a
+partition or a key that does not exist (the runs are not started here)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from pflower.compose import compose_config
+from pflower.config import conf_dir
+
+PRESETS = sorted(path.stem for path in (conf_dir() / "experiment").glob("*.yaml"))
+
+
+def sweep_of(preset: str) -> dict[str, list[str]]:
+    """The preset's sweep (``hydra.sweeper.params``): each key's values."""
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+        cfg = compose(
+            config_name="config",
+            overrides=[f"+experiment={preset}"],
+            return_hydra_config=True,
+        )
+    return {key: str(values).split(",") for key, values in cfg.hydra.sweeper.params.items()}
+
+
+def test_every_paper_has_its_presets() -> None:
+    papers = {"fliu_table1", "fedala_table2", "flame_table3", "fedmpr_table2", "diversifed_table2"}
+    for paper in papers | {"fedmpr_ablation"}:
+        assert {f"{paper}_cpu", f"{paper}_paper"} <= set(PRESETS), paper
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_job_of_a_preset_composes(preset: str) -> None:
+    sweep = sweep_of(preset)
+    assert sweep, f"{preset} sweeps nothing"
+    assert len(sweep.get("seed", [])) >= 1
+    varied = {key: values for key, values in sweep.items() if key != "seed"}
+    for values in itertools.product(*varied.values()):
+        job = dict(zip(varied, values, strict=True))
+        cfg = compose_config([f"+experiment={preset}", *(f"{k}={v}" for k, v in job.items())])
+        for key, value in job.items():
+            if not (conf_dir() / key).is_dir():  # a value, not a config group's option
+                assert str(OmegaConf.select(cfg, key)) == value, f"{preset} {job}: {key}"
