@@ -1,4 +1,5 @@
-"""The ServerApp's wait for client replies in a deployment: short polls instead of 3 s steps.
+"""The ServerApp's messages in a deployment: a round's messages in one push, and short polls for
+the replies instead of 3 s steps.
 
 Flower's legacy server loop sends each client its ``train``/``evaluate`` message through a
 ``GridClientProxy``, which calls ``grid.send_and_receive``. In a deployment the grid is Flower's
@@ -15,12 +16,13 @@ simulation's ``InMemoryGrid`` (0.1 s pulls already) is left alone.
 A round's messages also go out together: :func:`fit_at_once` and :func:`evaluate_at_once` push all
 of a round's ``train`` (or ``evaluate``) messages in one request and wait for all replies, where
 Flower's legacy loop gives each client a thread that pushes its own message and waits for its
-reply. The SuperLink then registers every message's objects before any node can take its message,
-and stores the arrays the messages share (the global model) once; with one push per client, the
-SuperLink of Flower 1.39 sometimes dropped a shared array while another client's push still
-needed it, and that client failed with ``ObjectPushError``. It also removes the legacy loop's
-thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the messages, and so
-every result, are the same.
+reply. The SuperLink then registers every message's objects before any of them is pushed, so
+before any node can have received its message (and the SuperLink deleted what only that message
+used), and it stores the arrays the messages share (the global model) once. With one push per
+client, the SuperLink of Flower 1.39 sometimes dropped a shared array while another client's push
+still needed it, and that client failed with ``ObjectPushError``. One push also removes the legacy
+loop's thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the
+messages, and so every result, are the same.
 """
 
 from __future__ import annotations
