@@ -165,6 +165,7 @@ def test_methods_are_named_by_their_distinguishing_options(tmp_path: Path) -> No
         "clt": {"name": "local", "aggregation": "uniform"},
         "fedavg_u": FEDAVG,
         "fedavg_w": {"name": "fedavg", "aggregation": "weighted"},
+        "fedmpr": {"name": "fedmpr", "reg_stages": [1, 2, 3, 4]},  # a list-valued option
     }
     for name, strategy in strategies.items():
         write_run(tmp_path / name, 0, strategy, clients, g=None if name == "clt" else 0.5)
@@ -176,6 +177,7 @@ def test_methods_are_named_by_their_distinguishing_options(tmp_path: Path) -> No
         "FLIU",
         "FLIU10",
         "FLIU25",
+        "FedMPR",
         "Local",
     ]
     report = write_report([tmp_path], tmp_path / "out").read_text()

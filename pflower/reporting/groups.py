@@ -112,10 +112,20 @@ def varying_keys(configs: Sequence[Config]) -> dict[str, list[str]]:
     return varying
 
 
+def _unflattened(value: Any) -> Any:
+    """A leaf of :func:`flatten` as the configuration held it (lists are kept as JSON text)."""
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
 def options_of(config: Config) -> AlgorithmOptions | None:
     """The algorithm options a flattened run configuration holds (None if no longer known)."""
     block = {
-        key.removeprefix("strategy."): value
+        key.removeprefix("strategy."): _unflattened(value)
         for key, value in config.items()
         if key.startswith("strategy.")
     }
