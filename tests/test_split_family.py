@@ -23,6 +23,7 @@ from pflower.core.training import get_weights, set_weights, train
 from pflower.datasets.base import ImageSplit
 from pflower.models import build_model, split
 from pflower.models.zoo import MODELS
+from pflower.strategies import ditto
 from pflower.strategies.ala import (
     ALA_LOCAL,
     ALA_META,
@@ -31,6 +32,7 @@ from pflower.strategies.ala import (
     adaptive_local_aggregation,
 )
 from pflower.strategies.fedper import PERSONAL
+from pflower.strategies.moreau import anchor_tensors, moreau_term
 from tests.inprocess import run_inprocess
 
 BASE = [
@@ -238,6 +240,7 @@ ALL = [
     ["strategy=fedala"],
     ["strategy=fedprox_ala"],
     ["strategy=fedrep_ala"],
+    ["strategy=ditto_ala"],
     ["strategy=fedper"],
     ["strategy=fedrep"],
     ["strategy=fedbn"],
@@ -299,6 +302,12 @@ def test_fedrep_ala_with_p_0_is_fedrep(tmp_path: Path) -> None:
     ala, _ = run_inprocess([*BASE, "strategy=fedrep_ala", "strategy.layer_idx=0"], tmp_path / "a")
     rep, _ = run_inprocess([*BASE, "strategy=fedrep"], tmp_path / "b")
     assert _comparable(ala) == _comparable(rep)
+
+
+def test_ditto_ala_with_p_0_is_ditto(tmp_path: Path) -> None:
+    ala, _ = run_inprocess([*BASE, "strategy=ditto_ala", "strategy.layer_idx=0"], tmp_path / "a")
+    plain, _ = run_inprocess([*BASE, "strategy=ditto"], tmp_path / "b")
+    assert _comparable(ala) == _comparable(plain)
 
 
 def test_fedrep_without_head_epochs_shares_fedbabus_body_update(tmp_path: Path) -> None:
@@ -456,6 +465,64 @@ def test_fedala_state_recomputes_ala_and_training(tmp_path: Path) -> None:
         _same(log.after["fit", 2, pid][ALA_LOCAL], log.sent["fit", 2, pid], rtol=0, atol=0)
         # Stage L1 of round 2: one ALA epoch from the stored W.
         assert log.after["evaluate", 2, pid][ALA_META]["epochs"] == 1
+
+
+@pytest.mark.slow
+def test_ditto_ala_trains_and_anchors_on_the_ala_model(tmp_path: Path) -> None:
+    """Round 2: ALA mixes the received w^2 into the client's round-1 global-step model (Θ̂, start
+    phase, W stored); the global step trains from Θ̂ and uploads it; the personal model v_k is
+    trained from v_k^1 with its proximal term toward Θ̂, not toward the received w^2."""
+    log = Log((ALA_LOCAL, ALA_WEIGHTS, ALA_META, ditto.PERSONAL))
+    _, contexts = run_inprocess(
+        [*BASE, "strategy=ditto_ala", "strategy.lambda_=0.5"], tmp_path, log.make_client
+    )
+    experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
+    options = experiment.settings.strategy
+    for pid in (0, 3):
+        assert log.before["fit", 1, pid][ALA_LOCAL] is None  # ALA deactivated in round 1
+        _same(log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0)
+        data = experiment.client_data(pid)
+        expected = adaptive_local_aggregation(
+            experiment.new_model(),
+            log.received["fit", 2, pid],
+            log.sent["fit", 1, pid],
+            None,
+            data.train,
+            data.prepare,
+            ALASettings(
+                eta=options.eta,
+                rand_percent=options.rand_percent,
+                layer_idx=options.layer_idx,
+                threshold=options.threshold,
+                num_pre_loss=options.num_pre_loss,
+                max_start_epochs=options.max_start_epochs,
+                batch_size=32,
+            ),
+            np.random.default_rng([experiment.settings.seed, pid, 1, 0xA1A]),
+        )
+        _same(log.after["fit", 2, pid][ALA_WEIGHTS], expected.mix_weights, rtol=1e-5, atol=1e-6)
+        trained = _train_from(experiment, expected.weights, 2, pid)
+        _same(log.sent["fit", 2, pid], trained, rtol=1e-5, atol=1e-6)
+        _same(log.after["fit", 2, pid][ALA_LOCAL], log.sent["fit", 2, pid], rtol=0, atol=0)
+
+        def personal(anchor: NDArrays, pid: int = pid, data=data) -> NDArrays:
+            model = experiment.new_model()
+            set_weights(model, log.after["fit", 1, pid][ditto.PERSONAL])
+            seed = np.random.SeedSequence([experiment.settings.seed, 2, pid]).generate_state(1)
+            train(
+                model,
+                data.train,
+                data.prepare,
+                experiment.train_settings(2),
+                torch.Generator().manual_seed(int(seed[0])),
+                moreau_term(anchor_tensors(model, anchor), 0.5, 0.0),
+            )
+            return get_weights(model)
+
+        stored = log.after["fit", 2, pid][ditto.PERSONAL]
+        _same(stored, personal(expected.weights), rtol=1e-5, atol=1e-6)
+        toward_received = personal(log.received["fit", 2, pid])
+        assert not all(np.allclose(a, b) for a, b in zip(stored, toward_received, strict=True))
 
 
 def test_fedrep_stores_the_trained_head_and_uploads_the_body(tmp_path: Path) -> None:

@@ -74,10 +74,15 @@ class DittoClient(PersonalAndGlobalClient["DittoOptions"]):
             settings = replace(settings, lr=self.options.personal_lr)
         term = None
         if self.options.lambda_ or self.options.mu_l2:
-            anchors = anchor_tensors(self.model, global_weights)
+            anchors = anchor_tensors(self.model, self.personal_anchor(global_weights, config))
             term = moreau_term(anchors, self.options.lambda_, self.options.mu_l2)
         self.local_train(settings, config, term)
         return get_weights(self.model)
+
+    def personal_anchor(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """The model the personal step is pulled toward: the received w^t (Ditto+ALA: the
+        ALA-initialized copy of it)."""
+        return global_weights
 
     def remember(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]

@@ -19,6 +19,14 @@ buffers (with buffers, ALA keeps the body's local buffers where FedRep takes the
 the start of FedProx's local training; the proximal anchor stays the received global model, and
 the server is FedAvg's. With ``mu = 0`` it is FedALA exactly.
 
+``ditto_ala`` is Ditto + ALA (Table 4, where ALA gives Ditto its largest gain): ALA initializes
+the client's copy of the global model, which Ditto's global step then trains and uploads, and that
+ALA-initialized model is also the anchor of the personal step's proximal term (what replacing the
+global model's ``set_parameters`` with ALA does in the authors' Ditto client). Stage L1 evaluates
+the personal model v_k, as Ditto does (ALA never touches v_k), so ALA runs when the client next
+trains (the start of iteration t + 1, where Alg. 1 puts it) rather than at evaluation. With
+``layer_idx = 0`` it is Ditto exactly.
+
 What crosses the wire: exactly FedAvg's (the full model each way, ``server-round`` in the
 config); the client reports ``ala_epochs``, ``ala_seconds``, and after its initial stage
 ``ala_start_epochs`` and ``ala_capped`` with its fit metrics. Client state: ``ala_local``,
@@ -38,11 +46,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from flwr.common import NDArrays, Scalar
+
 from pflower.core.algorithm import register_algorithm
+from pflower.core.client import server_round
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.models import split
 from pflower.strategies.ala import ALAClientMixin, ALAFields
+from pflower.strategies.ditto import DittoClient, DittoOptions
 from pflower.strategies.fedavg import FedAvgClient
 from pflower.strategies.fedprox import FedProxClient, FedProxOptions
 from pflower.strategies.fedrep import FedRepClient, FedRepOptions, FedRepStrategy
@@ -112,6 +124,36 @@ class FedRepALAOptions(FedRepOptions, ALAFields):
 
     display_name: ClassVar[str] = "FedRep+ALA"
     display_rank: ClassVar[int] = 402
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.check_ala()
+
+
+class DittoALAStrategy(PersonalizedStrategy["DittoALAOptions"]):
+    """Server side identical to FedAvg (Ditto's)."""
+
+
+class DittoALAClient(ALAClientMixin, DittoClient):
+    """Ditto's client whose copy of the global model is initialized by ALA; the personal step is
+    pulled toward that ALA-initialized model."""
+
+    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """Ditto's deployable model v_k: ALA initializes the global-model copy, not v_k."""
+        return super(ALAClientMixin, self).personalize(global_weights, config)
+
+    def personal_anchor(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
+        """ALA(w^t, local) of this round (computed by :meth:`start_model`, read back)."""
+        return self.ala_initialized(global_weights, server_round(config) - 1, config)
+
+
+@register_algorithm("ditto_ala", strategy=DittoALAStrategy, client=DittoALAClient)
+@dataclass
+class DittoALAOptions(DittoOptions, ALAFields):
+    """Ditto's ``lambda_``, ``personal_epochs`` ... plus the ALA options of FedALA."""
+
+    display_name: ClassVar[str] = "Ditto+ALA"
+    display_rank: ClassVar[int] = 403
 
     def __post_init__(self) -> None:
         super().__post_init__()
