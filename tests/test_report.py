@@ -202,3 +202,56 @@ def test_last10_averages_the_evaluated_rounds_among_the_last_tenth(tmp_path: Pat
     assert cells["L1 Acc(L) last10"].mean == pytest.approx(0.7)
     assert cells["L1 Acc(G) last10"].mean == pytest.approx(0.35)
     assert cells["G Acc(G) last10"].mean == pytest.approx(0.7)
+
+
+def _with_models(client: dict[str, Any], pm: float, gm: float, loss_pm: float, loss_gm: float):
+    """A stage-L1 row of a client holding a personalized and a global model (HM: the better)."""
+    choose_pm = pm >= gm
+    return {
+        **client,
+        "acc_pm": pm,
+        "acc_gm": gm,
+        "acc_hm": pm if choose_pm else gm,
+        "loss_pm": loss_pm,
+        "loss_gm": loss_gm,
+        "loss_hm": loss_pm if choose_pm else loss_gm,
+        "hm_choice_pm": float(choose_pm),
+    }
+
+
+def test_pm_gm_hm_accuracy_and_fairness_per_model_type(tmp_path: Path) -> None:
+    """Clients with both models: PM/GM/HM Acc(L) and loss variance each get a column (by hand:
+    client 0 PM 0.9 GM 0.5 -> HM PM; client 1 PM 0.4 GM 0.8 -> HM GM), and the fairness plot has
+    one point per model type; a method with one model gets its single point."""
+    flame = write_run(tmp_path / "flame", 0, {"name": "flame"}, [(0.9, 0.5, 0.1), (0.4, 0.3, 0.9)])
+    rows = [json.loads(line) for line in (flame / "metrics.jsonl").read_text().splitlines()]
+    hybrid = {0: (0.9, 0.5, 0.1, 0.7), 1: (0.4, 0.8, 0.9, 0.3)}
+    rows = [
+        _with_models(r, *hybrid[r["client"]]) if r["stage"] == "L1" and r["round"] == 2 else r
+        for r in rows
+    ]
+    (flame / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    write_run(tmp_path / "fedavg", 0, FEDAVG, [(0.7, 0.5, 0.2), (0.5, 0.5, 0.4)], g=0.5)
+    experiments = group_runs(load_runs([tmp_path]))
+    cells = experiment_cells(next(e for e in experiments if e.method == "FLAME"), eps=0.5)
+    expected = {
+        "L1 PM Acc(L)": 0.65,
+        "L1 GM Acc(L)": 0.65,
+        "L1 HM Acc(L)": 0.85,  # 0.9 (PM) and 0.8 (GM)
+        "L1 PM loss var": 0.16,  # 0.1, 0.9
+        "L1 GM loss var": 0.04,  # 0.7, 0.3
+        "L1 HM loss var": 0.01,  # 0.1, 0.3
+    }
+    for key, value in expected.items():
+        assert cells[key].mean == pytest.approx(value), key
+    fedavg = experiment_cells(next(e for e in experiments if e.method != "FLAME"), eps=0.5)
+    assert not any(" PM " in key for key in fedavg)
+
+    from pflower.reporting.figures import model_points
+
+    assert [m for m, _, _ in model_points(cells, "L1")] == ["PM", "GM", "HM"]
+    assert [m for m, _, _ in model_points(fedavg, "L1")] == [""]
+    report = write_report([tmp_path], tmp_path / "out").read_text()
+    assert "### Stage L1 by model" in report and "### Stage L2 by model" not in report
+    assert "| FedAvg | - | - |" in report  # FedAvg has no PM/GM/HM columns to fill
+    assert (tmp_path / "out" / "plots" / "fairness.png").stat().st_size > 0

@@ -3,7 +3,10 @@
 - accuracy per round by method: the client-mean Acc(L) (top) and Acc(G) (bottom) at one stage,
   mean over seeds with a ±1 std band over seeds;
 - per-client final accuracy by method: box plots of every client's final-round Acc(L) at that
-  stage, pooled over seeds, with the individual clients as dots.
+  stage, pooled over seeds, with the individual clients as dots;
+- fairness: final-round client-mean Acc(L) against the variance over clients of the local test
+  loss, one point per method and model type (PM / GM / HM where the method holds both models),
+  mean over seeds with ±1 std bars over seeds.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from pflower.reporting.stats import final_client_values, round_curve
+from pflower.reporting.stats import MODEL_TYPES, Cell, final_client_values, round_curve
 from pflower.reporting.tables import Section
 
 _CURVES = (("acc_local", "Acc(L)"), ("acc_global", "Acc(G)"))
@@ -84,6 +87,52 @@ def client_distribution(section: Section, stage: str, path: Path) -> Path:
         ax.set_title(f"{partition}: final {stage} Acc(L) per client", fontsize=10)
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3, axis="y")
+    return _save(fig, path)
+
+
+_MARKERS = {"": "o", "PM": "o", "GM": "s", "HM": "^"}
+
+
+def model_points(cells: dict[str, Cell], stage: str) -> list[tuple[str, Cell, Cell]]:
+    """(model type, Acc(L), loss var) per model the method reports at ``stage``: PM, GM and HM
+    where it holds both models (its plain stage metrics are then the PM's), else its one model."""
+    points = [
+        (model, cells[f"{stage} {model} Acc(L)"], cells[f"{stage} {model} loss var"])
+        for model in MODEL_TYPES
+        if f"{stage} {model} loss var" in cells
+    ]
+    if points or f"{stage} loss var" not in cells:
+        return points
+    return [("", cells[f"{stage} Acc(L)"], cells[f"{stage} loss var"])]
+
+
+def fairness(section: Section, stage: str, path: Path) -> Path:
+    """Final-round Acc(L) against loss variance over clients, per method and model type."""
+    partitions = section.partitions
+    colors = _colors(section.methods)
+    fig, axes = plt.subplots(1, len(partitions), figsize=(4.6 * len(partitions), 4), squeeze=False)
+    for ax, partition in zip(axes[0], partitions, strict=True):
+        for method in section.methods:
+            for model, accuracy, variance in model_points(
+                section.cells.get((method, partition), {}), stage
+            ):
+                ax.errorbar(
+                    variance.mean,
+                    accuracy.mean,
+                    xerr=variance.std,
+                    yerr=accuracy.std,
+                    marker=_MARKERS[model],
+                    color=colors[method],
+                    linestyle="none",
+                    capsize=2,
+                    label=f"{method} {model}".strip(),
+                )
+        ax.set_title(f"{partition}: final {stage}, Acc(L) vs loss variance", fontsize=10)
+        ax.set_xlabel("variance over clients of the local test loss")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("client-mean Acc(L) (±1 std over seeds)")
     return _save(fig, path)
 
 

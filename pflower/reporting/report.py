@@ -18,7 +18,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from pflower.reporting.figures import accuracy_per_round, client_distribution
+from pflower.reporting.figures import accuracy_per_round, client_distribution, fairness
 from pflower.reporting.groups import group_runs
 from pflower.reporting.tables import Section, markdown, sections, write_csv, write_values_csv
 from pflower.results.rundir import load_runs
@@ -50,11 +50,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _figures(section: Section, index: int, stage: str, out_dir: Path) -> list[Path]:
-    """The section's two figures, named after its position so that file names stay short."""
+    """The section's three figures, named after its position so that file names stay short."""
     suffix = f"_{index}" if index else ""
     written = [
         accuracy_per_round(section, stage, out_dir / "plots" / f"accuracy_rounds{suffix}.png"),
         client_distribution(section, stage, out_dir / "plots" / f"client_accuracy{suffix}.png"),
+        fairness(section, stage, out_dir / "plots" / f"fairness{suffix}.png"),
     ]
     return [path.relative_to(out_dir) for path in written]
 

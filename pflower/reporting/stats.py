@@ -27,6 +27,9 @@ from pflower.results.statistics import summarize_stage
 LAST10 = " last10"
 """Suffix of a metric key averaged over the last 10% of rounds."""
 
+MODEL_TYPES = ("PM", "GM", "HM")
+"""The personalized, global and hybrid model of clients that hold both (FLAME paper, Sec. IV-D)."""
+
 
 @dataclass(frozen=True)
 class Metric:
@@ -62,6 +65,16 @@ def metrics(eps: float) -> list[Metric]:
     final = Metric("G Acc(G)", "G", "Acc(G)", "percent")
     columns += [final, final.last10()]
     for stage in ("L1", "L2"):
+        for model in MODEL_TYPES:
+            final = Metric(
+                f"{stage} {model} Acc(L)", f"Models {stage}", f"{model} Acc(L)", "percent"
+            )
+            columns += [final, final.last10()]
+        columns += [
+            Metric(f"{stage} {model} loss var", f"Models {stage}", f"{model} loss var", "value")
+            for model in MODEL_TYPES
+        ]
+    for stage in ("L1", "L2"):
         table = f"Fairness {stage}"
         columns += [
             Metric(f"{stage} rho", table, f"ρ_{eps:g}", "count"),
@@ -88,6 +101,10 @@ def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, fl
             acc_global = summary["acc_global"]["mean"]
             results[f"{stage} Acc(G)"] = acc_global
             results[f"{stage} Acc"] = acc_local + acc_global
+        for model in MODEL_TYPES:
+            if f"acc_{model.lower()}" in summary:
+                results[f"{stage} {model} Acc(L)"] = summary[f"acc_{model.lower()}"]["mean"]
+                results[f"{stage} {model} loss var"] = summary[f"fairness_loss_var_{model.lower()}"]
     global_rows = run.stage_rows(G, server_round)
     if global_rows:
         results["G Acc(G)"] = float(global_rows[0]["acc"])

@@ -25,7 +25,9 @@ LEGEND = (
     "the accuracy on the client's own test split; Acc(G): the same clients' models on the global "
     "test set; Acc = Acc(L) + Acc(G) (0-200); G: the global model on the global test set; "
     "accuracies in %. ρ_ε: clients with Acc(L) > ε; loss var: variance over clients of the local "
-    "test loss (fairness); bottom-10% Acc(L): mean Acc(L) of the worst 10% of clients. "
+    "test loss (fairness); bottom-10% Acc(L): mean Acc(L) of the worst 10% of clients. PM / GM / "
+    "HM: a client's personalized model, its global model, and the one of the two with the higher "
+    "selection accuracy (FLAME, Sec. IV-D). "
     "'-': the method does not report it."
 )
 _TABLE_TITLES = {
@@ -34,6 +36,9 @@ _TABLE_TITLES = {
     "G": "Stage G (global model): accuracy (%)",
     "Fairness L1": "Fairness at stage L1",
     "Fairness L2": "Fairness at stage L2",
+    "Models L1": "Stage L1 by model (clients that hold both): personalized (PM), global (GM) and "
+    "hybrid (HM) model, Acc(L) (%) and loss var",
+    "Models L2": "Stage L2 by model: PM, GM and HM, Acc(L) (%) and loss var",
 }
 
 
