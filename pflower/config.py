@@ -187,6 +187,11 @@ class EvalConfig:
             ``evaluated`` (those also in the round's evaluation sample, ``eval.fraction``) or
             ``trained`` (all of them).
         rho_thresholds: accuracy thresholds ε of ρ_ε (clients with Acc(L) > ε).
+        unseen_fraction: share of clients held out of training entirely (pFL-Bench's
+            participation gap): max(1, ⌊fraction·N⌋) clients, drawn with the run's seed among the
+            benign ones, never train; at every evaluation they receive the server's evaluate
+            message, run the algorithm's stage-L1 path (with whatever local adaptation it
+            defines) and are scored apart, as stage ``U``. 0: every client may train.
     """
 
     every: int = 1
@@ -196,9 +201,14 @@ class EvalConfig:
     global_test_max_samples: int | None = 2000
     l2_clients: L2Clients = L2Clients.evaluated
     rho_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9])
+    unseen_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.every >= 1, f"eval.every must be >= 1, got {self.every!r}")
+        require(
+            0.0 <= self.unseen_fraction < 1.0,
+            f"eval.unseen_fraction must be in [0, 1), got {self.unseen_fraction!r}",
+        )
         require(0.0 < self.fraction <= 1.0, f"eval.fraction must be in (0, 1], got {self.fraction}")
         require(self.batch_size >= 1, f"eval.batch_size must be >= 1, got {self.batch_size}")
         require(
@@ -515,6 +525,11 @@ class ExperimentConfig:
                 "(e.g. 0.1)",
             )
         require(
+            self.num_unseen < self.num_clients,
+            f"eval.unseen_fraction={self.eval.unseen_fraction} holds out {self.num_unseen} of "
+            f"num_clients={self.num_clients} clients: at least one must train",
+        )
+        require(
             self.connect_timeout > 0,
             f"connect_timeout must be > 0 seconds, got {self.connect_timeout!r}",
         )
@@ -522,6 +537,12 @@ class ExperimentConfig:
             self.connect_log_every > 0,
             f"connect_log_every must be > 0 seconds, got {self.connect_log_every!r}",
         )
+
+    @property
+    def num_unseen(self) -> int:
+        """How many clients ``eval.unseen_fraction`` holds out of training."""
+        fraction = self.eval.unseen_fraction
+        return max(1, int(fraction * self.num_clients)) if fraction > 0 else 0
 
     def is_eval_round(self, server_round: int) -> bool:
         """Stages L1/L2/G are evaluated every ``eval.every`` rounds and always in the last."""

@@ -18,6 +18,8 @@ what a personalized-FL experiment needs:
   and L2 per client; in an evaluation round, stage L2 is measured only by the training clients that
   are also in the round's evaluation sample (``eval.l2_clients=evaluated``, the default; the fit
   config then carries ``measure-l2: false`` for the others) or by all (``trained``);
+- clients held out of training (``eval.unseen_fraction``): never sampled to train, evaluated in
+  every evaluation round through the algorithm's stage-L1 path, recorded as stage U;
 - for server-personalized algorithms (``keeps_client_models``), a :class:`ClientModelStore` of
   every client's latest upload, from which :meth:`client_messages` computes each sampled client's
   own model once per round; its size is logged and recorded every round (a ``server`` row).
@@ -65,7 +67,7 @@ from pflower.core.nodes import (
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.store import ClientModelStore
 from pflower.core.training import payload_bytes
-from pflower.results.rundir import L1, L2, Recorder, client_row
+from pflower.results.rundir import L1, L2, Recorder, U, client_row
 from pflower.robust.aggregators import robust_average
 from pflower.robust.attacks import malicious_set
 
@@ -92,6 +94,7 @@ class Phase(IntEnum):
 
     FIT_SAMPLING = 1
     EVALUATE_SAMPLING = 2
+    HOLD_OUT = 3
 
 
 def round_rng(seed: int, phase: Phase, server_round: int) -> np.random.Generator:
@@ -102,6 +105,23 @@ def round_rng(seed: int, phase: Phase, server_round: int) -> np.random.Generator
     what the uninterrupted run drew.
     """
     return np.random.default_rng([seed, int(phase), server_round])
+
+
+def unseen_clients(settings: ExperimentConfig, malicious: frozenset[int]) -> frozenset[int]:
+    """The clients ``eval.unseen_fraction`` holds out of training: ``settings.num_unseen`` of the
+    benign partition ids, drawn from the run's seed in a stream of their own (round 0)."""
+    count = settings.num_unseen
+    if count == 0:
+        return frozenset()
+    benign = [pid for pid in range(settings.num_clients) if pid not in malicious]
+    if count >= len(benign):
+        raise ValueError(
+            f"eval.unseen_fraction={settings.eval.unseen_fraction} holds out {count} clients, but "
+            f"only {len(benign)} of {settings.num_clients} are benign (attack.fraction="
+            f"{settings.attack.fraction}): at least one benign client must train"
+        )
+    rng = round_rng(settings.seed, Phase.HOLD_OUT, 0)
+    return frozenset(benign[i] for i in rng.choice(len(benign), size=count, replace=False))
 
 
 @dataclass(frozen=True)
@@ -163,6 +183,8 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         self._global_weights: NDArrays = list(initial_weights)
         self.malicious = malicious_set(settings.attack, settings.seed, settings.num_clients)
         """Partition ids of the Byzantine clients (``attack``); they are never scored."""
+        self.unseen = unseen_clients(settings, self.malicious)
+        """Partition ids held out of training (``eval.unseen_fraction``), scored as stage U."""
         self.client_models = ClientModelStore()
         """Every client's latest upload (filled only if ``keeps_client_models``)."""
         self.trainable_mask: list[bool] | None = None
@@ -268,14 +290,14 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
-        reachable = self._reachable(client_manager)
+        trainable = self._trainable(self._reachable(client_manager))
         sampled = self._choose(
-            reachable,
+            trainable,
             self.settings.fraction,
             round_rng(self.settings.seed, Phase.FIT_SAMPLING, server_round),
         )
         proxies = self.fit_clients(server_round, sampled)
-        measure_l2 = self._l2_partitions(server_round, reachable)
+        measure_l2 = self._l2_partitions(server_round, trainable)
         self._sent[f"fit-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         messages = self.client_messages(
             server_round, [self._partition_of[p.cid] for p in proxies], self.global_weights
@@ -356,13 +378,15 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     ) -> list[tuple[ClientProxy, EvaluateIns]]:
         if not self.settings.is_eval_round(server_round):
             return []
-        proxies = self._sample(
-            client_manager,
+        reachable = self._reachable(client_manager)
+        proxies = self._choose(
+            self._trainable(reachable),
             self.settings.eval.fraction,
             round_rng(self.settings.seed, Phase.EVALUATE_SAMPLING, server_round),
         )
-        # Malicious clients (``attack``) are never scored.
+        # Malicious clients (``attack``) are never scored; held-out ones always are (stage U).
         proxies = [p for p in proxies if self._partition_of[p.cid] not in self.malicious]
+        proxies += [p for p in reachable if self._partition_of[p.cid] in self.unseen]
         self._sent[f"evaluate-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
         return [
             (
@@ -386,13 +410,20 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        rows = [
-            client_row(server_round, L1, self._partition_of[proxy.cid], res.metrics)
-            for proxy, res in results
-        ]
+        rows = sorted(
+            (
+                client_row(server_round, L1, self._partition_of[proxy.cid], res.metrics)
+                for proxy, res in results
+            ),
+            key=lambda r: r["client"],
+        )
         returned = {self._partition_of[proxy.cid] for proxy, _ in results}
         self._record_missing(server_round, "evaluate", returned, failures)
-        self.recorder.client_stage(server_round, L1, sorted(rows, key=lambda r: r["client"]))
+        unseen = [{**r, "stage": U} for r in rows if r["client"] in self.unseen]
+        rows = [r for r in rows if r["client"] not in self.unseen]
+        self.recorder.client_stage(server_round, L1, rows)
+        if unseen:
+            self.recorder.client_stage(server_round, U, unseen)
         self.recorder.round_done(server_round)
         if server_round == self.settings.rounds:
             self.recorder.finish()
@@ -401,19 +432,24 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         return float(np.mean([r["loss_local"] for r in rows])), {}
 
     # ------------------------------------------------------------------------- internals
-    def _l2_partitions(self, server_round: int, reachable: list[ClientProxy]) -> set[int] | None:
+    def _trainable(self, proxies: list[ClientProxy]) -> list[ClientProxy]:
+        """``proxies`` without the clients held out of training (``eval.unseen_fraction``)."""
+        return [p for p in proxies if self._partition_of[p.cid] not in self.unseen]
+
+    def _l2_partitions(self, server_round: int, trainable: list[ClientProxy]) -> set[int] | None:
         """The partitions that measure stage L2 in ``server_round`` (None: every one that trains).
 
         With ``eval.l2_clients=evaluated`` these are the clients of the round's evaluation sample:
-        the draw :meth:`configure_evaluate` makes from its own stream, made here from the clients
-        reachable now (the same draw unless nodes come or go between fit and evaluate).
+        the draw :meth:`configure_evaluate` makes from its own stream, made here from the
+        trainable clients reachable now (the same draw unless nodes come or go between fit and
+        evaluate).
         """
         if not self.settings.is_eval_round(server_round):
             return None
         measured: set[int] | None = None
         if self.settings.eval.l2_clients == L2Clients.evaluated:
             chosen = self._choose(
-                reachable,
+                trainable,
                 self.settings.eval.fraction,
                 round_rng(self.settings.seed, Phase.EVALUATE_SAMPLING, server_round),
             )
@@ -527,15 +563,6 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             self._partition_of[cid] = partition_id
             self._num_train[partition_id] = int(answer["num_train"])
         return refused
-
-    def _sample(
-        self, client_manager: ClientManager, fraction: float, rng: np.random.Generator
-    ) -> list[ClientProxy]:
-        """A seeded sample of connected clients, chosen by partition id (not by node id).
-
-        See :meth:`_reachable` (which clients can be chosen) and :meth:`_choose` (the draw).
-        """
-        return self._choose(self._reachable(client_manager), fraction, rng)
 
     def _reachable(self, client_manager: ClientManager) -> list[ClientProxy]:
         """The connected clients whose partition is known, in partition order.

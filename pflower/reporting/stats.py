@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pflower.reporting.groups import Experiment
-from pflower.results.rundir import G, RunResult
+from pflower.results.rundir import CLIENT_STAGES, G, RunResult
 from pflower.results.statistics import summarize_stage
 
 LAST10 = " last10"
@@ -58,13 +58,13 @@ def metrics(eps: float) -> list[Metric]:
     """The report's columns in table order: FLIU Table I's accuracies, each final and averaged
     over the last 10% of rounds side by side, then fairness at the final round."""
     columns = []
-    for stage in ("L1", "L2"):
+    for stage in CLIENT_STAGES:
         for name in ("Acc(L)", "Acc(G)", "Acc"):
             final = Metric(f"{stage} {name}", stage, name, "percent")
             columns += [final, final.last10()]
     final = Metric("G Acc(G)", "G", "Acc(G)", "percent")
     columns += [final, final.last10()]
-    for stage in ("L1", "L2"):
+    for stage in CLIENT_STAGES:
         for model in MODEL_TYPES:
             final = Metric(
                 f"{stage} {model} Acc(L)", f"Models {stage}", f"{model} Acc(L)", "percent"
@@ -74,7 +74,7 @@ def metrics(eps: float) -> list[Metric]:
             Metric(f"{stage} {model} loss var", f"Models {stage}", f"{model} loss var", "value")
             for model in MODEL_TYPES
         ]
-    for stage in ("L1", "L2"):
+    for stage in CLIENT_STAGES:
         table = f"Fairness {stage}"
         columns += [
             Metric(f"{stage} rho", table, f"ρ_{eps:g}", "count"),
@@ -87,7 +87,7 @@ def metrics(eps: float) -> list[Metric]:
 def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, float]:
     """The value of every metric the run has in ``server_round`` (missing stages stay missing)."""
     results: dict[str, float] = {}
-    for stage in ("L1", "L2"):
+    for stage in CLIENT_STAGES:
         rows = run.stage_rows(stage, server_round)
         if not rows:
             continue

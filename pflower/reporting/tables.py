@@ -33,12 +33,15 @@ LEGEND = (
 _TABLE_TITLES = {
     "L1": "Stage L1 (personalized model, before local training): accuracy (%)",
     "L2": "Stage L2 (after local training): accuracy (%)",
+    "U": "Stage U (clients held out of training, their stage-L1 model): accuracy (%)",
     "G": "Stage G (global model): accuracy (%)",
     "Fairness L1": "Fairness at stage L1",
     "Fairness L2": "Fairness at stage L2",
+    "Fairness U": "Fairness at stage U (clients held out of training)",
     "Models L1": "Stage L1 by model (clients that hold both): personalized (PM), global (GM) and "
     "hybrid (HM) model, Acc(L) (%) and loss var",
     "Models L2": "Stage L2 by model: PM, GM and HM, Acc(L) (%) and loss var",
+    "Models U": "Stage U by model: PM, GM and HM, Acc(L) (%) and loss var",
 }
 
 

@@ -14,19 +14,24 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 
-def plot_run(rows: Sequence[dict[str, Any]], final_round: int, out_dir: Path) -> list[Path]:
-    """Write ``accuracy.png`` and ``clients.png`` into ``out_dir``; returns their paths."""
+def plot_run(
+    rows: Sequence[dict[str, Any]], final_round: int, client_stages: Sequence[str], out_dir: Path
+) -> list[Path]:
+    """Write ``accuracy.png`` and ``clients.png`` (stage G and ``client_stages``) into
+    ``out_dir``; returns their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     return [
-        _accuracy_per_round(rows, out_dir / "accuracy.png"),
-        _final_clients(rows, final_round, out_dir / "clients.png"),
+        _accuracy_per_round(rows, client_stages, out_dir / "accuracy.png"),
+        _final_clients(rows, final_round, client_stages, out_dir / "clients.png"),
     ]
 
 
-def _accuracy_per_round(rows: Sequence[dict[str, Any]], path: Path) -> Path:
+def _accuracy_per_round(
+    rows: Sequence[dict[str, Any]], client_stages: Sequence[str], path: Path
+) -> Path:
     curves: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for row in rows:
-        if row["stage"] in ("L1", "L2"):
+        if row["stage"] in client_stages:
             curves[f"{row['stage']} Acc(L)"][row["round"]].append(row["acc_local"])
             curves[f"{row['stage']} Acc(G)"][row["round"]].append(row["acc_global"])
         elif row["stage"] == "G":
@@ -50,10 +55,12 @@ def _accuracy_per_round(rows: Sequence[dict[str, Any]], path: Path) -> Path:
     return path
 
 
-def _final_clients(rows: Sequence[dict[str, Any]], final_round: int, path: Path) -> Path:
+def _final_clients(
+    rows: Sequence[dict[str, Any]], final_round: int, client_stages: Sequence[str], path: Path
+) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     data, labels = [], []
-    for stage in ("L1", "L2"):
+    for stage in client_stages:
         for metric, name in (("acc_local", "Acc(L)"), ("acc_global", "Acc(G)")):
             values = [r[metric] for r in rows if r["round"] == final_round and r["stage"] == stage]
             if values:

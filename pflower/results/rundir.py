@@ -8,6 +8,8 @@ Layout::
                        L1, L2   one row per client (``client`` = partition id, ``acc_local``,
                                 ``loss_local``, ``acc_global``, ``loss_global``, ``num_test``,
                                 plus the algorithm's own scalars)
+                       U        the same, for the clients held out of training
+                                (``eval.unseen_fraction``): their stage-L1 model
                        failure  a client that failed (``phase``, ``client``, ``error``)
                        time     the round's training phase was aggregated (``fit_done_unix_s``)
                        server   server-side state of the round, e.g. ``client_store_bytes``
@@ -26,7 +28,8 @@ Layout::
 
 Stage L1 is the client's deployable model after it received the server's message (before local
 training), L2 the model after local training, G the global model (the stages of the FLIU paper,
-Hussaini et al., Sec. III and Fig. 1). Headline numbers
+Hussaini et al., Sec. III and Fig. 1); U is stage L1 of the clients held out of training
+(the participation gap of pFL-Bench, Chen et al., NeurIPS 2022). Headline numbers
 are final-round values, shown beside the last-10% mean; never the best round.
 
 :class:`Recorder` is what the server strategy reports to; :class:`RunRecorder` writes the files;
@@ -54,10 +57,10 @@ from rich.console import Console
 from pflower.results.statistics import summarize_stage
 from pflower.results.tracking import Tracker
 
-G, L1, L2 = "G", "L1", "L2"
-"""The evaluation stages."""
-CLIENT_STAGES = (L1, L2)
-STAGES = (G, L1, L2)
+G, L1, L2, U = "G", "L1", "L2", "U"
+"""The evaluation stages (U: stage L1 of clients that never train)."""
+CLIENT_STAGES = (L1, L2, U)
+STAGES = (G, L1, L2, U)
 FAILURE, TIME, SERVER = "failure", "time", "server"
 """Row kinds that carry no accuracy."""
 
@@ -335,7 +338,7 @@ class RunRecorder(Recorder):
         self._close()
         from pflower.results.plots import plot_run  # matplotlib only when a run ends
 
-        plot_run(self.rows, self.rounds, self.run_dir / "plots")
+        plot_run(self.rows, self.rounds, CLIENT_STAGES, self.run_dir / "plots")
         if self.console:
             self.console.print(f"[green]results written to {self.run_dir}")
 

@@ -1,9 +1,9 @@
 """Per-client results of one stage and round -> the aggregate statistics pflower reports.
 
-For each stage (L1, L2) and each per-client metric the summary holds the sample-weighted and the
-unweighted mean over clients, the standard deviation (ddof=0), the minimum, the mean of the worst
-10% of clients, and rho_eps (how many clients exceed each accuracy threshold). Fairness is the
-variance of the per-client local test loss.
+For each client stage (L1, L2, U) and each per-client metric the summary holds the
+sample-weighted and the unweighted mean over clients, the standard deviation (ddof=0), the minimum,
+the mean of the worst 10% of clients, and rho_eps (how many clients exceed each accuracy
+threshold). Fairness is the variance of the per-client local test loss.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ What crosses the wire:
     evaluate, server → client: w^{k+1}; the client reports PM/GM/HM metrics.
 Client state (``context.state``): ``flame_theta`` θ_i, ``flame_pi`` π_i, ``flame_w_local`` w_i.
 θ_i of a client seen for the first time is the model it receives (w^0 in round 1).
-Server state: the cache z_i of every partition id.
+Server state: the cache z_i of every partition id. The m clients of the consensus are those that
+train: clients held out by ``eval.unseen_fraction`` are not among them.
 
 Deviations: hyperparameters the paper's text does not give are the authors' code defaults (λ = 1,
 ρ = 0.1, μ = 0.01; the preset sets lr 0.01, momentum 0.5, batch 100, R = 1). The global model is
@@ -143,21 +144,25 @@ class FLAMEStrategy(PersonalizedStrategy["FLAMEOptions"]):
         self._initial: NDArrays = self.global_weights
 
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
-        config = {
-            **super().fit_config(server_round, partition_id),
-            "num_clients": self.settings.num_clients,
-        }
+        members = self.members
+        config = {**super().fit_config(server_round, partition_id), "num_clients": len(members)}
         sizes = self.client_sizes
         if len(sizes) == self.settings.num_clients:
-            config["n_total"] = sum(sizes.values())
+            config["n_total"] = sum(sizes[pid] for pid in members)
         return config
+
+    @property
+    def members(self) -> list[int]:
+        """The m clients of the ADMM consensus: all but those held out of training
+        (``eval.unseen_fraction``), which never upload a z_i."""
+        return [pid for pid in range(self.settings.num_clients) if pid not in self.unseen]
 
     def aggregate(
         self, server_round: int, updates: list[ClientUpdate], current: NDArrays
     ) -> NDArrays:
         for update in updates:
             self.uploads[update.partition_id] = update.weights
-        cache = [self.uploads.get(pid, self._initial) for pid in range(self.settings.num_clients)]
+        cache = [self.uploads.get(pid, self._initial) for pid in self.members]
         if self.settings.robust.name != RobustKind.none:
             return self.robust_mean(cache, np.ones(len(cache)))
         return admm_average(cache)
