@@ -35,8 +35,8 @@ Model selection (Sec. IV-D): stage L1 evaluates θ_i (PM) and w^{k+1} (GM) on th
 and reports the hybrid model HM, the better of the two (``selection.split``).
 
 What crosses the wire:
-    fit, server → client: w^k; config ``server-round``, ``num_clients`` (m, for α_i = 1/m) and,
-        once known, ``n_total`` (n = Σ n_i, for α_i = n_i/n with ``alpha=size``).
+    fit, server → client: w^k; config ``server-round``, ``num_clients`` (m, for α_i = 1/m and
+        ρ = λ/m) and, once known, ``n_total`` (n = Σ n_i, for α_i = n_i/n with ``alpha=size``).
     fit, client → server: z_i = w_i + π_i/ρ; n_i; metrics ``admm_primal_residual`` ‖w_i − w^k‖.
     evaluate, server → client: w^{k+1}; the client reports PM/GM/HM metrics.
 Client state (``context.state``): ``flame_theta`` θ_i, ``flame_pi`` π_i, ``flame_w_local`` w_i.
@@ -202,6 +202,7 @@ class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
             len(self.data.train),
             int(config["n_total"]) if "n_total" in config else None,
         )
+        self._rho = options.rho or options.lambda_ / int(config["num_clients"])
         self._anchors = anchor_tensors(self.model, self._w_local)
         self._steps = 0
         return moreau_term(self._anchors, options.lambda_, options.mu_l2)
@@ -225,9 +226,9 @@ class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
         """Eqs. 12-13 at the current θ; the anchor of (11) moves to the new w_i."""
         options = self.options
         self._w_local = local_model_update(
-            theta, self._w_global, self._dual, self._alpha * options.lambda_, options.rho
+            theta, self._w_global, self._dual, self._alpha * options.lambda_, self._rho
         )
-        self._dual = dual_update(self._dual, self._w_local, self._w_global, options.rho)
+        self._dual = dual_update(self._dual, self._w_local, self._w_global, self._rho)
         set_anchors(self._anchors, self.model, self._w_local)
 
     def remember(
@@ -247,7 +248,7 @@ class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
     def upload(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> NDArrays:
-        return upload_vector(self._w_local, self._dual, self.options.rho)
+        return upload_vector(self._w_local, self._dual, self._rho)
 
     def fit_metrics(self, config: dict[str, Scalar]) -> dict[str, Scalar]:
         residual = sum(
@@ -262,7 +263,9 @@ class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
 class FLAMEOptions(AlgorithmOptions):
     """Attributes:
     lambda_: λ, the Moreau-envelope / proximity strength of (5)-(11).
-    rho: ρ > 0, the ADMM penalty of (10) (ρ = α_i λ makes z_i = θ_i).
+    rho: ρ > 0, the ADMM penalty of (10) (ρ = α_i λ makes z_i = θ_i); null: λ/m, the paper's
+        choice in every experiment (0.1 with m = 10, 0.02 with m = 50, 0.03 with λ = 3 and
+        m = 100).
     alpha: client weights α_i, ``uniform`` (1/m) or ``size`` (n_i/n).
     mu_l2: μ, an extra L2 term μθ in the θ-gradient (the authors' code; 0 disables it).
     admm_update: ``per_epoch`` (code) or ``per_round`` (Algorithm 1) cadence of (12)-(13).
@@ -274,7 +277,7 @@ class FLAMEOptions(AlgorithmOptions):
     display_rank: ClassVar[int] = 200
 
     lambda_: float = 1.0
-    rho: float = 0.1
+    rho: float | None = None
     alpha: AlphaMode = AlphaMode.uniform
     mu_l2: float = 0.01
     admm_update: AdmmCadence = AdmmCadence.per_epoch
@@ -284,7 +287,9 @@ class FLAMEOptions(AlgorithmOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.lambda_ > 0, f"strategy.lambda_ must be > 0, got {self.lambda_}")
-        require(self.rho > 0, f"strategy.rho must be > 0, got {self.rho}")
+        require(
+            self.rho is None or self.rho > 0, f"strategy.rho must be null or > 0, got {self.rho}"
+        )
         require(self.mu_l2 >= 0, f"strategy.mu_l2 must be >= 0, got {self.mu_l2}")
         require(
             self.aggregation == Aggregation.uniform,
