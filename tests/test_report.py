@@ -255,3 +255,23 @@ def test_pm_gm_hm_accuracy_and_fairness_per_model_type(tmp_path: Path) -> None:
     assert "### Stage L1 by model" in report and "### Stage L2 by model" not in report
     assert "| FedAvg | - | - |" in report  # FedAvg has no PM/GM/HM columns to fill
     assert (tmp_path / "out" / "plots" / "fairness.png").stat().st_size > 0
+
+
+def test_robustness_figure_across_attack_fractions(sweep: Path, tmp_path: Path) -> None:
+    """Runs of one attack at two fractions (FedAvg, and FedAvg with Multi-Krum) give the report a
+    robustness figure; a report without attacks has none."""
+    root = tmp_path / "attacked"
+    for index, (fraction, robust) in enumerate(
+        [(0.0, "none"), (0.2, "none"), (0.0, "multi_krum"), (0.2, "multi_krum")]
+    ):
+        run = write_run(root / str(index), 0, FEDAVG, [(0.9 - fraction, 0.5, 0.2)], g=0.5)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["attack"] = {"name": "same_value", "fraction": fraction}
+        config["robust"] = {"name": robust}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    report = write_report([root], tmp_path / "out").read_text()
+    assert "## Across sections\n\n![robustness](plots/robustness.png)" in report
+    assert (tmp_path / "out" / "plots" / "robustness.png").stat().st_size > 0
+    plain = write_report([sweep], tmp_path / "plain").read_text()
+    assert "Across sections" not in plain
+    assert not (tmp_path / "plain" / "plots" / "robustness.png").exists()

@@ -6,11 +6,15 @@
   stage, pooled over seeds, with the individual clients as dots;
 - fairness: final-round client-mean Acc(L) against the variance over clients of the local test
   loss, one point per method and model type (PM / GM / HM where the method holds both models),
-  mean over seeds with ±1 std bars over seeds.
+  mean over seeds with ±1 std bars over seeds;
+- robustness (one figure for the whole report, when some attack runs at two or more fractions):
+  the benign clients' final-round Acc(L) against the share of malicious clients, one panel per
+  attack and partition, one line per method (with its robust aggregator) and model type.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -133,6 +137,54 @@ def fairness(section: Section, stage: str, path: Path) -> Path:
         if ax.lines:
             ax.legend(fontsize=7)
     axes[0][0].set_ylabel("client-mean Acc(L) (±1 std over seeds)")
+    return _save(fig, path)
+
+
+def robustness(sections: Sequence[Section], stage: str, path: Path) -> Path | None:
+    """Benign clients' final-round Acc(L) at ``stage`` against ``attack.fraction`` (malicious
+    clients are never scored), mean over seeds with ±1 std bars; None unless some attack was run
+    at two or more fractions."""
+    panels: dict[tuple[str, str], dict[str, dict[float, Cell]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    methods: dict[str, str] = {}
+    for section in sections:
+        for experiment in section.experiments:
+            attack = str(experiment.config.get("attack.name", "none"))
+            if attack == "none":
+                continue
+            robust = str(experiment.config.get("robust.name", "none"))
+            name = experiment.method if robust == "none" else f"{experiment.method} + {robust}"
+            cells = section.cells.get((experiment.method, experiment.partition), {})
+            for model, accuracy, _ in model_points(cells, stage):
+                line = f"{name} {model}".strip()
+                methods[line] = experiment.method
+                fraction = float(experiment.config["attack.fraction"])
+                panels[attack, experiment.partition][line][fraction] = accuracy
+    if not any(len(points) > 1 for lines in panels.values() for points in lines.values()):
+        return None
+    colors = _colors(list(dict.fromkeys(methods.values())))
+    keys = sorted(panels)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 4), squeeze=False)
+    for ax, key in zip(axes[0], keys, strict=True):
+        for line, points in panels[key].items():
+            fractions = sorted(points)
+            ax.errorbar(
+                fractions,
+                [points[f].mean for f in fractions],
+                yerr=[points[f].std for f in fractions],
+                marker=_MARKERS[line.rsplit(" ", 1)[-1] if line.endswith(MODEL_TYPES) else ""],
+                linestyle="--" if " + " in line else "-",
+                color=colors[methods[line]],
+                capsize=2,
+                label=line,
+            )
+        ax.set_title(f"{key[1]}: attack {key[0]}, final {stage}", fontsize=10)
+        ax.set_xlabel("share of malicious clients")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0][0].set_ylabel("benign clients' mean Acc(L) (±1 std over seeds)")
     return _save(fig, path)
 
 

@@ -18,7 +18,12 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from pflower.reporting.figures import accuracy_per_round, client_distribution, fairness
+from pflower.reporting.figures import (
+    accuracy_per_round,
+    client_distribution,
+    fairness,
+    robustness,
+)
 from pflower.reporting.groups import group_runs
 from pflower.reporting.tables import Section, markdown, sections, write_csv, write_values_csv
 from pflower.results.rundir import load_runs
@@ -81,7 +86,9 @@ def write_report(
         for index, section in enumerate(report_sections, start=1)
         if section.has_results
     }
-    text = markdown(title, experiments, report_sections, paths, figures, eps)
+    attacked = robustness(report_sections, stage, out_dir / "plots" / "robustness.png")
+    across = [] if attacked is None else [attacked.relative_to(out_dir)]
+    text = markdown(title, experiments, report_sections, paths, figures, eps, across)
     report_path = out_dir / "report.md"
     report_path.write_text(text, encoding="utf-8")
     write_csv(out_dir / "report.csv", report_sections, eps)

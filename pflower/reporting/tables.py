@@ -169,9 +169,10 @@ def markdown(
     sources: Sequence[Path],
     figures: dict[str, list[Path]],
     eps: float,
+    across: Sequence[Path] = (),
 ) -> str:
     """The whole markdown report; ``figures`` maps section labels to image paths relative to the
-    report file."""
+    report file, ``across`` holds figures that span sections (the robustness figure)."""
     runs: list[RunResult] = [run for e in experiments for run in e.runs]
     completed = sum(run.status == "completed" for run in runs)
     failed = sum(run.status == "failed" for run in runs)
@@ -188,6 +189,9 @@ def markdown(
         "",
         *_configuration(experiments),
     ]
+    if across:
+        lines += ["", "## Across sections", ""]
+        lines += [f"![{path.stem}]({path.as_posix()})" for path in across]
     for section in report_sections:
         lines += ["", f"## {section.label or 'Results'}"]
         if not section.has_results:
