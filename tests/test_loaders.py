@@ -150,7 +150,7 @@ def test_mnist_download_uses_official_names_and_md5(
         Path(root).mkdir(parents=True, exist_ok=True)
         shutil.copy(source / filename, Path(root) / filename)
 
-    monkeypatch.setattr(idx, "download_url", fake_download)
+    monkeypatch.setattr("torchvision.datasets.utils.download_url", fake_download)
     dataset = idx.load_mnist(root=tmp_path, download=True)
     assert len(dataset.test) == 10000
     assert sorted(name for _, name, _ in requested) == sorted(IDX_FILES)
@@ -167,7 +167,7 @@ def test_failed_download_is_a_clear_not_found_error(
     def offline(url: str, root: str, filename: str, md5: str) -> None:
         raise URLError("no network")
 
-    monkeypatch.setattr(idx, "download_url", offline)
+    monkeypatch.setattr("torchvision.datasets.utils.download_url", offline)
     with pytest.raises(DatasetNotFoundError, match=r"downloading failed.*no network"):
         idx.load_fmnist(root=tmp_path, download=True)
 

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from flwr.common import Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
-from flwr.superlink.grid.inmemory_grid import InMemoryGrid
 
 
 class NodeQuestions:
@@ -54,6 +53,14 @@ class NodeQuestions:
             thread.join()
 
 
+def _in_memory(grid: object) -> bool:
+    """Whether ``grid`` is a simulation's in-memory grid (Flower's server-side grid modules are
+    imported here, not where this module is: a ClientApp never needs them)."""
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    return isinstance(grid, InMemoryGrid)
+
+
 def simulated_nodes(client_manager: ClientManager) -> int | None:
     """The number of SuperNodes of a Flower simulation (None outside of one).
 
@@ -61,7 +68,7 @@ def simulated_nodes(client_manager: ClientManager) -> int | None:
     reached through an in-memory grid, a deployment's through the SuperLink.
     """
     proxies = list(client_manager.all().values())
-    if proxies and all(isinstance(getattr(p, "grid", None), InMemoryGrid) for p in proxies):
+    if proxies and all(_in_memory(getattr(p, "grid", None)) for p in proxies):
         return len(proxies)
     return None
 
@@ -78,7 +85,7 @@ def simulated_partitions(client_manager: ClientManager) -> dict[str, int] | None
     for cid, proxy in client_manager.all().items():
         grid = getattr(proxy, "grid", None)
         published = getattr(getattr(grid, "state", None), SIMULATED_PARTITIONS, None)
-        if not isinstance(grid, InMemoryGrid) or published is None or int(cid) not in published:
+        if not _in_memory(grid) or published is None or int(cid) not in published:
             return None
         partitions[cid] = int(published[int(cid)])
     return partitions or None

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from torchvision.datasets.utils import download_and_extract_archive
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
 from pflower.datasets.cache import cached_splits
@@ -178,6 +177,9 @@ def _source(name: str, release: _CifarRelease) -> FileSource:
     md5 = {**release.train, **release.test, release.meta[0]: release.meta[1]}
 
     def fetch(root: Path) -> None:
+        # torchvision only to download: importing it loads torchvision.models (seconds).
+        from torchvision.datasets.utils import download_and_extract_archive
+
         download_and_extract_archive(release.url, str(root), md5=release.archive_md5)
 
     return FileSource(

@@ -12,7 +12,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 import torch.nn.functional as F
-from sklearn.datasets import load_digits as _sklearn_digits
 
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.datasets.sources import Stats, resolve_stats
@@ -33,7 +32,9 @@ def load_digits(image_size: int = 8, mean: Stats = None, std: Stats = None) -> I
     """
     if image_size < 1:
         raise ConfigError(f"dataset option 'image_size' must be positive, got {image_size}")
-    bunch = _sklearn_digits()
+    from sklearn.datasets import load_digits  # scikit-learn only for this dataset
+
+    bunch = load_digits()
     images = _resize(torch.from_numpy(bunch.images.astype(np.float32)).unsqueeze(1), image_size)
     labels = torch.from_numpy(bunch.target.astype(np.int64))
     test_mask = stratified_test_mask(bunch.target, _TEST_FRACTION, _SPLIT_SEED)

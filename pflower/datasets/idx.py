@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.datasets.utils import download_url
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
 from pflower.datasets.cache import cached_splits
@@ -157,6 +156,9 @@ def _download_from_mirrors(
     mirrors: tuple[str, ...], directory: Path, filename: str, md5: str
 ) -> None:
     """Try each mirror in turn; raise an ``OSError`` naming every failure if none works."""
+    # torchvision only to download: importing it loads torchvision.models (seconds).
+    from torchvision.datasets.utils import download_url
+
     failures = []
     for mirror in mirrors:
         try:

@@ -14,7 +14,6 @@ from pathlib import Path
 import numpy as np
 import scipy.io
 import torch
-from torchvision.datasets.utils import download_url
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
 from pflower.datasets.cache import cached_splits
@@ -90,6 +89,9 @@ def read_svhn_mat(path: Path) -> ImageSplit:
 
 
 def _fetch(root: Path) -> None:
+    # torchvision only to download: importing it loads torchvision.models (seconds).
+    from torchvision.datasets.utils import download_url
+
     for filename, md5 in _MD5.items():
         download_url(_URL + filename, str(root / "svhn"), filename, md5)
 
