@@ -275,3 +275,26 @@ def test_robustness_figure_across_attack_fractions(sweep: Path, tmp_path: Path) 
     plain = write_report([sweep], tmp_path / "plain").read_text()
     assert "Across sections" not in plain
     assert not (tmp_path / "plain" / "plots" / "robustness.png").exists()
+
+
+def test_cost_columns_seconds_per_round_and_megabytes(tmp_path: Path) -> None:
+    """s/round is the median gap between rounds' aggregations (start-up left out); MB down/up the
+    mean array bytes per client and round of the L2 rows."""
+    path = write_run(tmp_path / "run", 0, FEDAVG, [(0.5, 0.5, 1.0)], [(0.9, 0.1, 0.3)] * 2, g=0.5)
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    rows = [r for r in rows if r["stage"] != "time"]
+    rows += [{"round": r, "stage": "time", "fit_done_unix_s": t} for r, t in ((1, 10.0), (2, 12.0))]
+    rows += [{"round": 3, "stage": "time", "fit_done_unix_s": 15.0}]
+    for r in rows:
+        if r["stage"] == "L2":
+            r.update(bytes_down=2_000_000 * (r["client"] + 1), bytes_up=1_000_000)
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (experiment,) = group_runs(load_runs([tmp_path]))
+    cells = experiment_cells(experiment, eps=0.5)
+    assert cells["seconds per round"].mean == pytest.approx(2.5)  # median of 2.0 and 3.0
+    assert cells["MB down"].mean == pytest.approx(3.0)  # clients 0 and 1: 2 and 4 MB
+    assert cells["MB up"].mean == pytest.approx(1.0)
+    report = write_report([tmp_path], tmp_path / "out").read_text()
+    assert (
+        "### Cost: seconds per round" in report and "| FedAvg | 2.5 ± 0 (1) | 3 ± 0 (1) |" in report
+    )

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pflower.reporting.groups import Experiment
-from pflower.results.rundir import CLIENT_STAGES, G, RunResult
+from pflower.results.rundir import CLIENT_STAGES, L2, G, RunResult
 from pflower.results.statistics import summarize_stage
 
 LAST10 = " last10"
@@ -74,6 +74,11 @@ def metrics(eps: float) -> list[Metric]:
             Metric(f"{stage} {model} loss var", f"Models {stage}", f"{model} loss var", "value")
             for model in MODEL_TYPES
         ]
+    columns += [
+        Metric("seconds per round", "Cost", "s/round", "value"),
+        Metric("MB down", "Cost", "MB down per client-round", "value"),
+        Metric("MB up", "Cost", "MB up per client-round", "value"),
+    ]
     for stage in CLIENT_STAGES:
         table = f"Fairness {stage}"
         columns += [
@@ -111,9 +116,25 @@ def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, fl
     return results
 
 
+def run_costs(run: RunResult) -> dict[str, float]:
+    """The run's seconds per round (the median time between two rounds' aggregations, so the
+    start-up is left out and evaluation rounds are counted as they come) and the mean megabytes
+    of arrays one client downloads and uploads per round (``bytes_down``/``bytes_up`` of the L2
+    rows)."""
+    costs: dict[str, float] = {}
+    if len(run.fit_done) > 1:
+        costs["seconds per round"] = float(np.median(np.diff(run.fit_done)))
+    l2 = [row for row in run.rows if row["stage"] == L2]
+    for key, name in (("bytes_down", "MB down"), ("bytes_up", "MB up")):
+        values = [float(row[key]) for row in l2 if key in row]
+        if values:
+            costs[name] = float(np.mean(values)) / 1e6
+    return costs
+
+
 def run_results(run: RunResult, eps: float) -> dict[str, float]:
     """Every metric at the final round, and (key suffix ``last10``) averaged over the evaluated
-    rounds in the last 10% of rounds."""
+    rounds in the last 10% of rounds; then the run's costs (:func:`run_costs`)."""
     assert run.final_round is not None
     final = round_results(run, run.final_round, eps)
     window = [round_results(run, r, eps) for r in run.window()]
@@ -121,7 +142,7 @@ def run_results(run: RunResult, eps: float) -> dict[str, float]:
         key + LAST10: float(np.mean([values[key] for values in window if key in values]))
         for key in final
     }
-    return {**final, **last10}
+    return {**final, **last10, **run_costs(run)}
 
 
 def over_seeds(values: Sequence[float]) -> Cell:

@@ -35,6 +35,7 @@ _TABLE_TITLES = {
     "L2": "Stage L2 (after local training): accuracy (%)",
     "U": "Stage U (clients held out of training, their stage-L1 model): accuracy (%)",
     "G": "Stage G (global model): accuracy (%)",
+    "Cost": "Cost: seconds per round (median over rounds) and arrays per client and round",
     "Fairness L1": "Fairness at stage L1",
     "Fairness L2": "Fairness at stage L2",
     "Fairness U": "Fairness at stage U (clients held out of training)",

@@ -372,6 +372,8 @@ class RunResult:
     error: str | None = None
     final_round: int | None = None
     rows: list[Row] = field(default_factory=list)
+    fit_done: list[float] = field(default_factory=list)
+    """When each round's training was aggregated (Unix seconds, ``time`` rows), in round order."""
 
     @property
     def seed(self) -> Any:
@@ -428,8 +430,17 @@ def load_run(run_dir: Path) -> RunResult:
     summary = json.loads(summary_path.read_text())
     if summary["status"] == "failed":
         return RunResult(run_dir, config, "failed", error=summary.get("error"))
-    rows = [row for row in read_rows(run_dir) if row["stage"] in STAGES]
-    return RunResult(run_dir, config, "completed", final_round=summary["final_round"], rows=rows)
+    every = read_rows(run_dir)
+    rows = [row for row in every if row["stage"] in STAGES]
+    fit_done = [row["fit_done_unix_s"] for row in every if row["stage"] == TIME]
+    return RunResult(
+        run_dir,
+        config,
+        "completed",
+        final_round=summary["final_round"],
+        rows=rows,
+        fit_done=fit_done,
+    )
 
 
 def load_runs(paths: Iterable[Path]) -> list[RunResult]:
