@@ -66,6 +66,7 @@ def _repair_rows(counts: np.ndarray, real: np.ndarray) -> None:
     """Move single samples along augmenting paths until every row total is rounded correctly."""
     targets = real.sum(axis=1)
     low, high = np.floor(targets + _EPS), np.ceil(targets - _EPS)
+    floors, ceilings = np.floor(real + _EPS), np.ceil(real - _EPS)
     while True:
         totals = counts.sum(axis=1)
         over, under = np.flatnonzero(totals > high), np.flatnonzero(totals < low)
@@ -76,7 +77,7 @@ def _repair_rows(counts: np.ndarray, real: np.ndarray) -> None:
         else:  # pull one sample into this row from any row above its real total
             sources, sinks = np.flatnonzero(totals > targets + _EPS), np.zeros_like(totals, bool)
             sinks[under[0]] = True
-        path = _augmenting_path(counts, real, sources, sinks)
+        path = _augmenting_path(counts > floors, counts < ceilings, sources, sinks)
         if path is None:
             raise RuntimeError("no controlled rounding found; this is a bug, please report it")
         for giver, column, taker in path:
@@ -85,41 +86,45 @@ def _repair_rows(counts: np.ndarray, real: np.ndarray) -> None:
 
 
 def _augmenting_path(
-    counts: np.ndarray, real: np.ndarray, sources: np.ndarray, sinks: np.ndarray
+    can_give: np.ndarray, can_take: np.ndarray, sources: np.ndarray, sinks: np.ndarray
 ) -> list[tuple[int, int, int]] | None:
     """Shortest chain of (giver row, column, taker row) moves from a source row to a sink row.
 
-    A row can give in a column where it was rounded up and take where it was rounded down, so
-    every entry stays the floor or ceiling of its real value.
+    A row can give in a column where it was rounded up (``can_give``) and take where it was
+    rounded down (``can_take``), so every entry stays the floor or ceiling of its real value.
+    Breadth-first over rows in index order; a row is reached from the first row of the frontier
+    that can give it a sample, in that row's first such column.
     """
-    can_give = counts > np.floor(real + _EPS)
-    can_take = counts < np.ceil(real - _EPS)
-    parent: dict[int, tuple[int, int]] = {}
-    visited = np.zeros(len(counts), dtype=bool)
+    rows = len(can_give)
+    giver = np.full(rows, -1, dtype=np.int64)
+    via = np.full(rows, -1, dtype=np.int64)
+    visited = np.zeros(rows, dtype=bool)
     visited[sources] = True
-    frontier = [int(row) for row in sources]
+    frontier: list[int] = sources.tolist()
     while frontier:
-        next_frontier = []
+        next_frontier: list[int] = []
         for row in frontier:
             columns = np.flatnonzero(can_give[row])
             reachable = can_take[:, columns]
-            for taker in np.flatnonzero(reachable.any(axis=1) & ~visited):
-                taker = int(taker)
-                visited[taker] = True
-                parent[taker] = (row, int(columns[np.argmax(reachable[taker])]))
-                if sinks[taker]:
-                    return _unwind(parent, taker)
-                next_frontier.append(taker)
+            takers = np.flatnonzero(reachable.any(axis=1) & ~visited)
+            if not len(takers):
+                continue
+            visited[takers] = True
+            giver[takers] = row
+            via[takers] = columns[np.argmax(reachable[takers], axis=1)]
+            reached = takers[sinks[takers]]
+            if len(reached):
+                return _unwind(giver, via, int(reached[0]))
+            next_frontier.extend(takers.tolist())
         frontier = next_frontier
     return None
 
 
-def _unwind(parent: dict[int, tuple[int, int]], sink: int) -> list[tuple[int, int, int]]:
+def _unwind(giver: np.ndarray, via: np.ndarray, sink: int) -> list[tuple[int, int, int]]:
     path, row = [], sink
-    while row in parent:
-        giver, column = parent[row]
-        path.append((giver, column, row))
-        row = giver
+    while giver[row] >= 0:
+        path.append((int(giver[row]), int(via[row]), row))
+        row = int(giver[row])
     return path
 
 
