@@ -298,3 +298,18 @@ def test_cost_columns_seconds_per_round_and_megabytes(tmp_path: Path) -> None:
     assert (
         "### Cost: seconds per round" in report and "| FedAvg | 2.5 ± 0 (1) | 3 ± 0 (1) |" in report
     )
+
+
+def test_a_key_added_later_counts_as_its_default(tmp_path: Path) -> None:
+    """A run recorded before ``eval.unseen_fraction`` existed and one with its default (0.0) are
+    seeds of one experiment; a run with another value is not."""
+    write_run(tmp_path / "old", 0, FEDAVG, [(0.6, 0.5, 0.2)], g=0.5)
+    for name, seed, fraction in (("new", 1, 0.0), ("held_out", 1, 0.2)):
+        run = write_run(tmp_path / name, seed, FEDAVG, [(0.8, 0.5, 0.2)], g=0.5)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["eval"] = {"unseen_fraction": fraction}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    experiments = group_runs(load_runs([tmp_path]))
+    assert sorted(len(e.runs) for e in experiments) == [1, 2]
+    (pair,) = [e for e in experiments if len(e.runs) == 2]
+    assert pair.section == "eval.unseen_fraction=0"

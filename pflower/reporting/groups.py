@@ -1,7 +1,9 @@
 """Runs -> experiments: which runs are seeds of one experiment, and what to call each experiment.
 
 Two runs belong to the same experiment exactly when their resolved configurations agree on every
-key except ``seed`` and ``output_dir``; only such runs are averaged. Each experiment is then placed
+key except ``seed`` and ``output_dir``; only such runs are averaged. A run-level key that a run's
+configuration lacks (it was recorded before the key existed) counts as its current default: a key
+is only ever added with a default that keeps the earlier behaviour. Each experiment is then placed
 in a report table by its configuration:
 
 - the *method* (table row) is the label the algorithm's options give themselves (e.g. FedAvg,
@@ -18,11 +20,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from enum import Enum
+from functools import cache
 from typing import Any
 
+from omegaconf import MISSING
+
 import pflower.strategies  # noqa: F401  (importing registers every algorithm)
-from pflower.config import EXECUTION_KEYS
+from pflower.config import EXECUTION_KEYS, ExperimentConfig
 from pflower.core.algorithm import options_from_block
 from pflower.core.options import AlgorithmOptions
 from pflower.registry import ConfigError
@@ -71,11 +77,24 @@ def show(value: Any) -> str:
     return str(value)
 
 
-def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
-    """The run's configuration without the keys that seeds may differ in."""
+@cache
+def run_level_defaults() -> tuple[tuple[str, Any], ...]:
+    """The run-level keys of :class:`~pflower.config.ExperimentConfig` with their defaults,
+    flattened (the named blocks, whose keys depend on the dataset, scheme, model and algorithm
+    chosen, have none)."""
+    defaults = flatten(asdict(ExperimentConfig()))
     return tuple(
-        sorted((k, v) for k, v in flatten(run.config).items() if k.split(".")[0] not in NOT_GROUPED)
+        (key, value.value if isinstance(value, Enum) else value)
+        for key, value in defaults.items()
+        if value != MISSING
     )
+
+
+def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
+    """The run's configuration, completed with :func:`run_level_defaults`, without the keys that
+    seeds may differ in."""
+    config = {**dict(run_level_defaults()), **flatten(run.config)}
+    return tuple(sorted((k, v) for k, v in config.items() if k.split(".")[0] not in NOT_GROUPED))
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> Config:
