@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from enum import StrEnum
+from dataclasses import asdict, dataclass, field
+from enum import Enum, StrEnum
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -547,3 +548,27 @@ class ExperimentConfig:
     def is_eval_round(self, server_round: int) -> bool:
         """Stages L1/L2/G are evaluated every ``eval.every`` rounds and always in the last."""
         return server_round % self.eval.every == 0 or server_round == self.rounds
+
+
+@cache
+def _defaults() -> dict[str, Any]:
+    return _plain({k: v for k, v in asdict(ExperimentConfig()).items() if v != MISSING})
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value.value if isinstance(value, Enum) else value
+
+
+def run_level_defaults() -> dict[str, Any]:
+    """Every run-level key of :class:`ExperimentConfig` with its default, as nested plain values
+    (the named blocks, dataset to strategy, have no defaults and are left out).
+
+    A configuration recorded before a key existed counts as holding this default: a key is only
+    ever added with a default that keeps the earlier behaviour. Resuming a checkpoint and
+    grouping runs in a report rely on it.
+    """
+    return _plain(_defaults())

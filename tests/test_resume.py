@@ -11,6 +11,7 @@ crash. The slow test kills a real ``pflower`` simulation with SIGKILL and resume
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import signal
@@ -18,18 +19,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from omegaconf import OmegaConf
 
 from pflower.cli import resume
 from pflower.compose import compose_config
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.checkpoint import (
     CHECKPOINT_FILE,
+    CheckpointError,
     ClientStateFiles,
+    check_compatible,
     load_checkpoint,
 )
 from pflower.results.rundir import RunRecorder, read_rows
@@ -181,6 +186,20 @@ def test_checkpoint_of_another_configuration_is_refused(stopped_run: Path, capsy
     assert "another configuration" in message
     assert "seed: 0 in the checkpoint, 7 now" in message
     assert "strategy.gamma_mode: 'adaptive' in the checkpoint, 'fixed' now" in message
+
+
+def test_a_key_added_after_the_checkpoint_counts_as_its_default() -> None:
+    """A checkpoint written before ``eval.unseen_fraction`` existed resumes under its default,
+    and not under another value."""
+    config = OmegaConf.to_container(compose_config(BASE), resolve=True)
+    assert isinstance(config, dict)
+    old = copy.deepcopy(config)
+    del old["eval"]["unseen_fraction"]
+    checkpoint = SimpleNamespace(round=2, config=old)
+    check_compatible(checkpoint, config, Path("checkpoint.pkl"))  # type: ignore[arg-type]
+    config["eval"]["unseen_fraction"] = 0.25
+    with pytest.raises(CheckpointError, match=r"eval\.unseen_fraction: 0\.0 in the checkpoint"):
+        check_compatible(checkpoint, config, Path("checkpoint.pkl"))  # type: ignore[arg-type]
 
 
 def test_shortening_a_run_is_refused(stopped_run: Path, capsys) -> None:

@@ -50,7 +50,7 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 
-from pflower.config import EXECUTION_KEYS
+from pflower.config import EXECUTION_KEYS, run_level_defaults
 from pflower.registry import ConfigError
 from pflower.results.rundir import write_atomic
 
@@ -162,11 +162,11 @@ def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened configuration without the keys a resumed run may change."""
+    """The flattened configuration, with the run-level keys it lacks at their defaults (a
+    checkpoint written before a key existed), without the keys a resumed run may change."""
+    flat = {**_flatten(run_level_defaults()), **_flatten(config)}
     return {
-        key: value
-        for key, value in _flatten(config).items()
-        if key.split(".")[0] not in MAY_DIFFER_ON_RESUME
+        key: value for key, value in flat.items() if key.split(".")[0] not in MAY_DIFFER_ON_RESUME
     }
 
 

@@ -20,15 +20,11 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from enum import Enum
-from functools import cache
+from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import MISSING
-
 import pflower.strategies  # noqa: F401  (importing registers every algorithm)
-from pflower.config import EXECUTION_KEYS, ExperimentConfig
+from pflower.config import EXECUTION_KEYS, run_level_defaults
 from pflower.core.algorithm import options_from_block
 from pflower.core.options import AlgorithmOptions
 from pflower.registry import ConfigError
@@ -77,23 +73,10 @@ def show(value: Any) -> str:
     return str(value)
 
 
-@cache
-def run_level_defaults() -> tuple[tuple[str, Any], ...]:
-    """The run-level keys of :class:`~pflower.config.ExperimentConfig` with their defaults,
-    flattened (the named blocks, whose keys depend on the dataset, scheme, model and algorithm
-    chosen, have none)."""
-    defaults = flatten(asdict(ExperimentConfig()))
-    return tuple(
-        (key, value.value if isinstance(value, Enum) else value)
-        for key, value in defaults.items()
-        if value != MISSING
-    )
-
-
 def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
-    """The run's configuration, completed with :func:`run_level_defaults`, without the keys that
-    seeds may differ in."""
-    config = {**dict(run_level_defaults()), **flatten(run.config)}
+    """The run's configuration, completed with :func:`~pflower.config.run_level_defaults`, without
+    the keys that seeds may differ in."""
+    config = {**flatten(run_level_defaults()), **flatten(run.config)}
     return tuple(sorted((k, v) for k, v in config.items() if k.split(".")[0] not in NOT_GROUPED))
 
 
