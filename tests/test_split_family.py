@@ -417,6 +417,30 @@ def _train_from(experiment: Experiment, start: NDArrays, round_: int, pid: int) 
     return get_weights(model)
 
 
+def _start_phase(experiment: Experiment, received: NDArrays, local: NDArrays, pid: int):
+    """ALA's initial stage (no W yet) for global model version 1, as the client runs it."""
+    options = experiment.settings.strategy
+    data = experiment.client_data(pid)
+    return adaptive_local_aggregation(
+        experiment.new_model(),
+        received,
+        local,
+        None,
+        data.train,
+        data.prepare,
+        ALASettings(
+            eta=options.eta,
+            rand_percent=options.rand_percent,
+            layer_idx=options.layer_idx,
+            threshold=options.threshold,
+            num_pre_loss=options.num_pre_loss,
+            max_start_epochs=options.max_start_epochs,
+            batch_size=32,
+        ),
+        np.random.default_rng([experiment.settings.seed, pid, 1, 0xA1A]),
+    )
+
+
 @pytest.mark.slow
 def test_fedala_state_recomputes_ala_and_training(tmp_path: Path) -> None:
     """Round 1 trains from Θ^0 and stores the trained model; stage L1 of round 1 runs the
@@ -430,24 +454,8 @@ def test_fedala_state_recomputes_ala_and_training(tmp_path: Path) -> None:
         assert log.before["fit", 1, pid][ALA_LOCAL] is None  # ALA deactivated in round 1
         _same(log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0)
         # Stage L1 of round 1: the initial stage on (Θ^1, the trained model).
-        data = experiment.client_data(pid)
-        expected = adaptive_local_aggregation(
-            experiment.new_model(),
-            log.received["evaluate", 1, pid],
-            log.sent["fit", 1, pid],
-            None,
-            data.train,
-            data.prepare,
-            ALASettings(
-                eta=options.eta,
-                rand_percent=options.rand_percent,
-                layer_idx=options.layer_idx,
-                threshold=options.threshold,
-                num_pre_loss=options.num_pre_loss,
-                max_start_epochs=options.max_start_epochs,
-                batch_size=32,
-            ),
-            np.random.default_rng([experiment.settings.seed, pid, 1, 0xA1A]),
+        expected = _start_phase(
+            experiment, log.received["evaluate", 1, pid], log.sent["fit", 1, pid], pid
         )
         stored = log.after["evaluate", 1, pid]
         assert expected.epochs > options.num_pre_loss
@@ -477,28 +485,12 @@ def test_ditto_ala_trains_and_anchors_on_the_ala_model(tmp_path: Path) -> None:
         [*BASE, "strategy=ditto_ala", "strategy.lambda_=0.5"], tmp_path, log.make_client
     )
     experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
-    options = experiment.settings.strategy
     for pid in (0, 3):
         assert log.before["fit", 1, pid][ALA_LOCAL] is None  # ALA deactivated in round 1
         _same(log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0)
         data = experiment.client_data(pid)
-        expected = adaptive_local_aggregation(
-            experiment.new_model(),
-            log.received["fit", 2, pid],
-            log.sent["fit", 1, pid],
-            None,
-            data.train,
-            data.prepare,
-            ALASettings(
-                eta=options.eta,
-                rand_percent=options.rand_percent,
-                layer_idx=options.layer_idx,
-                threshold=options.threshold,
-                num_pre_loss=options.num_pre_loss,
-                max_start_epochs=options.max_start_epochs,
-                batch_size=32,
-            ),
-            np.random.default_rng([experiment.settings.seed, pid, 1, 0xA1A]),
+        expected = _start_phase(
+            experiment, log.received["fit", 2, pid], log.sent["fit", 1, pid], pid
         )
         _same(log.after["fit", 2, pid][ALA_WEIGHTS], expected.mix_weights, rtol=1e-5, atol=1e-6)
         trained = _train_from(experiment, expected.weights, 2, pid)
