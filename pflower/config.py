@@ -552,7 +552,7 @@ class ExperimentConfig:
 
 @cache
 def _defaults() -> dict[str, Any]:
-    return _plain({k: v for k, v in asdict(ExperimentConfig()).items() if v != MISSING})
+    return {k: v for k, v in asdict(ExperimentConfig()).items() if v != MISSING}
 
 
 def _plain(value: Any) -> Any:
@@ -569,6 +569,6 @@ def run_level_defaults() -> dict[str, Any]:
 
     A configuration recorded before a key existed counts as holding this default: a key is only
     ever added with a default that keeps the earlier behaviour. Resuming a checkpoint and
-    grouping runs in a report rely on it.
+    grouping runs in a report rely on it. A fresh copy: callers may change it.
     """
     return _plain(_defaults())

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -140,30 +141,42 @@ def fairness(section: Section, stage: str, path: Path) -> Path:
     return _save(fig, path)
 
 
+@dataclass(frozen=True)
+class _Line:
+    """One line of the robustness figure: a method, its aggregator and a model type."""
+
+    method: str
+    robust: str
+    model: str
+
+    @property
+    def label(self) -> str:
+        name = self.method if self.robust == "none" else f"{self.method} + {self.robust}"
+        return f"{name} {self.model}".strip()
+
+
 def robustness(sections: Sequence[Section], stage: str, path: Path) -> Path | None:
     """Benign clients' final-round Acc(L) at ``stage`` against ``attack.fraction`` (malicious
     clients are never scored), mean over seeds with ±1 std bars; None unless some attack was run
     at two or more fractions."""
-    panels: dict[tuple[str, str], dict[str, dict[float, Cell]]] = defaultdict(
+    panels: dict[tuple[str, str], dict[_Line, dict[float, Cell]]] = defaultdict(
         lambda: defaultdict(dict)
     )
-    methods: dict[str, str] = {}
     for section in sections:
         for experiment in section.experiments:
             attack = str(experiment.config.get("attack.name", "none"))
             if attack == "none":
                 continue
             robust = str(experiment.config.get("robust.name", "none"))
-            name = experiment.method if robust == "none" else f"{experiment.method} + {robust}"
+            fraction = float(experiment.config["attack.fraction"])
             cells = section.cells.get((experiment.method, experiment.partition), {})
             for model, accuracy, _ in model_points(cells, stage):
-                line = f"{name} {model}".strip()
-                methods[line] = experiment.method
-                fraction = float(experiment.config["attack.fraction"])
+                line = _Line(experiment.method, robust, model)
                 panels[attack, experiment.partition][line][fraction] = accuracy
     if not any(len(points) > 1 for lines in panels.values() for points in lines.values()):
         return None
-    colors = _colors(list(dict.fromkeys(methods.values())))
+    methods = [line.method for lines in panels.values() for line in lines]
+    colors = _colors(list(dict.fromkeys(methods)))
     keys = sorted(panels)
     fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 4), squeeze=False)
     for ax, key in zip(axes[0], keys, strict=True):
@@ -173,11 +186,11 @@ def robustness(sections: Sequence[Section], stage: str, path: Path) -> Path | No
                 fractions,
                 [points[f].mean for f in fractions],
                 yerr=[points[f].std for f in fractions],
-                marker=_MARKERS[line.rsplit(" ", 1)[-1] if line.endswith(MODEL_TYPES) else ""],
-                linestyle="--" if " + " in line else "-",
-                color=colors[methods[line]],
+                marker=_MARKERS[line.model],
+                linestyle="-" if line.robust == "none" else "--",
+                color=colors[line.method],
                 capsize=2,
-                label=line,
+                label=line.label,
             )
         ax.set_title(f"{key[1]}: attack {key[0]}, final {stage}", fontsize=10)
         ax.set_xlabel("share of malicious clients")

@@ -45,10 +45,11 @@ Server state: the cache z_i of every partition id. The m clients of the consensu
 train: clients held out by ``eval.unseen_fraction`` are not among them.
 
 Deviations: hyperparameters the paper's text does not give are the authors' code defaults (λ = 1,
-ρ = 0.1, μ = 0.01; the preset sets lr 0.01, momentum 0.5, batch 100, R = 1). The global model is
-evaluated after aggregation (w^{k+1}); the authors' code evaluates w^k inside training. The
-ε-accuracy of (11) (Eq. 17) is not enforced: R passes are run. Arrays that are not floating point
-(none in the zoo's FLAME models) are taken from θ_i unchanged.
+μ = 0.01; the preset sets lr 0.01, momentum 0.5, batch 100, R = 1), except ρ: its default is λ/m,
+the rule behind every value the paper uses (the code's fixed 0.1 is λ/m at m = 10). The global
+model is evaluated after aggregation (w^{k+1}); the authors' code evaluates w^k inside training.
+The ε-accuracy of (11) (Eq. 17) is not enforced: R passes are run. Arrays that are not floating
+point (none in the zoo's FLAME models) are taken from θ_i unchanged.
 """
 
 from __future__ import annotations
@@ -202,7 +203,8 @@ class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
             len(self.data.train),
             int(config["n_total"]) if "n_total" in config else None,
         )
-        self._rho = options.rho or options.lambda_ / int(config["num_clients"])
+        m = int(config["num_clients"])
+        self._rho = options.lambda_ / m if options.rho is None else options.rho
         self._anchors = anchor_tensors(self.model, self._w_local)
         self._steps = 0
         return moreau_term(self._anchors, options.lambda_, options.mu_l2)
