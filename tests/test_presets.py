@@ -29,7 +29,12 @@ def sweep_of(preset: str) -> dict[str, list[str]]:
 
 def test_every_paper_has_its_presets() -> None:
     papers = {"fliu_table1", "fedala_table2", "flame_table3", "fedmpr_table2", "diversifed_table2"}
-    for paper in papers | {"fedmpr_table3", "fedmpr_ablation", "flame_robustness"}:
+    for paper in papers | {
+        "fedmpr_table3",
+        "fedmpr_ablation",
+        "flame_robustness",
+        "diversifed_table1",
+    }:
         assert {f"{paper}_cpu", f"{paper}_paper"} <= set(PRESETS), paper
 
 
