@@ -38,8 +38,10 @@ def write_run(
     g: float | None = None,
     lr: float = 0.05,
     status: str = "completed",
+    code: dict[str, Any] | None = None,
 ) -> Path:
-    """A two-round run directory whose final round (2) has the given L1/L2 clients and G."""
+    """A two-round run directory whose final round (2) has the given L1/L2 clients and G (and,
+    with ``code``, the pflower code its summary records)."""
     config = {
         "seed": seed,
         "output_dir": str(path),
@@ -60,10 +62,13 @@ def write_run(
     if g is not None:
         rows += [{"round": 1, "stage": "G", "acc": 0.99}, {"round": 2, "stage": "G", "acc": g}]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recorded = {} if code is None else {"code": code}
     if status == "completed":
-        (path / "summary.json").write_text(json.dumps({"status": "completed", "final_round": 2}))
+        summary = {"status": "completed", "final_round": 2, **recorded}
+        (path / "summary.json").write_text(json.dumps(summary))
     elif status == "failed":
-        (path / "summary.json").write_text(json.dumps({"status": "failed", "error": "E: bad"}))
+        summary = {"status": "failed", "error": "E: bad", **recorded}
+        (path / "summary.json").write_text(json.dumps(summary))
     return path
 
 
@@ -313,3 +318,23 @@ def test_a_key_added_later_counts_as_its_default(tmp_path: Path) -> None:
     assert sorted(len(e.runs) for e in experiments) == [1, 2]
     (pair,) = [e for e in experiments if len(e.runs) == 2]
     assert pair.section == "eval.unseen_fraction=0"
+
+
+def test_the_report_names_the_code_that_made_its_runs(tmp_path: Path) -> None:
+    old = {"fingerprint": "aaaa", "commit": "1" * 40, "dirty": False}
+    new = {"fingerprint": "bbbb", "commit": "2" * 40, "dirty": True}
+    clients = [(0.5, 0.5, 1.0)]
+    write_run(tmp_path / "one" / "0", 0, FEDAVG, clients, code=old)
+    write_run(tmp_path / "one" / "1", 1, FEDAVG, clients, code=old, status="failed")
+    text = write_report([tmp_path / "one"], tmp_path / "out1").read_text()
+    assert "Code: every run was made with pflower `aaaa`, commit 111111111111." in text
+
+    write_run(tmp_path / "mixed" / "0", 0, FEDAVG, clients, code=old)
+    write_run(tmp_path / "mixed" / "1", 1, FEDAVG, clients, code=new)
+    write_run(tmp_path / "mixed" / "2", 2, FEDAVG, clients)  # made before pflower recorded it
+    text = write_report([tmp_path / "mixed"], tmp_path / "out2").read_text()
+    assert (
+        "Code: the runs were made with 2 version(s) of pflower: `aaaa`, commit 111111111111 "
+        "(1 runs); `bbbb`, commit 222222222222 with uncommitted changes (1 runs); not recorded "
+        "(1 runs: incomplete, or made before pflower did)."
+    ) in text

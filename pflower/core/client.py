@@ -47,6 +47,7 @@ from pflower.core.training import (
     train,
 )
 from pflower.datasets.base import ImageSplit
+from pflower.provenance import check_same_code
 from pflower.robust.attacks import MODEL_POISONING, malicious_set, poisoned_upload
 
 MEASURE_L2 = "measure-l2"
@@ -177,6 +178,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
     def fit(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[NDArrays, int, dict[str, Scalar]]:
+        check_same_code(config)
         attack = self.experiment.settings.attack
         if attack.name in MODEL_POISONING and self.is_malicious:
             # A model-poisoning client skips training, keeps its state, uploads the attack.
@@ -213,6 +215,7 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
     def evaluate(
         self, parameters: NDArrays, config: dict[str, Scalar]
     ) -> tuple[float, int, dict[str, Scalar]]:
+        check_same_code(config)
         set_weights(self.model, self.personalize(parameters, config))
         metrics: dict[str, Scalar] = {"partition_id": self.partition_id, **self.stage_metrics()}
         global_model = self.global_model_for_eval(parameters, config)

@@ -67,6 +67,7 @@ from pflower.core.nodes import (
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.store import ClientModelStore
 from pflower.core.training import payload_bytes
+from pflower.provenance import CODE_FINGERPRINT, CODE_KEY
 from pflower.results.rundir import L1, L2, Recorder, U, client_row
 from pflower.robust.aggregators import robust_average
 from pflower.robust.attacks import malicious_set
@@ -194,9 +195,11 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         """Training-set size of every partition, from the server's own copy of the federation
         (set by the ServerApp): with it, a simulation's nodes need not be asked (see
         :meth:`_learn_partitions`)."""
-        self.checkpoint_keys: dict[str, Scalar] = {}
-        """Sent with every fit and evaluate instruction: the last round checkpointed and, in a
-        resumed run, the round it resumed from (see :mod:`pflower.core.checkpoint`)."""
+        self.message_keys: dict[str, Scalar] = {CODE_KEY: CODE_FINGERPRINT}
+        """Sent with every fit and evaluate instruction: the server's code fingerprint (clients
+        refuse other code, :mod:`pflower.provenance`) and, from the server loop, the run
+        attempt, the last round checkpointed and, in a resumed run, the round it resumed from
+        (see :mod:`pflower.core.checkpoint`)."""
         self._configuration = frozenset(vars(self)) - {"_global_weights", "client_models"} | {
             "_configuration"
         }
@@ -312,7 +315,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                     self._with_l2_flag(
                         {
                             **self.fit_config(server_round, self._partition_of[proxy.cid]),
-                            **self.checkpoint_keys,
+                            **self.message_keys,
                         },
                         self._partition_of[proxy.cid],
                         measure_l2,
@@ -397,7 +400,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
                     ),
                     {
                         **self.evaluate_config(server_round, self._partition_of[proxy.cid]),
-                        **self.checkpoint_keys,
+                        **self.message_keys,
                     },
                 ),
             )

@@ -12,6 +12,7 @@ import csv
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pflower.reporting.groups import Experiment, show, varying_keys
 from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
@@ -186,6 +187,8 @@ def markdown(
         + ", ".join(f"`{source}`" for source in sources)
         + ".",
         "",
+        code_line(runs),
+        "",
         LEGEND,
         "",
         *_configuration(experiments),
@@ -202,6 +205,36 @@ def markdown(
         lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures[section.label]]
     lines += _problems(experiments)
     return "\n".join(lines) + "\n"
+
+
+def code_line(runs: Sequence[RunResult]) -> str:
+    """Which pflower code made the runs (``summary.json``'s ``code``): one version, or each
+    version with its number of runs, so that a comparison across code changes is visible."""
+    versions: dict[str, list[dict[str, Any]]] = {}
+    for run in runs:
+        if run.code is not None:
+            versions.setdefault(str(run.code["fingerprint"]), []).append(run.code)
+    unrecorded = sum(run.code is None for run in runs)
+
+    def describe(fingerprint: str, codes: list[dict[str, Any]]) -> str:
+        commits = sorted({str(c["commit"])[:12] for c in codes if c.get("commit")})
+        dirty = any(c.get("dirty") for c in codes)
+        where = f", commit {', '.join(commits)}" if commits else ""
+        return f"`{fingerprint}`{where}{' with uncommitted changes' if dirty else ''}"
+
+    if not versions:
+        return "Code: not recorded (the runs are incomplete or predate pflower recording it)."
+    if len(versions) == 1 and not unrecorded:
+        ((fingerprint, codes),) = versions.items()
+        return f"Code: every run was made with pflower {describe(fingerprint, codes)}."
+    parts = [f"{describe(f, codes)} ({len(codes)} runs)" for f, codes in versions.items()]
+    if unrecorded:
+        parts.append(f"not recorded ({unrecorded} runs: incomplete, or made before pflower did)")
+    return (
+        f"Code: the runs were made with {len(versions)} version(s) of pflower: "
+        + "; ".join(parts)
+        + "."
+    )
 
 
 def write_csv(path: Path, report_sections: Sequence[Section], eps: float) -> Path:

@@ -18,7 +18,9 @@ Layout::
                      ``status``, ``error``, ``rounds`` (planned), ``final_round`` (last round with
                      results), ``final`` (stage aggregates of that round), ``last10`` (the same
                      aggregates averaged over the evaluated rounds among the last 10% of
-                     rounds), ``failures``, ``wall_time_s`` and the resolved ``config``
+                     rounds), ``failures``, ``wall_time_s``, the resolved ``config`` and
+                     ``code``: the pflower code that made it (source fingerprint, git commit,
+                     whether the checkout had uncommitted changes; :mod:`pflower.provenance`)
     plots/           accuracy.png (per round, by stage), clients.png (final per-client accuracy)
     tensorboard/     TensorBoard events, with ``tracking=tensorboard`` (see :mod:`.tracking`)
     mlflow.db        the MLflow store, with ``tracking=mlflow`` (unless ``tracking.uri`` names
@@ -54,6 +56,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
+from pflower.provenance import code_version
 from pflower.results.statistics import summarize_stage
 from pflower.results.tracking import Tracker
 
@@ -172,6 +175,7 @@ def write_summary(
         "failures": [r for r in rows if r["stage"] == FAILURE],
         "wall_time_s": wall_time_s,
         "config": config,
+        "code": code_version(),
     }
     path = run_dir / "summary.json"
     write_atomic(path, json.dumps(summary, indent=2))
@@ -374,6 +378,9 @@ class RunResult:
     rows: list[Row] = field(default_factory=list)
     fit_done: list[float] = field(default_factory=list)
     """When each round's training was aggregated (Unix seconds, ``time`` rows), in round order."""
+    code: dict[str, Any] | None = None
+    """The pflower code that made the run (``summary.json``'s ``code``), None for an incomplete
+    run or one made before pflower recorded it."""
 
     @property
     def seed(self) -> Any:
@@ -428,8 +435,9 @@ def load_run(run_dir: Path) -> RunResult:
     if not summary_path.exists():
         return RunResult(run_dir, config, "incomplete")
     summary = json.loads(summary_path.read_text())
+    code = summary.get("code")
     if summary["status"] == "failed":
-        return RunResult(run_dir, config, "failed", error=summary.get("error"))
+        return RunResult(run_dir, config, "failed", error=summary.get("error"), code=code)
     every = read_rows(run_dir)
     rows = [row for row in every if row["stage"] in STAGES]
     fit_done = [row["fit_done_unix_s"] for row in every if row["stage"] == TIME]
@@ -440,6 +448,7 @@ def load_run(run_dir: Path) -> RunResult:
         final_round=summary["final_round"],
         rows=rows,
         fit_done=fit_done,
+        code=code,
     )
 
 

@@ -168,7 +168,10 @@ class CheckpointingServer(Server):
         """Initialize a new run (global model, stage G of round 0) or restore a checkpoint;
         returns the first round to run."""
         checkpoint = self.resume_from
-        self.personalized.checkpoint_keys = {ATTEMPT: uuid.uuid4().hex[:12]}
+        self.personalized.message_keys = {
+            **self.personalized.message_keys,
+            ATTEMPT: uuid.uuid4().hex[:12],
+        }
         if checkpoint is None:
             log(INFO, "[INIT]")
             self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
@@ -177,8 +180,8 @@ class CheckpointingServer(Server):
         self.personalized.restore_state(checkpoint.strategy)
         set_random_state(checkpoint.rng)
         self.parameters = ndarrays_to_parameters(self.personalized.global_weights)
-        self.personalized.checkpoint_keys = {
-            **self.personalized.checkpoint_keys,
+        self.personalized.message_keys = {
+            **self.personalized.message_keys,
             CHECKPOINT_ROUND: checkpoint.round,
             RESUME_ROUND: checkpoint.round,
         }
@@ -202,8 +205,8 @@ class CheckpointingServer(Server):
                 rng=random_state(),
             ),
         )
-        self.personalized.checkpoint_keys = {
-            **self.personalized.checkpoint_keys,
+        self.personalized.message_keys = {
+            **self.personalized.message_keys,
             CHECKPOINT_ROUND: server_round,
         }
         log(INFO, "round %s: checkpoint written to %s", server_round, self.run_dir)

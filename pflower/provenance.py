@@ -1,0 +1,104 @@
+"""Which pflower code a process runs: results name their code, and a run never mixes two.
+
+A sweep's driver process imports pflower once, but every job starts new worker processes (Ray
+actors in a simulation, ClientApp processes in a deployment) that import pflower's files as they
+are at that moment. Code edited while a sweep runs would give the later jobs a server running
+the old code and clients running the new one: a silent mix, and with a changed partition scheme
+even two different federations. A deployment whose SuperNodes run another pflower than its
+SuperLink's ServerApp is the same mix.
+
+:data:`CODE_FINGERPRINT` hashes the contents of pflower's source files when this module is first
+imported, which ``import pflower`` does: it names the code the process started with. The server
+puts it into every message it sends (:data:`CODE_KEY`); every client compares it with its own
+(:func:`check_same_code`) and refuses to work for a server running other code.
+``summary.json`` records it with the git commit (:func:`code_version`).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pflower.registry import ConfigError
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+CODE_KEY = "pflower-code"
+"""The message config key holding the server's :data:`CODE_FINGERPRINT`."""
+
+ALLOW_MISMATCH_ENV = "PFLOWER_ALLOW_CODE_MISMATCH"
+"""Set to ``1`` on a client's machine to let it work for a server running other pflower code."""
+
+
+def source_fingerprint(package_dir: Path = PACKAGE_DIR) -> str:
+    """A short SHA-256 over the relative path and the bytes of every ``.py`` file of the package
+    (file times and locations do not matter: two checkouts of one commit agree)."""
+    digest = hashlib.sha256()
+    for path in sorted(package_dir.rglob("*.py")):
+        digest.update(path.relative_to(package_dir).as_posix().encode())
+        digest.update(b"\0")
+        digest.update(path.read_bytes())
+        digest.update(b"\0")
+    return digest.hexdigest()[:16]
+
+
+CODE_FINGERPRINT = source_fingerprint()
+
+
+class CodeMismatchError(ConfigError):
+    """A client received a message from a server that runs other pflower code."""
+
+
+def check_same_code(config: Mapping[str, Any]) -> None:
+    """Raise :class:`CodeMismatchError` when the server that sent a message with ``config`` runs
+    other pflower code than this process (a message without :data:`CODE_KEY`, e.g. from a test
+    driving a client directly, is not checked)."""
+    theirs = config.get(CODE_KEY)
+    if theirs is None or theirs == CODE_FINGERPRINT:
+        return
+    if os.environ.get(ALLOW_MISMATCH_ENV) == "1":
+        return
+    raise CodeMismatchError(
+        f"the server runs pflower code {theirs} but this client runs {CODE_FINGERPRINT}: "
+        "pflower's source changed after the run (or its sweep) started, or this node has "
+        "another pflower installed. Results would mix two versions of the code, so the client "
+        "stops. Rerun the job after the edit (run long sweeps from their own checkout, e.g. a "
+        f"git worktree), install the same pflower everywhere, or set {ALLOW_MISMATCH_ENV}=1 "
+        "on this node to go on anyway."
+    )
+
+
+@functools.cache
+def code_version() -> dict[str, Any]:
+    """The code a run was made with, for ``summary.json``: ``fingerprint`` (this process's
+    :data:`CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was imported
+    from, None outside a git checkout) and ``dirty`` (whether pflower's files differ from that
+    commit; None when unknown)."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--", ".") if commit is not None else None
+    return {
+        "fingerprint": CODE_FINGERPRINT,
+        "commit": commit,
+        "dirty": None if status is None else bool(status),
+    }
+
+
+def _git(*args: str) -> str | None:
+    """The output of ``git <args>`` run in the package folder, None if git cannot answer."""
+    try:
+        done = subprocess.run(
+            ["git", *args],
+            cwd=PACKAGE_DIR,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None

@@ -1,0 +1,96 @@
+"""Provenance: a run records the code that made it, and clients refuse a server running other
+code (the mix a sweep gets when pflower's files are edited while it runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+import pflower.core.strategy
+from pflower import provenance
+from pflower.core.strategy import RoundFailedError
+from pflower.provenance import (
+    ALLOW_MISMATCH_ENV,
+    CODE_FINGERPRINT,
+    CODE_KEY,
+    CodeMismatchError,
+    check_same_code,
+    code_version,
+    source_fingerprint,
+)
+from tests.inprocess import run_inprocess
+
+
+def _package(root: Path) -> Path:
+    package = root / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "module.py").write_text("VALUE = 1\n")
+    (package / "notes.txt").write_text("not code")
+    return package
+
+
+def test_the_fingerprint_depends_on_the_code_only(tmp_path: Path) -> None:
+    package = _package(tmp_path / "a")
+    before = source_fingerprint(package)
+    copy = shutil.copytree(package, tmp_path / "b" / "pkg")  # another place, newer file times
+    os.utime(copy / "sub" / "module.py", (0, 0))
+    assert source_fingerprint(copy) == before
+    (package / "notes.txt").write_text("changed, but not a source file")
+    assert source_fingerprint(package) == before
+    (package / "sub" / "module.py").write_text("VALUE = 2\n")
+    assert source_fingerprint(package) != before
+    (package / "sub" / "module.py").write_text("VALUE = 1\n")
+    (package / "sub" / "module.py").rename(package / "sub" / "renamed.py")
+    assert source_fingerprint(package) != before
+
+
+def test_the_process_fingerprints_pflower_as_it_was_imported() -> None:
+    assert source_fingerprint(provenance.PACKAGE_DIR) == CODE_FINGERPRINT
+    assert len(CODE_FINGERPRINT) == 16
+    version = code_version()
+    assert version["fingerprint"] == CODE_FINGERPRINT
+    assert version["commit"] is None or len(version["commit"]) == 40
+    assert version["dirty"] in (None, True, False)
+
+
+def test_a_client_refuses_a_server_running_other_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ALLOW_MISMATCH_ENV, raising=False)
+    check_same_code({CODE_KEY: CODE_FINGERPRINT, "server-round": 1})
+    check_same_code({"server-round": 1})  # a message not from a pflower server: not checked
+    with pytest.raises(CodeMismatchError) as raised:
+        check_same_code({CODE_KEY: "0123456789abcdef"})
+    message = str(raised.value)
+    assert "0123456789abcdef" in message and CODE_FINGERPRINT in message
+    assert ALLOW_MISMATCH_ENV in message
+    monkeypatch.setenv(ALLOW_MISMATCH_ENV, "1")
+    check_same_code({CODE_KEY: "0123456789abcdef"})
+
+
+def test_a_run_whose_server_runs_other_code_stops_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's fingerprint stands for a driver that imported pflower before an edit; the
+    clients (here in the same process) run the code as it is now. Every client refuses, so no
+    round runs and the run is recorded as failed with the reason."""
+    monkeypatch.delenv(ALLOW_MISMATCH_ENV, raising=False)
+    monkeypatch.setattr(pflower.core.strategy, "CODE_FINGERPRINT", "0123456789abcdef")
+    overrides = ["dataset=digits", "num_clients=2", "rounds=1", "min_clients=2"]
+    with pytest.raises(RoundFailedError):
+        run_inprocess(overrides, tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    refusals = [f["error"] for f in summary["failures"]]
+    assert len(refusals) == 2
+    assert all("runs pflower code 0123456789abcdef" in error for error in refusals)
+
+
+def test_a_completed_run_records_its_code(tmp_path: Path) -> None:
+    run_inprocess(["dataset=digits", "num_clients=2", "rounds=1"], tmp_path / "run")
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["code"] == code_version()
