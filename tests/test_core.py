@@ -44,6 +44,7 @@ SUMMARY_KEYS = {
     "failures",
     "wall_time_s",
     "config",
+    "code",
 }
 
 
