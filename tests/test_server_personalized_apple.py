@@ -89,7 +89,8 @@ def test_apple_state_round_two(tmp_path: Path) -> None:
             ).backward()
             grads = [param.grad.clone() for param in model.parameters()]
             cores[pid] = [
-                w - settings.lr * float(p[pid]) * g for w, g in zip(cores[pid], grads, strict=True)
+                w - settings.lr * 4 * float(p[pid]) * g  # η · N · p_ii · g, N = 4 clients
+                for w, g in zip(cores[pid], grads, strict=True)
             ]
             p_grad = torch.tensor(
                 [

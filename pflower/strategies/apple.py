@@ -7,8 +7,11 @@ server sends every round (downlink N models per client). Per mini-batch (Alg. 1)
 
 - ŵ_i ← Σ_j p_ij w_j (trainable parameters; BatchNorm statistics are the client's own);
 - g = ∇ CE at ŵ_i;
-- core step: w_i ← w_i − η · p_ii · g (η = ``train.lr``; plain SGD, the paper's update, whatever
-  ``train.optimizer`` says);
+- core step: w_i ← w_i − η · N · p_ii · g (η = ``train.lr``; plain SGD, the paper's update,
+  whatever ``train.optimizer`` says). The chain rule gives ∂L/∂w_i = p_ii · g; the factor N is
+  PFLlib's (it multiplies the client learning rate by the number of clients), so that the first
+  step, at p_ii = 1/N, is η · g. Without it the core would learn N times slower than every other
+  method at the same ``train.lr``;
 - relationship step: p_ij ← p_ij − η_p · (mean over layers of mean(g ⊙ w_j) + λ_r μ (p_ij − p0_j)),
   with λ_r = (cos(π r / (L·R)) + 1)/2 for the client's r-th trained round while r < L·R, else 0
   (the proximal pull of p_i toward p0 fades out over the first fraction L of the R rounds).
@@ -228,7 +231,7 @@ def apple_train(
         total += float(loss.detach())
         loss.backward()
         grads = [param.grad.detach().clone() for param in model.parameters()]  # type: ignore[union-attr]
-        step = settings.lr * float(p[own])
+        step = settings.lr * len(cores) * float(p[own])
         cores[own] = [w - step * g for w, g in zip(cores[own], grads, strict=True)]
         p_grad = relationship_gradient(grads, cores)
         p_grad = p_grad + lam_r * options.mu * (p - p0)
