@@ -17,7 +17,13 @@ from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import batch_indices, get_weights, set_weights, trainable_mask
-from pflower.strategies.apple import P_KEY, PERSONAL, proximal_weight, relationship_gradient
+from pflower.strategies.apple import (
+    P_KEY,
+    PERSONAL,
+    RelationshipGradient,
+    proximal_weight,
+    relationship_gradient,
+)
 from tests.inprocess import run_inprocess
 from tests.test_server_personalized import BASE, StateLog, assert_same
 
@@ -36,12 +42,15 @@ def test_relationship_gradient_by_hand() -> None:
         [torch.tensor([1.0, 1.0]), torch.tensor([[0.0]])],
         [torch.tensor([2.0, 0.0]), torch.tensor([[1.0]])],
     ]
-    # core 0: layer means 1.5 and 0 -> 0.75; core 1: 1.0 and 3.0 -> 2.0
-    np.testing.assert_allclose(relationship_gradient(grads, cores).numpy(), [0.75, 2.0])
+    # exact: core 0: 1 + 2 + 0 = 3; core 1: 2 + 0 + 3 = 5
+    np.testing.assert_allclose(relationship_gradient(grads, cores).numpy(), [3.0, 5.0])
+    # PFLlib: core 0: layer means 1.5 and 0 -> 0.75; core 1: 1.0 and 3.0 -> 2.0
+    pfllib = relationship_gradient(grads, cores, RelationshipGradient.pfllib_mean)
+    np.testing.assert_allclose(pfllib.numpy(), [0.75, 2.0])
 
 
 def test_apple_state_round_two(tmp_path: Path) -> None:
-    drlr, mu = 0.05, 0.1
+    drlr, mu = 0.01, 0.1
     log = StateLog(P_KEY)
     strategies: list[PersonalizedStrategy] = []
     overrides = [*APPLE, "rounds=2", f"strategy.drlr={drlr}", f"strategy.mu={mu}"]
@@ -92,9 +101,9 @@ def test_apple_state_round_two(tmp_path: Path) -> None:
                 w - settings.lr * 4 * float(p[pid]) * g  # η · N · p_ii · g, N = 4 clients
                 for w, g in zip(cores[pid], grads, strict=True)
             ]
-            p_grad = torch.tensor(
+            p_grad = torch.tensor(  # ∂L/∂p_ij = Σ ⟨g, w_j⟩ over all trainable elements
                 [
-                    np.mean([float((g * w).mean()) for g, w in zip(grads, core, strict=True)])
+                    sum(float((g * w).sum()) for g, w in zip(grads, core, strict=True))
                     for core in cores
                 ],
                 dtype=torch.float64,
