@@ -127,6 +127,37 @@ def test_fedmpr_official_global_test_and_class_groups() -> None:
     assert torch.equal(split.images, dataset.test.images)
 
 
+@pytest.mark.parametrize(
+    ("partition", "split"),
+    [
+        ({"name": "dirichlet", "alpha": 0.5}, {}),
+        ({"name": "class_groups"}, {"client_test": "mirror", "global_test": "official"}),
+        ({"name": "dir_quantity_skew", "disjoint": False, "min_size": 20}, {}),
+    ],
+)
+def test_evaluate_on_val_scores_validation_shares_and_reads_no_test_sample(
+    partition: dict[str, Any], split: dict[str, Any]
+) -> None:
+    """Tuning mode: the same training shares as the final run with the same validation share,
+    every evaluation on validation data, and not one test sample (client or global) anywhere."""
+    split = {**split, "val_fraction": 0.2}
+    clients = 2 if partition["name"] == "class_groups" else 5
+    final = build(partition, split, clients=clients, dataset=toy_dataset(n_train=2000))
+    tuning = build(
+        partition, {**split, "evaluate_on": "val"}, clients=clients, dataset=toy_dataset(2000)
+    )
+    tests = [client.test for client in final.clients]
+    for final_client, tuning_client in zip(final.clients, tuning.clients, strict=True):
+        np.testing.assert_array_equal(tuning_client.train, final_client.train)
+        np.testing.assert_array_equal(tuning_client.val, final_client.val)
+        np.testing.assert_array_equal(tuning_client.test, final_client.val)
+    np.testing.assert_array_equal(
+        tuning.global_test, np.unique(np.concatenate([c.val for c in final.clients]))
+    )
+    read = np.concatenate([*all_shares(tuning), tuning.global_test])
+    assert not np.isin(read, np.concatenate([*tests, final.global_test])).any()
+
+
 def test_pool_all_indexes_train_then_test() -> None:
     dataset = toy_dataset()
     federation = build({"name": "iid"}, {"pool": "all", "test_fraction": 0.2}, clients=4)
@@ -292,6 +323,8 @@ def test_split_presets_are_valid() -> None:
         ({"subsample_fraction": 0.0}, r"subsample_fraction must be in \(0, 1\]"),
         ({"stratify": "yes"}, "stratify must be true or false"),
         ({"client_test": "partitioner"}, "'iid' does not: use client_test=holdout or mirror"),
+        ({"evaluate_on": "val"}, r"evaluate_on=val .* set split\.val_fraction > 0"),
+        ({"evaluate_on": "train"}, "split.evaluate_on must be one of test, val"),
     ],
 )
 def test_bad_splits_are_refused(split: dict[str, Any], message: str) -> None:

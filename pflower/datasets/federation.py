@@ -22,6 +22,9 @@ How a federation is built (``split`` keys in brackets, see :class:`SplitConfig`)
 5. The global test set (``global_test``) is the union of the client test shares (pflower's
    default, as in FLIU, Sec. IV-B: "an aggregate data set, constructed from the individual client
    test sets") or the official test split (FedMPR).
+6. ``evaluate_on: val`` (for choosing hyperparameters) puts each client's validation share in
+   place of its test share, and their union in place of the global test set: every evaluation
+   stage then scores validation data, and no test sample is read.
 
 Schemes that give one sample to several clients (``disjoint: false``, see
 :class:`~pflower.datasets.partitioners.SampleSharingScheme`) change steps 2-4: the held-out
@@ -149,6 +152,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "pool": ("train", "all"),
     "client_test": ("holdout", "mirror", "partitioner"),
     "global_test": ("union", "official"),
+    "evaluate_on": ("test", "val"),
 }
 
 
@@ -165,6 +169,8 @@ class SplitConfig:
         stratify: ``holdout`` and validation: keep the client's class proportions in both parts.
         val_fraction: share of each client's train share carved out for validation (0 = none).
         global_test: ``union`` of client test shares, or the ``official`` test split.
+        evaluate_on: ``test``, or ``val`` to tune hyperparameters: the validation shares (and
+            their union) replace the client tests (and the global test) in every evaluation.
     """
 
     pool: str = "train"
@@ -174,6 +180,7 @@ class SplitConfig:
     stratify: bool = True
     val_fraction: float = 0.0
     global_test: str = "union"
+    evaluate_on: str = "test"
 
     @classmethod
     def from_mapping(cls, split: Mapping[str, Any]) -> SplitConfig:
@@ -208,6 +215,11 @@ class SplitConfig:
         for key in ("test_fraction", "val_fraction"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"split.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.evaluate_on == "val" and self.val_fraction == 0.0:
+            raise ConfigError(
+                "split.evaluate_on=val scores the clients' validation shares: set "
+                "split.val_fraction > 0 (e.g. 0.2)"
+            )
         if self.client_test == "holdout" and self.test_fraction == 0.0:
             raise ConfigError("split.test_fraction must be > 0 with client_test=holdout")
         if self.pool == "all" and (self.client_test != "holdout" or self.global_test == "official"):
@@ -289,6 +301,10 @@ def build_federation(
         ClientSplit(train, test, val) for train, test, val in zip(trains, tests, vals, strict=True)
     )
     check_no_leak(clients, global_test)
+    if config.evaluate_on == "val":
+        _require_test_samples(vals, name, "holdout", reserves.val is not None, "validation")
+        clients = tuple(ClientSplit(client.train, client.val, client.val) for client in clients)
+        global_test = np.unique(np.concatenate(vals))
     return Federation(dataset, pool, clients, global_test, noise)
 
 
@@ -565,9 +581,9 @@ def _mirror(
 
 
 def _require_test_samples(
-    tests: list[np.ndarray], scheme: Any, client_test: str, reserved: bool
+    tests: list[np.ndarray], scheme: Any, client_test: str, reserved: bool, what: str = "test"
 ) -> None:
-    """Refuse a federation in which a client has no test sample, saying where tests come from."""
+    """Refuse a federation in which a client has no ``what`` sample, saying where they come from."""
     empty = [client for client, share in enumerate(tests) if not len(share)]
     if not empty:
         return
@@ -579,6 +595,6 @@ def _require_test_samples(
     else:
         source, remedy = "the scheme drew none", "a larger test_size"
     raise ConfigError(
-        f"partition '{scheme}' leaves clients {empty} without test samples ({source}); "
+        f"partition '{scheme}' leaves clients {empty} without {what} samples ({source}); "
         f"use fewer clients, a larger min_size, or {remedy}"
     )
