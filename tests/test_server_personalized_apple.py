@@ -37,15 +37,15 @@ def test_fade_schedule() -> None:
 
 
 def test_relationship_gradient_by_hand() -> None:
-    grads = [torch.tensor([1.0, 2.0]), torch.tensor([[3.0]])]
-    cores = [
-        [torch.tensor([1.0, 1.0]), torch.tensor([[0.0]])],
-        [torch.tensor([2.0, 0.0]), torch.tensor([[1.0]])],
-    ]
+    # two trainable tensors of 2 and 1 elements, flattened
+    grad = torch.tensor([1.0, 2.0, 3.0])
+    cores = torch.tensor([[1.0, 1.0, 0.0], [2.0, 0.0, 1.0]])
     # exact: core 0: 1 + 2 + 0 = 3; core 1: 2 + 0 + 3 = 5
-    np.testing.assert_allclose(relationship_gradient(grads, cores).numpy(), [3.0, 5.0])
+    exact = relationship_gradient(grad, cores, [2, 1])
+    assert exact.dtype == torch.float64
+    np.testing.assert_allclose(exact.numpy(), [3.0, 5.0])
     # PFLlib: core 0: layer means 1.5 and 0 -> 0.75; core 1: 1.0 and 3.0 -> 2.0
-    pfllib = relationship_gradient(grads, cores, RelationshipGradient.pfllib_mean)
+    pfllib = relationship_gradient(grad, cores, [2, 1], RelationshipGradient.pfllib_mean)
     np.testing.assert_allclose(pfllib.numpy(), [0.75, 2.0])
 
 

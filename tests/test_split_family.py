@@ -428,15 +428,7 @@ def _start_phase(experiment: Experiment, received: NDArrays, local: NDArrays, pi
         None,
         data.train,
         data.prepare,
-        ALASettings(
-            eta=options.eta,
-            rand_percent=options.rand_percent,
-            layer_idx=options.layer_idx,
-            threshold=options.threshold,
-            num_pre_loss=options.num_pre_loss,
-            max_start_epochs=options.max_start_epochs,
-            batch_size=32,
-        ),
+        options.ala_settings(32),
         np.random.default_rng([experiment.settings.seed, pid, 1, 0xA1A]),
     )
 

@@ -120,6 +120,20 @@ class ALAFields:
             f"strategy.ala_batch_size must be >= 1 or null, got {self.ala_batch_size}",
         )
 
+    def ala_settings(self, train_batch_size: int) -> ALASettings:
+        """These options as one ALA call's settings; B is ``ala_batch_size`` or, when that is
+        null, ``train_batch_size``."""
+        return ALASettings(
+            eta=self.eta,
+            rand_percent=self.rand_percent,
+            layer_idx=self.layer_idx,
+            threshold=self.threshold,
+            num_pre_loss=self.num_pre_loss,
+            max_start_epochs=self.max_start_epochs,
+            batch_size=self.ala_batch_size or train_batch_size,
+            adapt_after_start=self.adapt_after_start,
+        )
+
 
 @dataclass(frozen=True)
 class ALASettings:
@@ -299,18 +313,7 @@ class ALAClientMixin(PersonalClient[Any]):
         return None
 
     def ala_settings(self, config: dict[str, Scalar]) -> ALASettings:
-        options = self.options
-        batch_size = options.ala_batch_size or self.train_settings(config).batch_size
-        return ALASettings(
-            eta=options.eta,
-            rand_percent=options.rand_percent,
-            layer_idx=options.layer_idx,
-            threshold=options.threshold,
-            num_pre_loss=options.num_pre_loss,
-            max_start_epochs=options.max_start_epochs,
-            batch_size=batch_size,
-            adapt_after_start=options.adapt_after_start,
-        )
+        return self.options.ala_settings(self.train_settings(config).batch_size)
 
     def ala_initialized(
         self, received: NDArrays, version: int, config: dict[str, Scalar]

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
@@ -93,21 +94,27 @@ class RelationshipGradient(StrEnum):
 
 
 def relationship_gradient(
-    grads: list[torch.Tensor],
-    cores: list[list[torch.Tensor]],
+    grad: torch.Tensor,
+    cores: torch.Tensor,
+    layer_sizes: list[int],
     form: RelationshipGradient = RelationshipGradient.exact,
 ) -> torch.Tensor:
-    """∂L/∂p_ij for each core j, in the chosen ``form``."""
-    if form == RelationshipGradient.exact:
-        per_core = [
-            sum(float(torch.sum(g * w)) for g, w in zip(grads, core, strict=True)) for core in cores
-        ]
-    else:
-        per_core = [
-            float(np.mean([float(torch.mean(g * w)) for g, w in zip(grads, core, strict=True)]))
-            for core in cores
-        ]
-    return torch.tensor(per_core, dtype=torch.float64)
+    """∂L/∂p_ij for each core j, in the chosen ``form`` (float64, one entry per core).
+
+    Args:
+        grad: g, the flattened gradient at ŵ_i (``P`` trainable elements).
+        cores: the core models as rows of an ``N x P`` matrix, in the same element order.
+        layer_sizes: the element count of each trainable tensor, in order (sums to ``P``).
+        form: ``exact`` is ``cores @ g``; ``pfllib_mean`` weighs the elements of a layer of
+            ``n_l`` elements by ``1 / (L n_l)``, L the number of layers, which is the mean over
+            layers of mean(g ⊙ w_j).
+    """
+    if form == RelationshipGradient.pfllib_mean:
+        weights = torch.cat(
+            [torch.full((size,), 1.0 / (len(layer_sizes) * size)) for size in layer_sizes]
+        )
+        grad = grad * weights.to(grad)
+    return (cores @ grad).double().cpu()
 
 
 class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
@@ -166,16 +173,20 @@ class AppleClient(PersonalClient["AppleOptions"]):
         fade = self.options.fade_fraction * self.experiment.settings.rounds
         lam_r = proximal_weight(rounds_trained, fade)
         generator = data_generator(self, config)
-        mask = trainable_mask(self.model)
         device = model_device(self.model)
-        cores = [
+        mask = trainable_mask(self.model)
+        cores = torch.stack(
             [
-                torch.from_numpy(np.asarray(a)).float().to(device)
-                for a, m in zip(core, mask, strict=True)
-                if m
+                torch.cat(
+                    [
+                        torch.from_numpy(np.asarray(a, dtype=np.float32)).reshape(-1)
+                        for a, m in zip(core, mask, strict=True)
+                        if m
+                    ]
+                )
+                for core in self._cores
             ]
-            for core in self._cores
-        ]
+        ).to(device)
         loss_mean, p = apple_train(
             self.model,
             self.data.train.images,
@@ -205,9 +216,11 @@ class AppleClient(PersonalClient["AppleOptions"]):
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> NDArrays:
         mask = trainable_mask(self.model)
-        core = iter(self._core)
+        sizes = [a.size for a, m in zip(trained, mask, strict=True) if m]
+        core = iter(torch.split(self._core.cpu(), sizes))
         return [
-            next(core).cpu().numpy().copy() if m else a for a, m in zip(trained, mask, strict=True)
+            next(core).numpy().reshape(a.shape).copy() if m else a
+            for a, m in zip(trained, mask, strict=True)
         ]
 
     def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
@@ -215,12 +228,11 @@ class AppleClient(PersonalClient["AppleOptions"]):
         return stored if stored is not None else self.initial()
 
 
-def set_personal(model: nn.Module, cores: list[list[torch.Tensor]], p: torch.Tensor) -> None:
-    """Load ŵ = Σ_j p_j w_j into ``model``'s trainable parameters."""
+def set_personal(model: nn.Module, cores: torch.Tensor, p: torch.Tensor) -> None:
+    """Load ŵ = Σ_j p_j w_j (``p @ cores``, cores the rows of ``N x P``) into ``model``'s
+    trainable parameters."""
     with torch.no_grad():
-        for index, param in enumerate(model.parameters()):
-            mixed = sum(float(p[j]) * cores[j][index] for j in range(len(cores)))
-            param.copy_(mixed)  # type: ignore[arg-type]
+        vector_to_parameters(p.to(cores) @ cores, model.parameters())
 
 
 def apple_train(
@@ -230,19 +242,21 @@ def apple_train(
     prepare: Callable[[torch.Tensor], torch.Tensor],
     settings: TrainSettings,
     generator: torch.Generator,
-    cores: list[list[torch.Tensor]],
+    cores: torch.Tensor,
     p: torch.Tensor,
     own: int,
     options: AppleOptions,
     lam_r: float,
 ) -> tuple[float, torch.Tensor]:
-    """APPLE's per-batch core and relationship steps (module docstring); updates ``cores[own]``
-    in place and returns the mean training loss and the new p."""
+    """APPLE's per-batch core and relationship steps (module docstring); updates row ``own`` of
+    ``cores`` (``N x P``, trainable elements) in place and returns the mean training loss and the
+    new p."""
     model.train()
     device = model_device(model)
     criterion = nn.CrossEntropyLoss()
     p0 = 1.0 / len(cores)
     p = p.clone()
+    layer_sizes = [param.numel() for param in model.parameters()]
     total, batches = 0.0, 0
     for index in batch_indices(
         len(labels), settings.batch_size, generator, settings.epochs, settings.steps
@@ -252,12 +266,10 @@ def apple_train(
         loss = criterion(model(prepare(images[index]).to(device)), labels[index].to(device))
         total += float(loss.detach())
         loss.backward()
-        grads = [param.grad.detach().clone() for param in model.parameters()]  # type: ignore[union-attr]
-        step = settings.lr * len(cores) * float(p[own])
-        cores[own] = [w - step * g for w, g in zip(cores[own], grads, strict=True)]
-        p_grad = relationship_gradient(grads, cores, options.p_gradient)
-        p_grad = p_grad + lam_r * options.mu * (p - p0)
-        p = p - options.drlr * p_grad
+        grad = parameters_to_vector(param.grad for param in model.parameters())  # type: ignore[misc]
+        cores[own] -= settings.lr * len(cores) * float(p[own]) * grad
+        p_grad = relationship_gradient(grad, cores, layer_sizes, options.p_gradient)
+        p = p - options.drlr * (p_grad + lam_r * options.mu * (p - p0))
         batches += 1
     return total / max(batches, 1), p
 
