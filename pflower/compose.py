@@ -41,9 +41,8 @@ from pflower.config import (
 )
 from pflower.core.algorithm import get_algorithm
 from pflower.core.options import check_keys
-from pflower.datasets.federation import SplitConfig
 from pflower.datasets.loaders import DATASETS
-from pflower.datasets.partitioners.base import PARTITIONERS
+from pflower.datasets.split import SplitConfig
 from pflower.models import MODELS
 from pflower.registry import ConfigError, Registry, name_and_options
 
@@ -58,20 +57,29 @@ for _robust in RobustKind:  # robust=<name>: the run-level robust-aggregation gr
 
 _MODEL_CONTEXT = ("input_shape", "num_classes")
 _PARTITION_CONTEXT = ("num_partitions", "seed")
-_NAMED_BLOCKS: dict[str, tuple[Registry[Any], tuple[str, ...]]] = {
-    "dataset": (DATASETS, ()),
-    "partition": (PARTITIONERS, _PARTITION_CONTEXT),
-    "model": (MODELS, _MODEL_CONTEXT),
-}
+_NAMED_BLOCKS = ("dataset", "partition", "model")
 """Config blocks chosen by name whose keys are a factory's arguments (less those the caller
-supplies)."""
+supplies, see :func:`_registry_of`)."""
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+def _registry_of(block: str) -> tuple[Registry[Any], tuple[str, ...]]:
+    """The registry of a named block, and the factory arguments the caller supplies.
+
+    The partition schemes are imported only here, when a partition block is checked or
+    explained: they bring Flower Datasets (about 3 s and 200 MB per process).
+    """
+    if block == "partition":
+        from pflower.datasets.partitioners.base import PARTITIONERS
+
+        return PARTITIONERS, _PARTITION_CONTEXT
+    return {"dataset": (DATASETS, ()), "model": (MODELS, _MODEL_CONTEXT)}[block]
+
+
+def compose_config(overrides: Sequence[str] = (), *, check_scheme: bool = True) -> DictConfig:
     """Compose ``conf/config.yaml`` with Hydra ``overrides`` and validate the result.
 
     Works both inside ``@hydra.main`` (Hydra already initialized on our tree) and in a fresh process
-    such as a Ray worker or a SuperNode's ClientApp.
+    such as a Ray worker or a SuperNode's ClientApp. ``check_scheme``: see :func:`validate`.
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type or out of range, an unknown name.
@@ -84,7 +92,7 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
                 cfg = compose(config_name="config", overrides=list(overrides))
     except HydraException as error:
         raise ConfigError(explain_composition_error(error)) from error
-    validate(cfg)
+    validate(cfg, check_scheme=check_scheme)
     return cfg
 
 
@@ -102,7 +110,7 @@ def explain_composition_error(error: BaseException) -> str:
     if is_dataclass(object_type):
         allowed = [f.name for f in fields(object_type)]
     elif block in _NAMED_BLOCKS:
-        registry, context = _NAMED_BLOCKS[block]
+        registry, context = _registry_of(block)
         parent = getattr(cause, "parent_node", None)
         name = str(parent.get("name", "")) if isinstance(parent, DictConfig) else ""
         accepted = registry.accepted_keys(name) if name in registry.names else []
@@ -122,8 +130,13 @@ def settings_of(cfg: DictConfig) -> ExperimentConfig:
     return settings
 
 
-def validate(cfg: DictConfig) -> ExperimentConfig:
+def validate(cfg: DictConfig, *, check_scheme: bool = True) -> ExperimentConfig:
     """Check every block of a composed configuration; returns its typed settings.
+
+    ``check_scheme=False`` leaves out the partition scheme's name and options: checking them
+    imports every scheme (with Flower Datasets, about 3 s and 200 MB), which a process that reads
+    its federation from the cache never needs. The federation builder checks them whenever it runs
+    a scheme; the command line checks them before a run starts.
 
     Raises:
         ConfigError: what is wrong and what is allowed.
@@ -131,8 +144,10 @@ def validate(cfg: DictConfig) -> ExperimentConfig:
     strategy = _block(cfg, "strategy")
     check_keys(get_algorithm(str(strategy.get("name"))).options, strategy)
     settings = settings_of(cfg)
-    for key, (registry, context) in _NAMED_BLOCKS.items():
-        registry.check(*name_and_options(_block(cfg, key)), context=context)
+    for key in _NAMED_BLOCKS:
+        if key != "partition" or check_scheme:
+            registry, context = _registry_of(key)
+            registry.check(*name_and_options(_block(cfg, key)), context=context)
     SplitConfig.from_mapping(_block(cfg, "split"))
     return settings
 
@@ -146,13 +161,16 @@ def _block(cfg: DictConfig, key: str) -> Mapping[str, Any]:
 
 def config_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
     """The experiment configuration that a Flower run config describes (cached per process:
-    Flower builds a client for every message, and composing takes tens of milliseconds)."""
+    Flower builds a client for every message, and composing takes tens of milliseconds).
+
+    The partition scheme is not checked here (``check_scheme=False``): the apps' processes read
+    their federation from the cache where they can, and building it checks the scheme."""
     return _compose_cached(tuple(overrides_from_run_config(run_config)))
 
 
 @lru_cache(maxsize=8)
 def _compose_cached(overrides: tuple[str, ...]) -> DictConfig:
-    cfg = compose_config(overrides)
+    cfg = compose_config(overrides, check_scheme=False)
     OmegaConf.set_readonly(cfg, True)
     if overrides not in _COMPOSED:
         _COMPOSED.append(overrides)

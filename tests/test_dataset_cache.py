@@ -64,7 +64,12 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def _entries(folder: Path) -> list[Path]:
-    return sorted(path for path in folder.iterdir() if not path.name.startswith("."))
+    """The dataset entries (not the federations' index lists, cached beside them)."""
+    return sorted(
+        path
+        for path in folder.iterdir()
+        if not path.name.startswith(".") and path.name != "federations"
+    )
 
 
 def _assert_same(first: ImageSplit, second: ImageSplit) -> None:

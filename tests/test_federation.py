@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from pflower.datasets import federation as federation_module
+from pflower.datasets import builder
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.datasets.federation import Federation, InputNoise, SplitConfig, build_federation
 from pflower.registry import ConfigError
@@ -246,7 +246,8 @@ def test_sample_sharing_schemes_draw_held_out_shares_from_reserves(
 def test_a_leaking_scheme_that_does_not_declare_sharing_is_caught(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(federation_module, "shares_samples", lambda partitioner: False)
+    monkeypatch.setenv("PFLOWER_CACHE", "off")  # a cached (correct) federation would hide it
+    monkeypatch.setattr(builder, "shares_samples", lambda partitioner: False)
     with pytest.raises(RuntimeError, match="held-out samples leak"):
         build({"name": "dir_quantity_skew", "disjoint": False, "min_size": 20})
 

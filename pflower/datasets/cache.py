@@ -45,9 +45,10 @@ import os
 import shutil
 import tempfile
 import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -70,6 +71,9 @@ _OFF = frozenset({"off", "0", "false", "no", "none"})
 _META = "meta.json"
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError)
 """What reading a missing, incomplete or damaged entry raises."""
+
+_KEPT_ARRAY_FILES = 512
+"""Files kept per :func:`cached_arrays` kind; the least recently used beyond that are deleted."""
 
 Decode = Callable[[], tuple[ImageSplit, ImageSplit]]
 """Decodes a dataset's source files into its official ``(train, test)`` splits."""
@@ -138,6 +142,66 @@ def cached_splits(
             stacklevel=2,
         )
         return decode()
+
+
+T = TypeVar("T")
+
+
+def cached_arrays(
+    kind: str,
+    identity: Mapping[str, Any],
+    build: Callable[[], dict[str, np.ndarray]],
+    parse: Callable[[Mapping[str, np.ndarray]], T],
+) -> T:
+    """``parse(arrays)``, the arrays computed by ``build`` once per machine for ``identity``.
+
+    For small derived arrays, such as a federation's index lists: stored as
+    ``<cache folder>/<kind>/<key>.npz`` (``key`` hashes ``identity``, which must name everything
+    the arrays depend on). A file is written to a temporary name and renamed, so a reader never
+    sees a partial one; two processes that miss at once both build (the same arrays) and the
+    last rename wins. A file that cannot be read or parsed is built again; whatever ``build``
+    or ``parse`` raises on fresh arrays propagates, and nothing is stored when ``build`` fails.
+    Beyond :data:`_KEPT_ARRAY_FILES` files of a kind, the least recently used are deleted.
+    Caching off, or a folder that cannot be written, only costs the build.
+    """
+    directory = cache_dir()
+    if directory is None:
+        return parse(build())
+    text = json.dumps({"format": _FORMAT, "identity": identity}, sort_keys=True, default=str)
+    path = directory / kind / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.npz"
+    with contextlib.suppress(*_READ_ERRORS, zipfile.BadZipFile, EOFError):
+        with np.load(path) as stored:
+            parsed = parse({name: stored[name] for name in stored.files})
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: kept by the pruning below
+        return parsed
+    arrays = build()
+    parsed = parse(arrays)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", dir=path.parent)
+        try:
+            with os.fdopen(handle, "wb") as stream:
+                np.savez(stream, **arrays)
+            os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide a shared cache from others
+            os.replace(temporary, path)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
+        _prune_least_recent(path.parent, _KEPT_ARRAY_FILES)
+    except OSError as error:
+        warnings.warn(f"not cached: {path} ({error})", RuntimeWarning, stacklevel=2)
+    return parsed
+
+
+def _prune_least_recent(folder: Path, keep: int) -> None:
+    def last_used(path: Path) -> int:
+        try:
+            return path.stat().st_mtime_ns
+        except OSError:  # deleted by another process meanwhile
+            return 0
+
+    for stale in sorted(folder.glob("*.npz"), key=last_used, reverse=True)[keep:]:
+        stale.unlink(missing_ok=True)
 
 
 def entry_key(
