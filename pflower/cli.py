@@ -94,6 +94,11 @@ def _simulate(cfg: DictConfig) -> None:
 
 def _partition(cfg: DictConfig) -> None:
     validate(cfg)
+    if cfg.split.get("evaluate_on") == "val":
+        raise ConfigError(
+            "pflower partition writes and reports the real test shares: drop "
+            "split.evaluate_on=val (it only changes which shares a run evaluates on)"
+        )
     from pflower.core.experiment import Experiment
     from pflower.datasets.partitioners.from_file import write_federation
     from pflower.datasets.report import report_partition

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +291,10 @@ def test_groups_reach_the_partitioner_and_test_groups_default_to_none() -> None:
     assert all(len(w) == 10 for w in writers) and not set.intersection(*writers)
 
 
-def test_same_arguments_same_federation_other_seed_another() -> None:
+def test_same_arguments_same_federation_other_seed_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PFLOWER_CACHE", "off")  # the builder itself, not a cached copy
     dataset = toy_dataset()
     args = ({"name": "lsqs", "min_size": 5}, {"client_test": "mirror", "val_fraction": 0.1})
     first = build(*args, dataset=dataset)
@@ -354,3 +358,78 @@ def test_impossible_federations_are_refused() -> None:
     )
     with pytest.raises(ConfigError, match=r"leaves clients \[4\] without test samples"):
         build({"name": "class_groups"}, {"client_test": "mirror"}, dataset=no_four)
+
+
+def _shares_equal(first: Federation, second: Federation) -> bool:
+    return all(
+        np.array_equal(a, b) for a, b in zip(all_shares(first), all_shares(second), strict=True)
+    ) and np.array_equal(first.global_test, second.global_test)
+
+
+@pytest.mark.parametrize(
+    ("partition", "split"),
+    [
+        ({"name": "dirichlet", "alpha": 0.5}, {"val_fraction": 0.1}),
+        ({"name": "quality_skew", "sigma": 0.5}, {}),
+        ({"name": "dir_quantity_skew", "disjoint": False, "min_size": 20}, {"val_fraction": 0.1}),
+    ],
+)
+def test_cached_federation_equals_the_built_one_and_is_read_back(
+    partition: dict[str, Any],
+    split: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cache hit gives the federation the builder gives (noise included) without running it."""
+    dataset = toy_dataset(n_train=2000)
+    monkeypatch.setenv("PFLOWER_CACHE", "off")
+    built = build(partition, split, dataset=dataset)
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path))
+    stored = build(partition, split, dataset=dataset)
+    (entry,) = (tmp_path / "federations").glob("*.npz")
+    monkeypatch.setattr(builder, "share_out", lambda *args: pytest.fail("the builder ran"))
+    read = build(partition, split, dataset=dataset)
+    for federation in (stored, read):
+        assert _shares_equal(federation, built)
+        assert federation.input_noise == built.input_noise
+    assert entry.is_file()
+
+
+def test_a_damaged_or_leaking_cache_file_is_built_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path))
+    partition, split = {"name": "dirichlet", "alpha": 0.5}, {"val_fraction": 0.1}
+    first = build(partition, split)
+    (entry,) = (tmp_path / "federations").glob("*.npz")
+    entry.write_bytes(b"not a zip file")
+    assert _shares_equal(build(partition, split), first)
+    with np.load(entry) as stored:
+        arrays = {name: stored[name] for name in stored.files}
+    arrays["test"] = arrays["train"][: len(arrays["test"])]  # every test sample is trained on
+    np.savez(entry, **arrays)
+    assert _shares_equal(build(partition, split), first)
+
+
+def test_a_rewritten_partition_file_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``partition=from_file`` counts by its file's content: same path, new lists, new shares."""
+    monkeypatch.setenv("PFLOWER_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "shares.json"
+    dataset = toy_dataset()
+
+    def write(sizes: tuple[int, int]) -> None:  # indices into the train split (pool=train)
+        order = np.random.default_rng(0).permutation(len(dataset.train))
+        lists = np.split(order[: sum(sizes)], [sizes[0]])
+        payload = {"num_samples": len(dataset.train), "clients": [s.tolist() for s in lists]}
+        path.write_text(json.dumps(payload))
+
+    def train_sizes() -> list[int]:
+        federation = build({"name": "from_file", "path": str(path)}, clients=2, dataset=dataset)
+        return [len(client.train) + len(client.test) for client in federation.clients]
+
+    write((300, 300))
+    assert train_sizes() == [300, 300]
+    write((100, 500))
+    assert train_sizes() == [100, 500]

@@ -23,6 +23,7 @@ from pflower.strategies.apple import (
     RelationshipGradient,
     proximal_weight,
     relationship_gradient,
+    relationship_weights,
 )
 from tests.inprocess import run_inprocess
 from tests.test_server_personalized import BASE, StateLog, assert_same
@@ -41,11 +42,13 @@ def test_relationship_gradient_by_hand() -> None:
     grad = torch.tensor([1.0, 2.0, 3.0])
     cores = torch.tensor([[1.0, 1.0, 0.0], [2.0, 0.0, 1.0]])
     # exact: core 0: 1 + 2 + 0 = 3; core 1: 2 + 0 + 3 = 5
-    exact = relationship_gradient(grad, cores, [2, 1])
+    assert relationship_weights([2, 1], RelationshipGradient.exact) is None
+    exact = relationship_gradient(grad, cores)
     assert exact.dtype == torch.float64
     np.testing.assert_allclose(exact.numpy(), [3.0, 5.0])
     # PFLlib: core 0: layer means 1.5 and 0 -> 0.75; core 1: 1.0 and 3.0 -> 2.0
-    pfllib = relationship_gradient(grad, cores, [2, 1], RelationshipGradient.pfllib_mean)
+    weights = relationship_weights([2, 1], RelationshipGradient.pfllib_mean)
+    pfllib = relationship_gradient(grad, cores, weights)
     np.testing.assert_allclose(pfllib.numpy(), [0.75, 2.0])
 
 

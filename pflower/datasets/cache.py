@@ -44,6 +44,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -167,9 +168,10 @@ def cached_arrays(
     directory = cache_dir()
     if directory is None:
         return parse(build())
-    text = json.dumps({"format": _FORMAT, "identity": identity}, sort_keys=True, default=str)
+    text = json.dumps({"format": _FORMAT, "identity": identity}, sort_keys=True, default=_plain)
     path = directory / kind / f"{hashlib.sha256(text.encode()).hexdigest()[:24]}.npz"
-    with contextlib.suppress(*_READ_ERRORS, zipfile.BadZipFile, EOFError):
+    # a file that cannot be read, or whose arrays parse refuses (even as leaking), is built again
+    with contextlib.suppress(*_READ_ERRORS, zipfile.BadZipFile, EOFError, RuntimeError):
         with np.load(path) as stored:
             parsed = parse({name: stored[name] for name in stored.files})
         with contextlib.suppress(OSError):
@@ -193,7 +195,20 @@ def cached_arrays(
     return parsed
 
 
+def _plain(value: Any) -> Any:
+    """JSON for the few non-JSON values a cache identity may hold; anything else is refused, so
+    that no key depends on a lossy or address-bearing ``str``."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"a cache identity cannot hold {type(value).__name__} ({value!r:.80})")
+
+
 def _prune_least_recent(folder: Path, keep: int) -> None:
+    """Keep the ``keep`` most recently used ``.npz`` files; delete temporaries older than an hour
+    (left by writers that crashed)."""
+
     def last_used(path: Path) -> int:
         try:
             return path.stat().st_mtime_ns
@@ -202,6 +217,10 @@ def _prune_least_recent(folder: Path, keep: int) -> None:
 
     for stale in sorted(folder.glob("*.npz"), key=last_used, reverse=True)[keep:]:
         stale.unlink(missing_ok=True)
+    hour_ago = (time.time() - 3600) * 1e9
+    for temporary in folder.glob(".*"):
+        if 0 < last_used(temporary) < hour_ago:
+            temporary.unlink(missing_ok=True)
 
 
 def entry_key(

@@ -35,11 +35,13 @@ per process).
 Schemes that give one sample to several clients (``disjoint: false``, see
 :class:`~pflower.datasets.partitioners.SampleSharingScheme`) change steps 2-4: the held-out
 samples (``holdout`` tests, validation) are set aside in *reserves* before the scheme runs, and each
-client's held-out shares are drawn from them with its train class mix (:func:`_reserve`). Cutting
-them from the overlapping shares instead would make one client's test samples other clients'
-training samples. Every federation is checked before it is returned: no client test sample and no
-global test sample is in any client's train or validation share, and no validation sample is in
-any client's train share.
+client's held-out shares are drawn from them with its train class mix (see
+:mod:`pflower.datasets.builder`). Cutting them from the overlapping shares instead would make one
+client's test samples other clients' training samples. Every federation's shares are checked
+before they are stored and again when they are read (:func:`check_no_leak`): no client test
+sample and no global test sample is in any client's train or validation share, and no validation
+sample is in any client's train share. The ``evaluate_on: val`` view is made after that check
+(its test shares are the validation shares).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from importlib.metadata import version
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -202,12 +205,13 @@ def _identity(
 ) -> dict[str, Any]:
     """Everything a federation's index lists depend on (the cache key).
 
-    The schemes see labels and group tags only, never images; the code fingerprint covers
+    The schemes see labels and group tags only, never images; ``partition=from_file`` also
+    reads its file, which counts by its resolved path and content. The code fingerprint covers
     pflower's own code, and the library versions the schemes and generators pflower draws on.
     ``evaluate_on`` only changes how the lists are viewed, so tuning and final runs share one
     entry.
     """
-    return {
+    identity = {
         "dataset": dataset.name,
         "n_train": len(dataset.train),
         "labels": _digest(labels),
@@ -221,8 +225,13 @@ def _identity(
             if field.name != "evaluate_on"
         },
         "code": CODE_FINGERPRINT,
-        "libraries": {"numpy": np.__version__, "flwr-datasets": version("flwr-datasets")},
+        "libraries": {name: version(name) for name in ("numpy", "flwr-datasets", "datasets")},
     }
+    if partition.get("name") == "from_file" and partition.get("path"):
+        path = Path(str(partition["path"])).expanduser().resolve()
+        content = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+        identity["partition_file"] = [str(path), content]
+    return identity
 
 
 def _digest(array: np.ndarray) -> str:

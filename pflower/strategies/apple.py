@@ -93,27 +93,35 @@ class RelationshipGradient(StrEnum):
     """The mean over layers of mean(g ⊙ w_j) (PFLlib)."""
 
 
+def relationship_weights(layer_sizes: list[int], form: RelationshipGradient) -> torch.Tensor | None:
+    """Per-element weights that turn ``cores @ (g ⊙ weights)`` into ∂L/∂p_ij in ``form``.
+
+    ``None`` for ``exact`` (``cores @ g``); for ``pfllib_mean`` the elements of a layer of
+    ``n_l`` elements weigh ``1 / (L n_l)``, L the number of layers: the mean over layers of
+    mean(g ⊙ w_j).
+
+    Args:
+        layer_sizes: the element count of each trainable tensor, in order.
+        form: the form of the gradient.
+    """
+    if form == RelationshipGradient.exact:
+        return None
+    count = len(layer_sizes)
+    return torch.cat([torch.full((size,), 1.0 / (count * size)) for size in layer_sizes])
+
+
 def relationship_gradient(
-    grad: torch.Tensor,
-    cores: torch.Tensor,
-    layer_sizes: list[int],
-    form: RelationshipGradient = RelationshipGradient.exact,
+    grad: torch.Tensor, cores: torch.Tensor, weights: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """∂L/∂p_ij for each core j, in the chosen ``form`` (float64, one entry per core).
+    """∂L/∂p_ij for each core j (float64, one entry per core).
 
     Args:
         grad: g, the flattened gradient at ŵ_i (``P`` trainable elements).
         cores: the core models as rows of an ``N x P`` matrix, in the same element order.
-        layer_sizes: the element count of each trainable tensor, in order (sums to ``P``).
-        form: ``exact`` is ``cores @ g``; ``pfllib_mean`` weighs the elements of a layer of
-            ``n_l`` elements by ``1 / (L n_l)``, L the number of layers, which is the mean over
-            layers of mean(g ⊙ w_j).
+        weights: :func:`relationship_weights` (on ``grad``'s device), or ``None`` (exact).
     """
-    if form == RelationshipGradient.pfllib_mean:
-        weights = torch.cat(
-            [torch.full((size,), 1.0 / (len(layer_sizes) * size)) for size in layer_sizes]
-        )
-        grad = grad * weights.to(grad)
+    if weights is not None:
+        grad = grad * weights
     return (cores @ grad).double().cpu()
 
 
@@ -257,6 +265,9 @@ def apple_train(
     p0 = 1.0 / len(cores)
     p = p.clone()
     layer_sizes = [param.numel() for param in model.parameters()]
+    weights = relationship_weights(layer_sizes, options.p_gradient)
+    if weights is not None:
+        weights = weights.to(cores)
     total, batches = 0.0, 0
     for index in batch_indices(
         len(labels), settings.batch_size, generator, settings.epochs, settings.steps
@@ -268,7 +279,7 @@ def apple_train(
         loss.backward()
         grad = parameters_to_vector(param.grad for param in model.parameters())  # type: ignore[misc]
         cores[own] -= settings.lr * len(cores) * float(p[own]) * grad
-        p_grad = relationship_gradient(grad, cores, layer_sizes, options.p_gradient)
+        p_grad = relationship_gradient(grad, cores, weights)
         p = p - options.drlr * (p_grad + lam_r * options.mu * (p - p0))
         batches += 1
     return total / max(batches, 1), p

@@ -1,0 +1,26 @@
+"""Settings for the whole test session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+CACHE_ENV = "PFLOWER_CACHE"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Datasets and federations are cached in a folder of this session, not in the user's cache:
+    the tests would fill it and push out the entries of real experiments. A ``PFLOWER_CACHE`` set
+    by the caller wins. Set in ``os.environ`` so that Ray workers and deployment processes started
+    by the tests inherit it."""
+    if CACHE_ENV in os.environ:
+        yield
+        return
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("pflower-cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop(CACHE_ENV, None)
