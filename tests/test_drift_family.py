@@ -12,13 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.common import NDArrays
+from flwr.common import NDArrays, ndarrays_to_parameters, parameters_to_ndarrays
 
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.client import PersonalClient
 from pflower.core.state import ClientState
 from pflower.core.training import get_weights, set_weights, trainable_mask
 from pflower.models.zoo import build_model
+from pflower.strategies.control_variates import ReportedModel
 from tests.inprocess import run_inprocess
 from tests.test_core import comparable, stage_rows
 
@@ -273,6 +274,37 @@ def test_feddyn_server_update_by_hand(tmp_path: Path) -> None:
     np.testing.assert_allclose(strategy.server_h[0], [-0.75])
     np.testing.assert_allclose(new[0], [5.5])
     np.testing.assert_allclose(new[1], [5.0])  # buffer: plain mean
+    # stages G and L1 score the plain mean of the client models (the official avg_model) ...
+    scored = parameters_to_ndarrays(strategy.scored_parameters(ndarrays_to_parameters(new)))
+    np.testing.assert_allclose(scored[0], [4.0])
+    np.testing.assert_allclose(scored[1], [5.0])
+    # ... or, with report=server, the corrected model the clients train from
+    strategy.options.report = ReportedModel.server
+    served = parameters_to_ndarrays(strategy.scored_parameters(ndarrays_to_parameters(new)))
+    np.testing.assert_allclose(served[0], [5.5])
+
+
+@pytest.mark.parametrize("name", ["feddyn", "feddc"])
+def test_the_reported_model_changes_what_is_scored_not_what_is_trained(
+    name: str, tmp_path: Path
+) -> None:
+    """FedDyn's and FedDC's ``report``: stage G and L1 rows differ, training does not."""
+    overrides = [*BASE, "rounds=2", f"strategy={name}", "strategy.alpha=0.1"]
+    runs = {
+        report: run_inprocess([*overrides, f"strategy.report={report}"], tmp_path / report)[0]
+        for report in ("average", "server")
+    }
+
+    def rows(report: str, stages: set[str]) -> list[tuple]:
+        return [
+            (r["round"], r["stage"], r.get("client"), r.get("loss"), r.get("loss_local"))
+            for r in runs[report]
+            if r["stage"] in stages and r["round"] == 2
+        ]
+
+    assert rows("average", {"L2"}) == rows("server", {"L2"}) != []
+    assert rows("average", {"G"}) != rows("server", {"G"})
+    assert rows("average", {"L1"}) != rows("server", {"L1"})
 
 
 # ----------------------------------------------------------------------------- FedMPR

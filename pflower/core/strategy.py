@@ -230,6 +230,12 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         :meth:`client_parameters`); algorithms that send more than a model to train override it."""
         return self.client_parameters(server_round, partition_id, global_parameters)
 
+    def scored_parameters(self, global_parameters: Parameters) -> Parameters:
+        """The model that stages G and L1 score for a round whose global model is
+        ``global_parameters`` (default: that model). FedDyn sends clients a corrected model but,
+        as its official code, scores the plain average of the client models."""
+        return global_parameters
+
     def expected_upload(self, current: NDArrays) -> NDArrays:
         """Arrays with the count and shapes a fit upload must have (default: the global model's);
         algorithms that upload more than a model (e.g. control variates) extend it."""
@@ -370,7 +376,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
             return None
         if server_round > 0 and not self.settings.is_eval_round(server_round):
             return None
-        metrics = self.evaluate_global(parameters_to_ndarrays(parameters))
+        metrics = self.evaluate_global(parameters_to_ndarrays(self.scored_parameters(parameters)))
         if self.global_model_label is not None:
             metrics = {**metrics, "model": self.global_model_label}
         self.recorder.global_stage(server_round, metrics)
@@ -391,6 +397,7 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
         proxies = [p for p in proxies if self._partition_of[p.cid] not in self.malicious]
         proxies += [p for p in reachable if self._partition_of[p.cid] in self.unseen]
         self._sent[f"evaluate-{server_round}"] = {p.cid: self._partition_of[p.cid] for p in proxies}
+        parameters = self.scored_parameters(parameters)
         return [
             (
                 proxy,

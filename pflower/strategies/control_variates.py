@@ -11,13 +11,15 @@ ICLR 2021). BatchNorm buffers have no gradient and are left out of them. This mo
   and of FedDC's correction under heavy-ball momentum, see there);
 - :func:`mean_delta_update`, the server step v ← v + (1/N) Σ_{i∈S} Δv_i;
 - :class:`ModelAndVariateStrategy` / :class:`ModelAndVariateClient`: the wire format "model,
-  then one server variate per trainable parameter" (fit only; evaluate carries the model alone).
+  then one server variate per trainable parameter" (fit only; evaluate carries the model alone);
+- :class:`ClientAverageScoring`: which model FedDyn and FedDC report (:class:`ReportedModel`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import ClassVar
+from enum import StrEnum
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -214,3 +216,35 @@ class ModelAndVariateClient(PersonalClient[OptionsT]):
         if steps == 0:
             return None
         return 1.0 / (effective_steps(steps, settings) * settings.lr)
+
+
+class ReportedModel(StrEnum):
+    """The model FedDyn and FedDC score at stages G and L1 (``strategy.report``)."""
+
+    average = "average"
+    """The plain average of the round's client models: what FedDyn's official code evaluates
+    (``avg_model``), FedDyn's default."""
+    server = "server"
+    """The corrected server model that clients receive and train from (FedDyn's θ^t = mean − h/α,
+    FedDC's w = mean + mean h_i): what FedDC's official code evaluates (``cur_cld_model``),
+    FedDC's default."""
+
+
+class ClientAverageScoring:
+    """Mixin for a strategy whose ``aggregate`` corrects the average of the client models: it
+    keeps that average (:attr:`client_average`, set by :meth:`remember_average`) and has stages G
+    and L1 score it when ``options.report`` is ``average`` (see :class:`ReportedModel`).
+
+    Before the first aggregation (round 0) both reports are the initial model.
+    """
+
+    client_average: NDArrays | None = None
+    options: Any
+
+    def remember_average(self, mean: NDArrays) -> None:
+        self.client_average = [np.array(array, copy=True) for array in mean]
+
+    def scored_parameters(self, global_parameters: Parameters) -> Parameters:
+        if self.options.report == ReportedModel.server or self.client_average is None:
+            return global_parameters
+        return ndarrays_to_parameters(self.client_average)

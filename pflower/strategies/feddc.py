@@ -34,6 +34,8 @@ Server state (attributes of :class:`FedDCStrategy`, for checkpoints):
     global_correction: G, one array per trainable parameter (None = zero).
     client_drifts: {partition id: h_i}, the latest drift each client uploaded.
     global_weights: w (the base class's global model).
+    client_average: the round's plain mean of the client models (scored with ``report:
+        average``; the official code evaluates w, its ``cur_cld_model``, the default here).
 
 Deviations and additions: the official code scales α and the correction by n_i / mean(n), which is
 1 for equal-sized clients and is left out here. ``drift_weight`` λ (pflower's knob, 1 = FedDC)
@@ -61,8 +63,10 @@ from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
 from pflower.strategies.control_variates import (
+    ClientAverageScoring,
     ModelAndVariateClient,
     ModelAndVariateStrategy,
+    ReportedModel,
     as_float64,
     cast_like,
     linear_term,
@@ -77,7 +81,7 @@ DRIFT = "feddc_drift"
 CORRECTION = "feddc_correction"
 
 
-class FedDCStrategy(ModelAndVariateStrategy["FedDCOptions"]):
+class FedDCStrategy(ClientAverageScoring, ModelAndVariateStrategy["FedDCOptions"]):
     """Keeps G (sent after w) and every client's latest h_i; w = mean θ_i + mean h_i."""
 
     variate_attribute: ClassVar[str] = "global_correction"
@@ -109,6 +113,7 @@ class FedDCStrategy(ModelAndVariateStrategy["FedDCOptions"]):
             for u in updates
         ]
         mean = self.average(models)
+        self.remember_average(mean)
         weight = self.options.drift_weight
         new = list(mean)
         if weight != 0.0:
@@ -187,6 +192,8 @@ class FedDCOptions(AlgorithmOptions):
     drift_weight: λ, the weight of the local drift and of the gradient correction (1 = FedDC;
         0 with alpha = 0 is FedAvg).
     aggregation: ``uniform`` (default, as the official code) or ``weighted`` by n_i.
+    report: the model stages G and L1 score: ``server`` (w, sent to the clients, which the
+        official code evaluates; default) or ``average`` (the mean of the round's client models).
     """
 
     display_name: ClassVar[str] = "FedDC"
@@ -194,6 +201,7 @@ class FedDCOptions(AlgorithmOptions):
 
     alpha: float = 0.01
     drift_weight: float = 1.0
+    report: ReportedModel = ReportedModel.server
     aggregation: Aggregation = Aggregation.uniform
 
     def __post_init__(self) -> None:
