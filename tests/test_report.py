@@ -338,3 +338,15 @@ def test_the_report_names_the_code_that_made_its_runs(tmp_path: Path) -> None:
         "(1 runs); `bbbb`, commit 222222222222 with uncommitted changes (1 runs); not recorded "
         "(1 runs: incomplete, or made before pflower did)."
     ) in text
+
+
+def test_the_report_warns_when_runs_scored_validation_shares(tmp_path: Path) -> None:
+    clients = [(0.5, 0.5, 1.0)]
+    write_run(tmp_path / "test" / "0", 0, FEDAVG, clients)
+    assert "validation shares" not in write_report([tmp_path / "test"], tmp_path / "o1").read_text()
+    tuning = write_run(tmp_path / "tuning" / "0", 0, FEDAVG, clients)
+    config = yaml.safe_load((tuning / "config.yaml").read_text())
+    config["split"] = {**config.get("split", {}), "val_fraction": 0.2, "evaluate_on": "val"}
+    (tuning / "config.yaml").write_text(yaml.safe_dump(config))
+    text = write_report([tmp_path / "test", tmp_path / "tuning"], tmp_path / "o2").read_text()
+    assert "**1 of 2 runs scored the clients' validation shares, not their test shares**" in text

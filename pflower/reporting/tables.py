@@ -189,6 +189,7 @@ def markdown(
         "",
         code_line(runs),
         "",
+        *validation_warning(runs),
         LEGEND,
         "",
         *_configuration(experiments),
@@ -235,6 +236,20 @@ def code_line(runs: Sequence[RunResult]) -> str:
         + "; ".join(parts)
         + "."
     )
+
+
+def validation_warning(runs: Sequence[RunResult]) -> list[str]:
+    """A warning, with an empty line after it, when runs scored validation shares instead of
+    test shares (``split.evaluate_on=val``: tuning runs); nothing otherwise."""
+    tuning = sum(run.config.get("split", {}).get("evaluate_on") == "val" for run in runs)
+    if not tuning:
+        return []
+    return [
+        f"**{tuning} of {len(runs)} runs scored the clients' validation shares, not their test "
+        "shares** (`split.evaluate_on=val`: runs for choosing hyperparameters). Their "
+        "accuracies are validation accuracies; they are not test results.",
+        "",
+    ]
 
 
 def write_csv(path: Path, report_sections: Sequence[Section], eps: float) -> Path:
