@@ -320,6 +320,24 @@ def test_a_key_added_later_counts_as_its_default(tmp_path: Path) -> None:
     assert pair.section == "eval.unseen_fraction=0"
 
 
+def test_block_keys_added_later_count_as_their_defaults(tmp_path: Path) -> None:
+    """``split.evaluate_on`` and FedDyn's ``report`` were added after runs were recorded: a run
+    without them and one with their defaults are seeds of one experiment, other values not."""
+    feddyn = {"name": "feddyn", "aggregation": "uniform", "alpha": 0.01}
+    write_run(tmp_path / "old", 0, feddyn, [(0.6, 0.5, 0.2)], g=0.5)
+    cases = [("new", {"report": "average"}, "test"), ("server", {"report": "server"}, "test")]
+    cases.append(("tuning", {"report": "average"}, "val"))
+    for name, extra, evaluate_on in cases:
+        run = write_run(tmp_path / name, 1, {**feddyn, **extra}, [(0.8, 0.5, 0.2)], g=0.5)
+        config = yaml.safe_load((run / "config.yaml").read_text())
+        config["split"] = {**config.get("split", {}), "evaluate_on": evaluate_on}
+        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    experiments = group_runs(load_runs([tmp_path]))
+    assert sorted(len(e.runs) for e in experiments) == [1, 1, 2]
+    (pair,) = [e for e in experiments if len(e.runs) == 2]
+    assert sorted(run.seed for run in pair.runs) == [0, 1]
+
+
 def test_the_report_names_the_code_that_made_its_runs(tmp_path: Path) -> None:
     old = {"fingerprint": "aaaa", "commit": "1" * 40, "dirty": False}
     new = {"fingerprint": "bbbb", "commit": "2" * 40, "dirty": True}

@@ -17,16 +17,19 @@ in a report table by its configuration:
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from enum import Enum
 from typing import Any
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm)
 from pflower.config import EXECUTION_KEYS, run_level_defaults
 from pflower.core.algorithm import options_from_block
 from pflower.core.options import AlgorithmOptions
+from pflower.datasets.split import SplitConfig
 from pflower.registry import ConfigError
 from pflower.results.rundir import RunResult
 
@@ -76,8 +79,41 @@ def show(value: Any) -> str:
 def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
     """The run's configuration, completed with :func:`~pflower.config.run_level_defaults`, without
     the keys that seeds may differ in."""
-    config = {**flatten(run_level_defaults()), **flatten(run.config)}
+    config = {
+        **flatten(run_level_defaults()),
+        **flatten(block_defaults(run.config)),
+        **flatten(run.config),
+    }
     return tuple(sorted((k, v) for k, v in config.items() if k.split(".")[0] not in NOT_GROUPED))
+
+
+def block_defaults(config: Mapping[str, Any]) -> Config:
+    """The defaults of the ``split`` block and of the run's algorithm options, as nested plain
+    values: a key added to them after a run was recorded counts as its default, as for the
+    run-level keys (a key is only ever added with a default that keeps the earlier behaviour)."""
+    defaults: Config = {"split": _plain_fields(SplitConfig())}
+    strategy = config.get("strategy")
+    if isinstance(strategy, Mapping):
+        with contextlib.suppress(ConfigError):
+            defaults["strategy"] = _plain_fields(options_from_block({"name": strategy.get("name")}))
+    return defaults
+
+
+def _plain_fields(instance: Any) -> Config:
+    """A dataclass's init fields as YAML would read them back (enums as their values)."""
+    return {
+        field.name: _plain_value(getattr(instance, field.name))
+        for field in fields(instance)
+        if field.init
+    }
+
+
+def _plain_value(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, tuple | list):
+        return [_plain_value(item) for item in value]
+    return value
 
 
 def flatten(tree: Mapping[str, Any], prefix: str = "") -> Config:
