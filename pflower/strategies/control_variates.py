@@ -242,7 +242,8 @@ class ClientAverageScoring:
     options: Any
 
     def remember_average(self, mean: NDArrays) -> None:
-        self.client_average = [np.array(array, copy=True) for array in mean]
+        """Keep ``mean`` (the arrays :meth:`average` returned; nothing changes them in place)."""
+        self.client_average = mean
 
     def scored_parameters(self, global_parameters: Parameters) -> Parameters:
         if self.options.report == ReportedModel.server or self.client_average is None:
