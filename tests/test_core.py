@@ -37,6 +37,7 @@ SUMMARY_KEYS = {
     "status",
     "error",
     "rounds",
+    "scored_on",
     "final_round",
     "final",
     "last10",
@@ -233,6 +234,17 @@ def test_a_round_where_every_client_failed_stops_the_run(tmp_path: Path) -> None
     # One shape for failed and completed runs, with the resolved configuration in both.
     assert set(summary) == SUMMARY_KEYS
     assert summary["config"]["strategy"]["name"] == "fedavg" and summary["final_round"] is None
+
+
+def test_summary_says_which_shares_the_accuracies_were_scored_on(tmp_path: Path) -> None:
+    """A tuning run (``split.evaluate_on=val``) records its validation accuracies under the same
+    names as a final run's test accuracies: ``scored_on`` tells the two files apart."""
+    from pflower.results.rundir import write_summary
+
+    for evaluate_on in ("test", "val"):
+        cfg = compose_config([*BASE, "split.val_fraction=0.2", f"split.evaluate_on={evaluate_on}"])
+        path = write_summary(tmp_path / evaluate_on, cfg, [], "completed")
+        assert json.loads(path.read_text())["scored_on"] == evaluate_on
 
 
 def test_a_run_with_no_reachable_client_stops_instead_of_idling(tmp_path: Path) -> None:

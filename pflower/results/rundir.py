@@ -171,6 +171,7 @@ def write_summary(
         "status": status,
         "error": error,
         "rounds": config.get("rounds"),
+        "scored_on": config.get("split", {}).get("evaluate_on", "test"),
         **headline(rows, int(config.get("rounds", 0)), config["eval"]["rho_thresholds"]),
         "failures": [r for r in rows if r["stage"] == FAILURE],
         "wall_time_s": wall_time_s,
