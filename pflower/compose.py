@@ -136,7 +136,7 @@ def validate(cfg: DictConfig, *, check_scheme: bool = True) -> ExperimentConfig:
     ``check_scheme=False`` leaves out the partition scheme's name and options: checking them
     imports every scheme (with Flower Datasets, about 3 s and 200 MB), which a process that reads
     its federation from the cache never needs. The federation builder checks them whenever it runs
-    a scheme; the command line checks them before a run starts.
+    a scheme; the command line builds (or reads) the federation before a run starts.
 
     Raises:
         ConfigError: what is wrong and what is allowed.

@@ -1,5 +1,6 @@
-"""A missing or corrupt dataset ends ``pflower ...`` like a configuration error: the message, exit
-code 2, no traceback, and nothing started (no run directory, no simulation)."""
+"""A missing or corrupt dataset, or a partition the data cannot satisfy, ends ``pflower ...`` like
+a configuration error: the message, exit code 2, no traceback, and nothing started (no run
+directory, no simulation)."""
 
 from __future__ import annotations
 
@@ -85,6 +86,39 @@ def test_partition_command_reports_a_corrupt_dataset_with_exit_code_2(tmp_path: 
     assert "dataset error: Dataset file" in output
     assert "not a readable gzip file" in output  # without the MD5 check, the format check
     assert "Traceback" not in done.stderr
+
+
+def test_a_partition_the_data_cannot_satisfy_ends_before_the_simulation(tmp_path: Path) -> None:
+    """The command line builds the federation before Ray starts: a scheme option that only the
+    data refutes (10 classes, 99 per client) fails there, not in the ServerApp."""
+    run_dir = tmp_path / "run"
+    arguments = ["dataset=digits", "num_clients=4", "partition.classes_per_client=99"]
+    done = pflower([*arguments, f"output_dir={run_dir}"], tmp_path, tmp_path)
+    output = flat(done.stdout + done.stderr)
+    assert done.returncode == 2, output
+    assert "configuration error: partition 'pathological' with 4 clients is impossible" in output
+    assert "Traceback" not in done.stderr
+    assert "Starting Flower ServerApp" not in output and not run_dir.exists()
+
+
+def test_a_cached_federation_spares_the_command_line_the_partition_schemes(
+    tmp_path: Path,
+) -> None:
+    """The first run on a machine builds its federation (importing the schemes, which bring
+    Flower Datasets); a run that finds it cached reads it and never imports them."""
+    script = (
+        "import sys; from pflower.cli import _preflight; from pflower.compose import "
+        "compose_config, validate; cfg = compose_config(['dataset=digits'], check_scheme=False); "
+        "_preflight(cfg, validate(cfg, check_scheme=False)); print('flwr_datasets' in sys.modules)"
+    )
+    environment = {**os.environ, "PFLOWER_CACHE": str(tmp_path / "cache")}
+    imported = [
+        subprocess.run(
+            [sys.executable, "-c", script], env=environment, capture_output=True, text=True
+        ).stdout.strip()
+        for _ in range(2)
+    ]
+    assert imported == ["True", "False"]
 
 
 @pytest.mark.parametrize("error", ["missing", "corrupt"])
