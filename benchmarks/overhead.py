@@ -127,6 +127,35 @@ def append_row(table: Path, header: str, row: str) -> None:
     table.write_text(text + row)
 
 
+STARTUP_MARKS = {
+    "driver": "Starting Flower ServerApp",
+    "ray": "Constructed ActorPool",
+}
+"""run.log lines that end the start-up phases: the driver (interpreter, imports, configuration,
+dataset and federation) hands over to the ServerApp; Ray is up with its client actors."""
+
+
+def startup_phases(log: Path, started: float, first_fit_done: float, steady: float) -> dict:
+    """Where the start-up went, from the timestamps of run.log: ``driver`` (process start to the
+    ServerApp), ``ray`` (to Ray and its actor pool being up), ``workers`` (the first round less a
+    steady round: the actors' processes starting, importing torch, Flower and pflower, reading
+    their data, and torch's first-use costs such as ``torch.optim`` importing ``torch._dynamo``).
+    """
+    marks: dict[str, float] = {}
+    for line in log.read_text().splitlines():
+        for phase, text in STARTUP_MARKS.items():
+            if text in line and phase not in marks:
+                stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+                marks[phase] = stamp.timestamp()
+    if marks.keys() != STARTUP_MARKS.keys():
+        return {}
+    return {
+        "driver": marks["driver"] - started,
+        "ray": marks["ray"] - marks["driver"],
+        "workers": first_fit_done - marks["ray"] - steady,
+    }
+
+
 def run_pflower(rounds: int, run_dir: Path, workload: list[str]) -> dict:
     """(a): the pflower simulation in a child process; round times from metrics.jsonl."""
     started = time.time()
@@ -152,6 +181,7 @@ def run_pflower(rounds: int, run_dir: Path, workload: list[str]) -> dict:
         "round_times_s": round_times,
         "steady_round_s": steady,
         "startup_s": done[0] - started - steady,
+        "startup_phases_s": startup_phases(run_dir / "run.log", started, done[0], steady),
         "total_s": time.time() - started,
         "peak_rss_mb": memory.peak_bytes / 2**20,
         "peak_pss_mb": memory.peak_pss_bytes / 2**20,
@@ -359,18 +389,21 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(result, indent=2))
+    phases = " / ".join(f"{v:.1f}" for v in pflower["startup_phases_s"].values()) or "-"
     line = (
         f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
         f"{floor['steady_round_s']:.2f} ({floor['workers']} workers) | "
         f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
         f"{result['steady_ratio_pflower_over_floor']:.2f} | "
-        f"{result['steady_ratio_pflower_over_bare']:.2f} | {pflower['startup_s']:.1f} | "
+        f"{result['steady_ratio_pflower_over_bare']:.2f} | {pflower['startup_s']:.1f} "
+        f"({phases}) | "
         f"{pflower['peak_rss_mb']:.0f} | {pflower['peak_pss_mb']:.0f} | "
         f"{floor['peak_rss_mb']:.0f} | {bare['peak_rss_mb']:.0f} |\n"
     )
     header = (
         "| date | machine | pflower round (s) | parallel floor round (s) | single loop round (s) "
-        "| pflower / floor | pflower / single loop | pflower start-up (s) "
+        "| pflower / floor | pflower / single loop "
+        "| pflower start-up (s) (driver / Ray / workers) "
         "| pflower peak RSS (MB) | pflower peak PSS (MB) | floor peak RSS (MB) "
         "| single loop peak RSS (MB) |\n"
         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
