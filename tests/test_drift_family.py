@@ -611,7 +611,9 @@ def test_fedselect_state_masks_and_personal_entries(tmp_path: Path) -> None:
         ["strategy=feddc"],
         ["strategy=fedselect"],
         ["strategy=centralized"],
-        ["strategy=fedmpr", "model=resnet18", "model.width=8", "train.lr=0.02"],
+        # FedMPR's ResNet-18 barely leaves its initial model in 2 rounds at lr 0.02 (global
+        # accuracy 0.128 on seed 0, 0.141 at lr 0.05 on seed 2); 3 rounds give it a margin.
+        ["strategy=fedmpr", "model=resnet18", "model.width=8", "train.lr=0.02", "rounds=3"],
     ],
     ids=lambda o: o[0].split("=")[1],
 )
@@ -622,7 +624,8 @@ def test_method_learns_on_digits(overrides: list[str], tmp_path: Path) -> None:
     none: its training loss falls). Drift-corrected methods raise the clients' own training loss
     on purpose, so that is no criterion for them."""
     rows, _ = run_inprocess(["dataset=digits", "num_clients=4", "rounds=2", *overrides], tmp_path)
-    l1 = stage_rows(rows, "L1", 2)
+    final_round = max(row["round"] for row in rows if row["stage"] == "L1")
+    l1 = stage_rows(rows, "L1", final_round)
     assert len(l1) == 4
     accuracy = np.mean([r["acc_global"] for r in l1])
     assert accuracy > 0.15, accuracy
