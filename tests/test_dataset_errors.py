@@ -112,13 +112,13 @@ def test_a_cached_federation_spares_the_command_line_the_partition_schemes(
         "_preflight(cfg, validate(cfg, check_scheme=False)); print('flwr_datasets' in sys.modules)"
     )
     environment = {**os.environ, "PFLOWER_CACHE": str(tmp_path / "cache")}
-    imported = [
+    runs = [
         subprocess.run(
             [sys.executable, "-c", script], env=environment, capture_output=True, text=True
-        ).stdout.strip()
+        )
         for _ in range(2)
     ]
-    assert imported == ["True", "False"]
+    assert [run.stdout.strip() for run in runs] == ["True", "False"], runs[-1].stderr
 
 
 @pytest.mark.parametrize("error", ["missing", "corrupt"])
