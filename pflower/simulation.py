@@ -9,10 +9,11 @@ to the population rather than to the sampled clients are replaced for these runs
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,6 +101,42 @@ def _scale_to_many_clients() -> None:
     vce_api.add_messages_to_queue = deliver_pending_messages
 
 
+RAY_HEAD_EXTRAS = ("start_monitor", "start_api_server")
+"""Methods of Ray's head node that start processes a simulation does not use (see
+:func:`lean_ray_head`)."""
+
+
+@contextlib.contextmanager
+def lean_ray_head() -> Iterator[None]:
+    """While active, a local Ray cluster starts without its autoscaler monitor and API server.
+
+    With ``include_dashboard=False`` (Flower's setting) Ray's API server loads only its usage-
+    statistics module, and the monitor autoscales a cluster of one fixed node: neither serves a
+    simulation, yet both are Python processes that import much of Ray, and ``ray.init`` waits
+    for the API server. Measured on 2 cores, they cost about 3 s of an 8-10 s ``ray.init`` and
+    about 125 MB. Ray has no public switch for them (``ray start --no-monitor`` exists,
+    ``ray.init`` has nothing), so the two methods of Ray's ``Node`` that start them do nothing
+    while Flower's backend calls ``ray.init`` (Ray is pinned by Flower, 2.55.1 for Flower 1.39; a
+    Ray without these methods is left as it is). Ray handles a head node without an API server
+    as one whose dashboard did not start: there is no dashboard URL, and no usage statistics are
+    reported. Attaching to a running cluster (``backend.address``) starts no head, so this
+    changes nothing there."""
+    from ray._private.node import Node
+
+    originals = {name: getattr(Node, name) for name in RAY_HEAD_EXTRAS if hasattr(Node, name)}
+    for name in originals:
+        setattr(Node, name, _start_nothing)
+    try:
+        yield
+    finally:
+        for name, method in originals.items():
+            setattr(Node, name, method)
+
+
+def _start_nothing(*_args: Any, **_kwargs: Any) -> None:
+    """Stands in for a process-starting method of Ray's ``Node`` (see :func:`lean_ray_head`)."""
+
+
 def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
     """Run the experiment that ``overrides`` compose as a Ray simulation; returns ``run_dir``.
 
@@ -133,16 +170,17 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
     )
     # The public ``run_simulation`` of Flower 1.39 takes no run config; this is the call that
     # Flower's own simulation runtime (``flwr run``) makes, with the app directory for defaults.
-    _run_simulation(
-        num_supernodes=settings.num_clients,
-        exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-        client_app=client_app,
-        server_app=server_app,
-        backend_name=settings.backend.name,
-        backend_config=ray_backend_config(settings),
-        server_app_context=server_context,
-        app_dir=str(app_dir()),
-        run=run,
-        is_app=True,
-    )
+    with lean_ray_head():
+        _run_simulation(
+            num_supernodes=settings.num_clients,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            backend_name=settings.backend.name,
+            backend_config=ray_backend_config(settings),
+            server_app_context=server_context,
+            app_dir=str(app_dir()),
+            run=run,
+            is_app=True,
+        )
     return run_dir

@@ -2,21 +2,46 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.inprocess import run_inprocess
 from tests.test_core import comparable
 
 
+def _run_and_watch_processes(command: list[str], timeout: float) -> tuple[int, str, str, set[str]]:
+    """Run ``command``; returns its exit code, stdout, stderr and the command lines of every
+    process below it, sampled twice a second while it runs."""
+    seen: set[str] = set()
+    with (
+        subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        ) as process,
+        ThreadPoolExecutor(max_workers=1) as pool,
+    ):
+        reader = pool.submit(process.communicate, timeout=timeout)
+        while not reader.done():
+            with contextlib.suppress(psutil.Error):
+                for child in psutil.Process(process.pid).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        seen.add(" ".join(child.cmdline()))
+            time.sleep(0.5)
+        stdout, stderr = reader.result()
+    return process.returncode, stdout, stderr, seen
+
+
 @pytest.mark.slow
 def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = subprocess.run(
+    returncode, stdout, stderr, processes = _run_and_watch_processes(
         [
             sys.executable,
             "-m",
@@ -26,11 +51,15 @@ def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
             "strategy=fliu",
             f"output_dir={run_dir}",
         ],
-        capture_output=True,
-        text=True,
         timeout=600,
     )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert returncode == 0, stdout[-3000:] + stderr[-3000:]
+    # Ray's head ran without the autoscaler monitor and the API server (pflower.simulation.
+    # lean_ray_head), and those two were all it left out
+    assert any("raylet" in command for command in processes), processes
+    assert any("log_monitor.py" in command for command in processes), processes
+    assert not any("dashboard/dashboard.py" in command for command in processes), processes
+    assert not any("autoscaler/_private/monitor.py" in command for command in processes)
     for artifact in (
         "config.yaml",
         "metrics.jsonl",
@@ -46,7 +75,7 @@ def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     # 2 classes per client: local chance is 0.5, global chance 0.1.
     assert l1["acc_local"]["mean"] > 0.85
     assert summary["final"]["G"]["acc"] > 0.2
-    assert "round 4/4" in result.stdout  # the live view reported every round
+    assert "round 4/4" in stdout  # the live view reported every round
     # Flower's simulation engine as pflower runs it (nodes' partitions read from the engine's
     # node map, messages delivered only to nodes that have one; see pflower.simulation) gives
     # the rows of the in-process run, whose server asks every node for its partition
