@@ -204,8 +204,9 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
     assert status == "finished:completed", diagnostics(deployment)
 
     rows = read_rows(run_dir)
-    failures = [(r["round"], r["phase"], r["client"]) for r in rows if r["stage"] == "failure"]
-    assert failures == [(1, "fit", 2)]
+    failure_rows = [r for r in rows if r["stage"] == "failure"]
+    failures = [(r["round"], r["phase"], r["client"]) for r in failure_rows]
+    assert failures == [(1, "fit", 2)], failure_rows
     aggregated = re.findall(
         r"aggregate_fit: received (\d+) results and (\d+) failures",
         (run_dir / "run.log").read_text(),
