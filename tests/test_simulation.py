@@ -34,7 +34,11 @@ def _run_and_watch_processes(command: list[str], timeout: float) -> tuple[int, s
                     with contextlib.suppress(psutil.Error):
                         seen.add(" ".join(child.cmdline()))
             time.sleep(0.5)
-        stdout, stderr = reader.result()
+        try:
+            stdout, stderr = reader.result()
+        except subprocess.TimeoutExpired:
+            process.kill()
+            raise
     return process.returncode, stdout, stderr, seen
 
 
