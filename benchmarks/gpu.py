@@ -17,8 +17,11 @@ Usage::
 
     python benchmarks/gpu.py [--cases fliu fedala flame fedmpr diversifed resnet18-cifar]
         [--rounds 4] [--clients-per-gpu 4] [--device cuda|cpu] [--out DIR]
+        [--case-limit SECONDS] [--set KEY=VALUE ...]
 
-Writes ``gpu.json`` and appends one row per case to ``gpu.md`` in the output folder. Without a
+Writes ``gpu.json`` and appends one row per case to ``gpu.md`` in the output folder. With
+``--case-limit``, a case still running after that many seconds is stopped, and its row says how
+many rounds it did, so that a slow case cannot take a short GPU lease with it. Without a
 CUDA device (and ``--device cuda``) it says so and exits 2 before running anything.
 """
 
@@ -34,7 +37,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-from overhead import append_row, machine_description, run_pflower
+from overhead import RunUnfinished, append_row, machine_description, run_pflower
 
 CASES: dict[str, list[str]] = {
     "fliu": ["+experiment=fliu_table1_paper"],
@@ -98,6 +101,13 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument(
+        "--case-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop a case still running after this long and record how many rounds it did",
+    )
+    parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra Hydra overrides"
     )
     args = parser.parse_args()
@@ -118,14 +128,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
             workload = [*CASES[case], *execution, *args.set]
-            measured = steady_state(run_pflower(args.rounds, Path(tmp) / case, workload))
+            command = " ".join(["pflower", *workload, f"rounds={args.rounds}"])
+            try:
+                measured = steady_state(
+                    run_pflower(args.rounds, Path(tmp) / case, workload, args.case_limit)
+                )
+                cells = (
+                    f"{measured['steady_round_s']:.2f} | "
+                    f"{measured['startup_s'] + measured['steady_round_s']:.1f}"
+                )
+            except RunUnfinished as stopped:
+                measured = {"unfinished": str(stopped), "rounds_done": stopped.rounds_done}
+                cells = f"not reached: stopped at {stopped.time_limit_s:.0f} s | {stopped}"
             result = {
                 "date": datetime.now(UTC).isoformat(timespec="seconds"),
                 "machine": machine,
                 "nvidia_smi": nvidia_smi(),
                 "case": case,
                 "device": args.device,
-                "command": " ".join(["pflower", *workload, f"rounds={args.rounds}"]),
+                "command": command,
                 **measured,
             }
             results.append(result)
@@ -133,10 +154,8 @@ def main() -> None:
             append_row(
                 table,
                 header,
-                f"| {result['date']} | {machine} | {case} | {args.device} | "
-                f"{measured['steady_round_s']:.2f} | "
-                f"{measured['startup_s'] + measured['steady_round_s']:.1f} | "
-                f"`{result['command']}` |\n",
+                f"| {result['date']} | {machine} | {case} | {args.device} | {cells} "
+                f"| `{command}` |\n",
             )
     store = args.out / "gpu.json"
     earlier = json.loads(store.read_text()) if store.exists() else []

@@ -156,25 +156,51 @@ def startup_phases(log: Path, started: float, first_fit_done: float, steady: flo
     }
 
 
-def run_pflower(rounds: int, run_dir: Path, workload: list[str]) -> dict:
-    """(a): the pflower simulation in a child process; round times from metrics.jsonl."""
-    started = time.time()
-    with PeakMemory() as memory:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pflower",
-                *workload,
-                f"rounds={rounds}",
-                f"output_dir={run_dir}",
-            ],
-            check=True,
-        )
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    done = [
+class RunUnfinished(Exception):
+    """The pflower run was stopped at its time limit after ``rounds_done`` training rounds."""
+
+    def __init__(self, rounds_done: int, time_limit_s: float) -> None:
+        super().__init__(f"{rounds_done} rounds done within {time_limit_s:.0f} s")
+        self.rounds_done = rounds_done
+        self.time_limit_s = time_limit_s
+
+
+def fit_done_times(run_dir: Path) -> list[float]:
+    """When each round's training phase ended (metrics.jsonl ``time`` rows), in round order."""
+    metrics = run_dir / "metrics.jsonl"
+    if not metrics.exists():
+        return []
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    return [
         r["fit_done_unix_s"] for r in sorted(rows, key=lambda r: r["round"]) if r["stage"] == "time"
     ]
+
+
+def run_pflower(
+    rounds: int, run_dir: Path, workload: list[str], time_limit_s: float | None = None
+) -> dict:
+    """(a): the pflower simulation in a child process; round times from metrics.jsonl.
+
+    With ``time_limit_s``, a run still going then is killed and :class:`RunUnfinished` says how
+    many rounds it had done."""
+    started = time.time()
+    with PeakMemory() as memory:
+        try:
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pflower",
+                    *workload,
+                    f"rounds={rounds}",
+                    f"output_dir={run_dir}",
+                ],
+                check=True,
+                timeout=time_limit_s,
+            )
+        except subprocess.TimeoutExpired:
+            raise RunUnfinished(len(fit_done_times(run_dir)), time_limit_s or 0.0) from None
+    done = fit_done_times(run_dir)
     round_times = list(np.diff(done))
     steady = statistics.median(round_times[: max(1, rounds - 2)])
     return {
