@@ -8,7 +8,7 @@ FedMPR's ResNet-18 (CIFAR stem) on synthetic data of CIFAR-10's shape (50,000 tr
 test images of 3x32x32, 10 classes): timing needs the right shapes, not the real images.
 
 Round time = time between the ends of consecutive training phases (metrics.jsonl ``time`` rows),
-steady state = median over rounds 3..R (:func:`steady_state`): the first round carries the
+steady state = median over rounds 3..R (``STEADY_INTERVALS``): the first round carries the
 workers' start-up and CUDA initialization, and the second an algorithm's one-off work (FedALA's
 start phase trains the ALA weights to convergence there: 22-30 s of a 4.5-7 s round on an H200).
 ``--device cpu`` runs the same cases on the CPU, for a ratio measured on the same machine.
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,9 @@ from pathlib import Path
 
 import torch
 from overhead import RunUnfinished, append_row, machine_description, run_pflower
+
+STEADY_INTERVALS = slice(1, None)
+"""Round intervals of the steady state: all but the first (round 2), which holds one-off work."""
 
 CASES: dict[str, list[str]] = {
     "fliu": ["+experiment=fliu_table1_paper"],
@@ -73,24 +75,6 @@ def nvidia_smi() -> str:
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return ""
-
-
-def steady_state(measured: dict) -> dict:
-    """Re-base ``run_pflower``'s steady round on rounds 3..R (the median of ``round_times_s``
-    after the first interval) and move what that removes from the steady round into the start-up
-    (``startup_s`` and its ``workers`` phase are the first round less one steady round)."""
-    intervals = measured["round_times_s"]
-    steady = statistics.median(intervals[1:] or intervals)
-    shift = measured["steady_round_s"] - steady
-    phases = dict(measured["startup_phases_s"])
-    if phases:
-        phases["workers"] += shift
-    return {
-        **measured,
-        "steady_round_s": steady,
-        "startup_s": measured["startup_s"] + shift,
-        "startup_phases_s": phases,
-    }
 
 
 def main() -> None:
@@ -130,8 +114,8 @@ def main() -> None:
             workload = [*CASES[case], *execution, *args.set]
             command = " ".join(["pflower", *workload, f"rounds={args.rounds}"])
             try:
-                measured = steady_state(
-                    run_pflower(args.rounds, Path(tmp) / case, workload, args.case_limit)
+                measured = run_pflower(
+                    args.rounds, Path(tmp) / case, workload, args.case_limit, STEADY_INTERVALS
                 )
                 cells = (
                     f"{measured['steady_round_s']:.2f} | "

@@ -177,10 +177,16 @@ def fit_done_times(run_dir: Path) -> list[float]:
 
 
 def run_pflower(
-    rounds: int, run_dir: Path, workload: list[str], time_limit_s: float | None = None
+    rounds: int,
+    run_dir: Path,
+    workload: list[str],
+    time_limit_s: float | None = None,
+    steady_intervals: slice | None = None,
 ) -> dict:
     """(a): the pflower simulation in a child process; round times from metrics.jsonl.
 
+    The steady round is the median of ``round_times[steady_intervals]`` (interval k ends round
+    k + 2; default: all but the last two), the start-up the first round less one steady round.
     With ``time_limit_s``, a run still going then is killed and :class:`RunUnfinished` says how
     many rounds it had done."""
     started = time.time()
@@ -198,11 +204,12 @@ def run_pflower(
                 check=True,
                 timeout=time_limit_s,
             )
-        except subprocess.TimeoutExpired:
-            raise RunUnfinished(len(fit_done_times(run_dir)), time_limit_s or 0.0) from None
+        except subprocess.TimeoutExpired as stopped:
+            raise RunUnfinished(len(fit_done_times(run_dir)), stopped.timeout) from None
     done = fit_done_times(run_dir)
     round_times = list(np.diff(done))
-    steady = statistics.median(round_times[: max(1, rounds - 2)])
+    steady_slice = steady_intervals or slice(None, max(1, rounds - 2))
+    steady = statistics.median(round_times[steady_slice] or round_times)
     return {
         "round_times_s": round_times,
         "steady_round_s": steady,
