@@ -9,6 +9,8 @@ tests run SuperNodes through the launcher).
   process it watches and removes its directory;
 - the launcher's command line, and the cap on the SuperNode loop's sleeps (its patch point exists
   in this Flower version);
+- a FAB that a task of the node installed completely is not installed again, anything else is;
+  an array that is not there yet is pulled again after a short pause, not Flower's 1 s;
 - :class:`PromptGrid` keeps ``send_and_receive``'s contract (all replies; timeout) with short,
   growing pauses, and only proxies over an ``HttpGrid`` get one;
 - a deployment round's messages go out in one push, and each reply, error or silence is
@@ -17,6 +19,7 @@ tests run SuperNodes through the launcher).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -41,9 +44,24 @@ from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
 from pflower.deploy import launcher
 from pflower.deploy.forkclient import SOCKET_VARIABLE
-from pflower.deploy.forkserver import ForkServerProcess, shim_script, wait_status
+from pflower.deploy.forkserver import (
+    APP_DIGEST_FILE,
+    INSTALLED_FAB_MARK,
+    ForkServerProcess,
+    app_digest,
+    install_fabs_once,
+    installed_app_digest,
+    shim_script,
+    wait_status,
+)
 from pflower.deploy.topology import launcher_command
-from pflower.server.polling import PromptClientManager, PromptGrid, fit_at_once, round_grid
+from pflower.server.polling import (
+    PromptClientManager,
+    PromptGrid,
+    fit_at_once,
+    prompt_object_pulls,
+    round_grid,
+)
 
 PROBE = """
 import json, os, signal, sys
@@ -241,6 +259,96 @@ def test_supernode_sleeps_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     capped.sleep(3)  # Flower's idle poll
     assert time.monotonic() - began < 1.0
     assert capped.time is time.time and capped.monotonic is time.monotonic
+
+
+class FakeInstaller:
+    """Stands in for Flower's ``install_from_fab``: installs ``fab`` bytes as a directory named
+    like Flower's (``<publisher>.<name>.<version>.<sha256[:8]>``) and counts its calls."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.calls = 0
+
+    def __call__(
+        self, fab: bytes, install_dir: Path | None = None, skip_prompt: bool = False
+    ) -> Path:
+        self.calls += 1
+        path = self.home / "apps" / f"pflower.pflower.1.0.{hashlib.sha256(fab).hexdigest()[:8]}"
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "content").write_bytes(fab)
+        return path
+
+
+def test_a_fab_installed_by_an_earlier_task_is_not_installed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flwr.supernode.runtime import run_clientapp
+
+    monkeypatch.setenv("FLWR_HOME", str(tmp_path))
+    flower = FakeInstaller(tmp_path)
+    monkeypatch.setattr(run_clientapp, "install_from_fab", flower)
+    install_fabs_once()
+    first = run_clientapp.install_from_fab(b"fab one", skip_prompt=True)
+    again = run_clientapp.install_from_fab(b"fab one", skip_prompt=True)
+    assert (first, flower.calls) == (again, 1)
+    assert (first / INSTALLED_FAB_MARK).read_text() == hashlib.sha256(b"fab one").hexdigest()
+    other = run_clientapp.install_from_fab(b"fab two", skip_prompt=True)
+    assert other != first and flower.calls == 2
+    # A directory of the same name without the mark (left incomplete, or installed by Flower's
+    # own command) is installed again; so is one whose mark holds another FAB's digest.
+    (first / INSTALLED_FAB_MARK).unlink()
+    assert run_clientapp.install_from_fab(b"fab one", skip_prompt=True) == first
+    assert flower.calls == 3
+    (first / INSTALLED_FAB_MARK).write_text("0" * 64)
+    run_clientapp.install_from_fab(b"fab one", skip_prompt=True)
+    assert flower.calls == 4
+
+
+def test_an_installed_apps_digest_is_computed_once(tmp_path: Path) -> None:
+    """A directory that ``install_fabs_once`` marked keeps its digest; any other is hashed anew."""
+    app = _fab(tmp_path / "app", changed=False)
+    digest = app_digest(app / "pflower", app / "conf")
+    assert installed_app_digest(app) == digest and not (app / APP_DIGEST_FILE).exists()
+    (app / INSTALLED_FAB_MARK).write_text("sha")
+    assert installed_app_digest(app) == digest
+    assert (app / APP_DIGEST_FILE).read_text() == digest
+    (app / APP_DIGEST_FILE).write_text("kept")
+    assert installed_app_digest(app) == "kept"
+
+
+@pytest.fixture
+def flower_pull_defaults() -> Iterator[None]:
+    """Restore the defaults of Flower's object pulls after a test changed them."""
+    from flwr.supercore.inflatable import inflatable_utils
+
+    functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
+    saved = [dict(function.__kwdefaults__ or {}) for function in functions]
+    yield
+    for function, defaults in zip(functions, saved, strict=True):
+        function.__kwdefaults__ = defaults
+
+
+@pytest.mark.usefixtures("flower_pull_defaults")
+def test_an_array_not_there_yet_is_pulled_again_promptly() -> None:
+    """Flower waits 1 s (+-20%) before it asks for such an array again, then 2 s, 4 s, ..."""
+    from flwr.supercore.inflatable import inflatable_utils
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    prompt_object_pulls(first_s=0.01, longest_s=0.05)
+    attempts: dict[str, int] = {}
+
+    def pull(object_id: str) -> bytes:
+        attempts[object_id] = attempts.get(object_id, 0) + 1
+        if attempts[object_id] <= 3:
+            raise ObjectUnavailableError(object_id)
+        return object_id.encode()
+
+    began = time.monotonic()
+    pulled = inflatable_utils.pull_objects(["a", "b"], pull)
+    assert pulled == {"a": b"a", "b": b"b"} and attempts == {"a": 4, "b": 4}
+    assert time.monotonic() - began < 0.8, "pauses of 0.01, 0.02, 0.04 s"
+    defaults = inflatable_utils.pull_and_inflate_object_from_tree.__kwdefaults__ or {}
+    assert (defaults["initial_backoff"], defaults["backoff_cap"]) == (0.01, 0.05)
 
 
 # ------------------------------------------------------------------------- ServerApp side

@@ -17,7 +17,10 @@
   its ClientApp's reply. Flower 1.39 has no setting for these: its message loop
   (``flwr.supernode.start_client_internal``) calls ``time.sleep`` with constants, so this
   process gives that module a ``time`` whose ``sleep`` is capped (:func:`cap_supernode_sleeps`;
-  ``PFLOWER_SUPERNODE_POLL_INTERVAL`` sets another cap).
+  ``PFLOWER_SUPERNODE_POLL_INTERVAL`` sets another cap);
+- the SuperNode, and the ClientApps the fork server starts, retry an array of a message that is
+  not there yet after 0.02 s instead of 1 s (:func:`pflower.server.polling.prompt_object_pulls`):
+  the SuperNode announces a message to its ClientApp before it has pulled the message's arrays.
 
 Each poll costs the SuperLink (SuperNode polls) or the SuperNode (SuperExec polls) a request:
 with 0.1 s, about 10 requests per second and node while it waits, a few percent of a core per
@@ -153,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if component == "supernode":
         cap_supernode_sleeps(float(os.environ.get(SUPERNODE_POLL_VARIABLE, POLLING.supernode_s)))
         from flwr.supernode.cli.flower_supernode import flower_supernode
+
+        from pflower.server.polling import prompt_object_pulls
+
+        prompt_object_pulls()
 
         sys.argv = ["flower-supernode", *arguments]
         flower_supernode()

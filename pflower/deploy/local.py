@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import tomli_w
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 
 from pflower.deploy.processes import (
     ManagedProcess,
@@ -37,6 +38,9 @@ from pflower.deploy.topology import (
     superlink_args,
     supernode_args,
 )
+
+IN_MEMORY_STATE = FLWR_IN_MEMORY_DB_NAME
+"""The SuperLink's ``--database`` value that keeps its state in memory."""
 
 CONNECTION = "pflower-local"
 """Name of the SuperLink connection written to the deployment's Flower configuration."""
@@ -57,7 +61,7 @@ class Deployment:
     """A SuperLink and its SuperNodes as processes on this machine, rooted in ``directory``.
 
     ``directory`` holds ``logs/<process>.log``, each process's ``FLWR_HOME`` under ``home/``,
-    the SuperLink's state database, the Flower CLI configuration (``flwr/config.toml``, with
+    the Flower CLI configuration (``flwr/config.toml``, with
     the connection :data:`CONNECTION`) and the process table :data:`STATE_FILE`.
     """
 
@@ -68,6 +72,11 @@ class Deployment:
     tag: str = field(default_factory=lambda: f"pflower-{uuid.uuid4().hex[:12]}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     fast_rounds: bool = True
+    state_database: str = IN_MEMORY_STATE
+    """The SuperLink's ``--database``: its state in memory (Flower's default, lost when the
+    SuperLink ends, as these processes are) or a SQLite file (Flower commits every change of
+    state to it: the SuperLink then used about twice the CPU time per round, on 2 cores part of
+    the round's time)."""
     """Start SuperNodes through :mod:`pflower.deploy.launcher` (ClientApp fork server, short
     polling intervals); False starts ``flower-supernode`` itself."""
     _popens: dict[str, subprocess.Popen[bytes]] = field(
@@ -107,13 +116,12 @@ class Deployment:
 
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until its Fleet and Control APIs accept connections."""
-        database = str(self.directory / "superlink" / "state.db")
         (self.directory / "superlink").mkdir(parents=True, exist_ok=True)
         self._start(
             "superlink",
             [
                 executable("flower-superlink"),
-                *superlink_args(self.endpoints, self.security, database),
+                *superlink_args(self.endpoints, self.security, self.state_database),
             ],
         )
         self.write_cli_config()
@@ -285,6 +293,7 @@ class Deployment:
             },
             "processes": [asdict(p) for p in self.processes.values()],
             "fast_rounds": self.fast_rounds,
+            "state_database": self.state_database,
         }
         (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
@@ -304,4 +313,5 @@ class Deployment:
             state["tag"],
             processes,
             state.get("fast_rounds", True),
+            state.get("state_database", IN_MEMORY_STATE),
         )

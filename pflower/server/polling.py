@@ -23,6 +23,14 @@ client, the SuperLink of Flower 1.39 sometimes dropped a shared array while anot
 still needed it, and that client failed with ``ObjectPushError``. One push also removes the legacy
 loop's thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the
 messages, and so every result, are the same.
+
+:func:`prompt_object_pulls` shortens a wait that every Flower process pulling a message's arrays
+can hit: a message is announced before its arrays are all stored (the SuperNode stores the
+message, and so starts its ClientApp, before it has pulled the arrays from the SuperLink; a reply
+is pushed before its arrays), and Flower retries an array it cannot have yet after 1 s, then
+2 s, 4 s, ... (``pull_objects``' ``initial_backoff``). The ServerApp (for its replies), the
+SuperNode and its ClientApps (:mod:`pflower.deploy.launcher`, :mod:`pflower.deploy.forkserver`)
+retry after :data:`OBJECT_PULL_FIRST_S` instead, doubling up to :data:`OBJECT_PULL_LONGEST_S`.
 """
 
 from __future__ import annotations
@@ -40,18 +48,47 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.server import EvaluateResultsAndFailures, FitResultsAndFailures
 from flwr.serverapp.grid import Grid
+from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
 
+OBJECT_PULL_FIRST_S = 0.02
+"""First pause before pulling again an array that is not there yet (Flower: 1 s)."""
+
+OBJECT_PULL_LONGEST_S = 1.0
+"""Longest such pause (Flower: 10 s)."""
+
+
+def prompt_object_pulls(
+    first_s: float = OBJECT_PULL_FIRST_S, longest_s: float = OBJECT_PULL_LONGEST_S
+) -> None:
+    """Make this process retry an array that is not there yet after ``first_s``, doubling up
+    to ``longest_s`` (see the module docstring): the defaults of Flower's ``pull_objects`` and
+    ``pull_and_inflate_object_from_tree``, which every pull of a message's arrays goes through.
+    Fails if Flower's functions no longer have these parameters."""
+    for function in (
+        inflatable_utils.pull_objects,
+        inflatable_utils.pull_and_inflate_object_from_tree,
+    ):
+        defaults = function.__kwdefaults__ or {}
+        if not {"initial_backoff", "backoff_cap"} <= defaults.keys():
+            raise RuntimeError(
+                f"flwr's {function.__name__} has no initial_backoff/backoff_cap: "
+                "pflower does not know this Flower version's object pulls"
+            )
+        defaults.update(initial_backoff=first_s, backoff_cap=longest_s)
+
 
 class PromptGrid(Grid):
-    """``grid`` with a ``send_and_receive`` that polls for replies with growing pauses."""
+    """``grid`` with a ``send_and_receive`` that polls for replies with growing pauses (and this
+    process's object pulls made prompt: :func:`prompt_object_pulls`)."""
 
     first_s = 0.02
     longest_s = 0.2
 
     def __init__(self, grid: Grid) -> None:
         self.grid = grid
+        prompt_object_pulls()
 
     def set_run(self, run: Run) -> None:
         self.grid.set_run(run)
