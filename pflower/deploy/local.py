@@ -72,13 +72,13 @@ class Deployment:
     tag: str = field(default_factory=lambda: f"pflower-{uuid.uuid4().hex[:12]}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     fast_rounds: bool = True
-    state_database: str = IN_MEMORY_STATE
-    """The SuperLink's ``--database``: its state in memory (Flower's default, lost when the
-    SuperLink ends, as these processes are) or a SQLite file (Flower commits every change of
-    state to it: the SuperLink then used about twice the CPU time per round, on 2 cores part of
-    the round's time)."""
     """Start SuperNodes through :mod:`pflower.deploy.launcher` (ClientApp fork server, short
     polling intervals); False starts ``flower-supernode`` itself."""
+    state_database: str = IN_MEMORY_STATE
+    """The SuperLink's ``--database``: its state in memory (Flower's default, lost when the
+    SuperLink ends, as these processes are) or the path of a SQLite file in an existing folder
+    (Flower commits every change of state to it: the SuperLink then used about twice the CPU
+    time per round, on 2 cores part of the round's time)."""
     _popens: dict[str, subprocess.Popen[bytes]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -116,7 +116,6 @@ class Deployment:
 
     def start_superlink(self, timeout: float = 60.0) -> None:
         """Start the SuperLink and wait until its Fleet and Control APIs accept connections."""
-        (self.directory / "superlink").mkdir(parents=True, exist_ok=True)
         self._start(
             "superlink",
             [
