@@ -187,6 +187,7 @@ def composed_overrides() -> list[tuple[str, ...]]:
     return list(_COMPOSED)
 
 
-def warm_config(overrides: Sequence[str]) -> None:
-    """Compose ``overrides`` into this process's cache of :func:`config_from_run_config`."""
-    _compose_cached(tuple(overrides))
+def warm_config(overrides: Sequence[str]) -> DictConfig:
+    """Compose ``overrides`` into this process's cache of :func:`config_from_run_config`; the
+    configuration composed."""
+    return _compose_cached(tuple(overrides))

@@ -42,6 +42,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
+from pflower.core.packing import is_packed, packed_arrays_mod
 from pflower.deploy import launcher
 from pflower.deploy.forkclient import SOCKET_VARIABLE
 from pflower.deploy.forkserver import (
@@ -79,7 +80,12 @@ def main():
 
         config_from_run_config({RUN_CONFIG_KEY: os.environ["PROBE_COMPOSE"]})
     compose = sys.modules.get("pflower.compose")
+    experiment = sys.modules.get("pflower.core.experiment")
     report.update(
+        prepared=[
+            {"federation", "_shared_model"} <= vars(e).keys()
+            for e in (experiment._EXPERIMENTS.values() if experiment else ())
+        ],
         argv=sys.argv,
         cwd=os.getcwd(),
         value=os.environ.get("PROBE_VALUE"),
@@ -99,7 +105,7 @@ def main():
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerProcess]:
     """A fork server whose children call ``probe:main``; it pre-imports pflower.deploy.local
-    (which imports tomli_w) and pflower.compose."""
+    (which imports tomli_w) and pflower.client.app (with pflower.compose)."""
     root = tmp_path_factory.mktemp("fork")
     modules = root / "modules"
     modules.mkdir()
@@ -109,7 +115,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerProce
         started = ForkServerProcess.start(
             root / "server",
             target="probe:main",
-            preload_modules=("pflower.deploy.local", "pflower.compose"),
+            preload_modules=("pflower.deploy.local", "pflower.client.app"),
         )
     try:
         started.wait_ready(timeout=120)
@@ -167,15 +173,17 @@ def test_child_keeps_the_imported_app_only_for_the_same_code(
     assert imported_from_fab == changed
 
 
-def test_server_composes_ahead_what_a_child_composed(
+def test_server_prepares_ahead_what_a_child_composed(
     server: ForkServerProcess, tmp_path: Path
 ) -> None:
-    """A child that composed a run's configuration tells the server, which composes it too: the
-    children forked afterwards find it in their cache instead of composing it again."""
+    """A child that composed a run's configuration tells the server, which prepares it too
+    (composed, with the federation and the model built): the children forked afterwards find
+    them in their caches instead of building them again."""
     overrides = "dataset=digits num_clients=3 rounds=2"
     first = _run(server, tmp_path, PROBE_COMPOSE=overrides)
     assert first.returncode == 0, first.stderr
     assert json.loads(first.stdout)["composed"] == [overrides.split()]
+    assert json.loads(first.stdout)["prepared"] == []
     deadline = time.monotonic() + 30
     while True:  # the server composes after the first child ended
         later = json.loads(_run(server, tmp_path).stdout)
@@ -183,6 +191,7 @@ def test_server_composes_ahead_what_a_child_composed(
             break
         time.sleep(0.2)
     assert later["composed"] == [overrides.split()]
+    assert later["prepared"] == [True]
 
 
 def test_child_killed_by_a_signal_is_reported(server: ForkServerProcess, tmp_path: Path) -> None:
@@ -416,10 +425,12 @@ class RoundGrid(HttpGrid):
         super().__init__(insecure=True, token="t")
         self.behaviour = behaviour
         self.pushes: list[list[Message]] = []
+        self.pushed_packed: list[bool] = []
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         pushed = list(messages)
         self.pushes.append(pushed)
+        self.pushed_packed = [is_packed(m.content) for m in pushed]
         for message in pushed:
             message.metadata.__dict__["_message_id"] = message.object_id
         return [m.metadata.message_id for m in pushed]
@@ -434,6 +445,10 @@ class RoundGrid(HttpGrid):
         ]
 
     def _reply(self, message: Message) -> Message:
+        """The reply of a node whose ClientApp has pflower's mod (it unpacks and packs)."""
+        return packed_arrays_mod(message, None, self._client_app)  # type: ignore[arg-type]
+
+    def _client_app(self, message: Message, _context: object) -> Message:
         if self.behaviour[message.metadata.dst_node_id] == "error":
             return Message(Error(code=0, reason="client crashed"), reply_to=message)
         ins = compat.recorddict_to_fitins(message.content, keep_input=True)
@@ -455,15 +470,20 @@ def test_a_deployment_round_is_one_push_and_each_reply_finds_its_client(
         manager.register(proxy)
     shared = round_grid(proxies)
     assert isinstance(shared, PromptGrid) and shared.grid is grid
-    ins = FitIns(ndarrays_to_parameters([np.arange(3.0)]), {"lr": 0.1})
+    model = [np.arange(3.0), np.ones((2, 2), dtype=np.float32)]
+    ins = FitIns(ndarrays_to_parameters(model), {"lr": 0.1})
     results, failures = fit_at_once(shared, [(p, ins) for p in proxies], timeout=0.3, group_id=4)
     assert len(grid.pushes) == 1, "one push for the whole round"
     pushed = grid.pushes[0]
     assert [m.metadata.dst_node_id for m in pushed] == [11, 12, 13]
     assert {m.metadata.message_type for m in pushed} == {MessageType.TRAIN}
     assert {m.metadata.group_id for m in pushed} == {"4"}
+    assert grid.pushed_packed == [True] * 3, "the model travels as one array"
     assert [(proxy.cid, res.num_examples) for proxy, res in results] == [("11", 7)]
-    np.testing.assert_array_equal(parameters_to_ndarrays(results[0][1].parameters)[0], [1, 2, 3])
+    returned = parameters_to_ndarrays(results[0][1].parameters)
+    np.testing.assert_array_equal(returned[0], [1, 2, 3])
+    np.testing.assert_array_equal(returned[1], np.full((2, 2), 2, dtype=np.float32))
+    assert returned[1].dtype == np.float32
     assert [type(f).__name__ for f in failures] == ["ValueError", "TimeoutError"]
     assert "client crashed" in str(failures[0]) and "node 13" in str(failures[1])
 

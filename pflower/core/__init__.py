@@ -9,5 +9,6 @@
 - :mod:`.nodes`: questions to nodes that never block the server; simulation node counts;
 - :mod:`.state`: typed access to a client's memory across rounds (``context.state``);
 - :mod:`.training`: the local training and evaluation loops;
+- :mod:`.packing`: a message's arrays as one array, for a deployment to move;
 - :mod:`.experiment`: the federation, models and settings both sides derive from the config.
 """

@@ -34,8 +34,9 @@ child keeps the server's ``pflower`` modules only when the FAB's ``pflower/**/*.
 ``conf/**/*.yaml`` have the same digest as the imported ones (computed once per installed FAB),
 and otherwise forgets them and imports the FAB's code (:func:`keep_app_if_unchanged`). A child that
 ran the server's import tells the server which configurations it composed, and the server
-composes them too (:func:`warm_configs`): later children find them in their cache. The server
-never runs torch code (no thread pools exist when it forks) and is single-threaded; it parks its
+prepares them too (:func:`warm_configs`: composed, with the experiment's federation and model
+built): later children find them in their caches. The server runs torch only there, on one
+thread (no thread pool exists when it forks), and is single-threaded itself; it parks its
 objects outside the garbage collector (``gc.freeze``) and its children end with ``os._exit``
 after flushing their streams: a normal interpreter exit would tear down every inherited module
 and so copy every page of the server's memory (seconds per task).
@@ -150,6 +151,14 @@ def installed_fab(digest: str) -> Path | None:
     return None
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that a concurrent reader (another task of the node) sees
+    the whole text or no file, never part of it."""
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    partial.write_text(text)
+    os.replace(partial, path)
+
+
 def install_fabs_once() -> None:
     """Make a ClientApp task skip installing a FAB that an earlier task of its node installed.
 
@@ -176,9 +185,7 @@ def install_fabs_once() -> None:
         if installed is not None:
             return installed
         path = original(fab_file, install_dir, skip_prompt)
-        mark = path / f"{INSTALLED_FAB_MARK}.{os.getpid()}"
-        mark.write_text(digest)
-        os.replace(mark, path / INSTALLED_FAB_MARK)
+        write_atomically(path / INSTALLED_FAB_MARK, digest)
         return path
 
     run_clientapp.install_from_fab = install_from_fab
@@ -223,9 +230,7 @@ def installed_app_digest(root: Path, package: str = APP_PACKAGE) -> str:
     digest = app_digest(root / package, root / "conf")
     if marked:
         with contextlib.suppress(OSError):
-            partial = root / f"{APP_DIGEST_FILE}.{os.getpid()}"
-            partial.write_text(digest)
-            os.replace(partial, root / APP_DIGEST_FILE)
+            write_atomically(root / APP_DIGEST_FILE, digest)
     return digest
 
 
@@ -266,19 +271,21 @@ def send_warm_hint(overrides: list[list[str]]) -> None:
 
 
 def warm_configs(overrides: list[list[str]]) -> None:
-    """In the server: compose the configurations not composed yet (the children forked from
-    now on find them in ``config_from_run_config``'s cache)."""
+    """In the server: prepare the configurations not prepared yet (the app's
+    ``prepare_ahead``: composed, their federation and model built), so the children forked from
+    now on find them in the app's caches."""
     compose = sys.modules.get(f"{APP_PACKAGE}.compose")
-    if compose is None or not hasattr(compose, "warm_config"):
+    app = sys.modules.get(f"{APP_PACKAGE}.client.app")
+    if compose is None or app is None or not hasattr(app, "prepare_ahead"):
         return
     known = set(compose.composed_overrides())
     for entry in overrides:
         if tuple(entry) in known:
             continue
         try:
-            compose.warm_config([str(o) for o in entry])
-        except Exception as error:  # the children compose it themselves
-            print(f"pflower fork server: not composed ahead: {error!r}", file=sys.stderr)
+            app.prepare_ahead([str(o) for o in entry])
+        except Exception as error:  # the children prepare it themselves
+            print(f"pflower fork server: not prepared ahead: {error!r}", file=sys.stderr)
     gc.freeze()
 
 

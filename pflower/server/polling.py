@@ -22,7 +22,9 @@ used), and it stores the arrays the messages share (the global model) once. With
 client, the SuperLink of Flower 1.39 sometimes dropped a shared array while another client's push
 still needed it, and that client failed with ``ObjectPushError``. One push also removes the legacy
 loop's thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the
-messages, and so every result, are the same.
+messages, and so every result, are the same. The messages' arrays travel packed, each
+``ArrayRecord`` as one array (:mod:`pflower.core.packing`): 5 objects per ``train`` message to
+move instead of 19 for an 8-tensor model.
 
 :func:`prompt_object_pulls` shortens a wait that every Flower process pulling a message's arrays
 can hit: a message is announced before its arrays are all stored (the SuperNode stores the
@@ -51,6 +53,8 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
+
+from pflower.core.packing import pack, unpack
 
 OBJECT_PULL_FIRST_S = 0.02
 """First pause before pulling again an array that is not there yet (Flower: 1 s)."""
@@ -163,13 +167,14 @@ def exchange(
 ) -> list[tuple[ClientProxy, RecordDict | Exception]]:
     """Send each proxy its content in one push; each proxy's reply content, or why it has none.
 
-    The messages are those ``GridClientProxy`` builds; replies are matched by their source node
-    (one message per node). A node that did not reply within ``timeout`` or replied with an
-    error gets an exception, as from ``GridClientProxy``.
+    The messages are those ``GridClientProxy`` builds, with their arrays packed
+    (:mod:`pflower.core.packing`: the ClientApp unpacks them; the replies are unpacked here).
+    Replies are matched by their source node (one message per node). A node that did not reply
+    within ``timeout`` or replied with an error gets an exception, as from ``GridClientProxy``.
     """
     messages = [
         Message(
-            content=content,
+            content=pack(content),
             message_type=message_type,
             dst_node_id=int(proxy.cid),
             group_id=str(group_id) if group_id else "",
@@ -191,7 +196,7 @@ def exchange(
                 (proxy, ValueError(f"the node replied with an error: {reply.error.reason}"))
             )
         else:
-            answers.append((proxy, reply.content))
+            answers.append((proxy, unpack(reply.content)))
     return answers
 
 
