@@ -16,6 +16,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from pflower.core.packing import (
     PACKED_KEY,
+    PackedArrays,
     is_packed,
     pack,
     pack_record,
@@ -66,6 +67,23 @@ def test_pack_packs_only_array_records_of_several_arrays() -> None:
     assert packed["config"].object_id == config.object_id
     assert is_packed(packed) and not is_packed(content)
     assert unpack(packed).object_id == content.object_id
+
+
+def test_records_that_share_their_arrays_share_one_packed_array() -> None:
+    """A round's messages all carry the global model (the same bytes): packed once, not once
+    per client; a record with other bytes (a client's own model) gets its own."""
+    parameters = ndarrays_to_parameters([np.ones(3), np.zeros(2)])
+    contents = [
+        compat.fitins_to_recorddict(FitIns(parameters, {"client": c}), keep_input=True)
+        for c in range(3)
+    ]
+    other = ndarrays_to_parameters([np.ones(3), np.zeros(2)])  # equal values, other bytes
+    contents.append(compat.fitins_to_recorddict(FitIns(other, {}), keep_input=True))
+    shared: PackedArrays = {}
+    packed = [pack(content, shared)["fitins.parameters"][PACKED_KEY].data for content in contents]
+    assert packed[0] is packed[1] is packed[2], "one copy of the packed bytes"
+    assert packed[3] is not packed[0] and packed[3] == packed[0]
+    assert len(shared) == 2
 
 
 def test_a_train_message_moves_far_fewer_objects_packed() -> None:

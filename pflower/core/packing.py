@@ -31,9 +31,20 @@ PACKED_STYPE = "pflower.packed/v1"
 _LENGTH_BYTES = 8
 
 
-def pack_record(record: ArrayRecord) -> ArrayRecord:
+PackedArrays = dict[tuple[tuple[str, int], ...], Array]
+"""Packed arrays by the records they were packed from: ``(key, id(bytes))`` of each array. Valid
+only while those bytes live (one round's messages), so that records sharing their arrays (a
+round's global model, in every client's message) share one packed copy of the bytes instead of
+one each."""
+
+
+def pack_record(record: ArrayRecord, shared: PackedArrays | None = None) -> ArrayRecord:
     """``record``'s arrays as one array: an 8-byte length, a JSON layout (key, dtype, shape,
-    stype, byte count of each array, in order), then the arrays' bytes."""
+    stype, byte count of each array, in order), then the arrays' bytes. With ``shared``, a
+    record whose arrays are the very bytes of a record packed before reuses that packed array."""
+    identity = tuple((key, id(array.data)) for key, array in record.items())
+    if shared is not None and identity in shared:
+        return ArrayRecord(array_dict={PACKED_KEY: shared[identity]})
     layout = [
         {
             "key": key,
@@ -50,6 +61,8 @@ def pack_record(record: ArrayRecord) -> ArrayRecord:
         + [array.data for array in record.values()]
     )
     packed = Array(dtype="uint8", shape=(len(data),), stype=PACKED_STYPE, data=data)
+    if shared is not None:
+        shared[identity] = packed
     return ArrayRecord(array_dict={PACKED_KEY: packed})
 
 
@@ -82,12 +95,13 @@ def unpack_record(record: ArrayRecord) -> ArrayRecord:
     return ArrayRecord(array_dict=arrays)
 
 
-def pack(content: RecordDict) -> RecordDict:
-    """``content`` with every ``ArrayRecord`` of more than one array packed into one array;
-    the other records (and their order) as they are."""
+def pack(content: RecordDict, shared: PackedArrays | None = None) -> RecordDict:
+    """``content`` with every ``ArrayRecord`` of more than one array packed into one array
+    (reusing the packed arrays in ``shared``: :func:`pack_record`); the other records (and their
+    order) as they are."""
     return RecordDict(
         {
-            name: pack_record(record)
+            name: pack_record(record, shared)
             if isinstance(record, ArrayRecord) and len(record) > 1
             else record
             for name, record in content.items()

@@ -54,7 +54,7 @@ from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
 
-from pflower.core.packing import pack, unpack
+from pflower.core.packing import PackedArrays, pack, unpack
 
 OBJECT_PULL_FIRST_S = 0.02
 """First pause before pulling again an array that is not there yet (Flower: 1 s)."""
@@ -172,9 +172,10 @@ def exchange(
     Replies are matched by their source node (one message per node). A node that did not reply
     within ``timeout`` or replied with an error gets an exception, as from ``GridClientProxy``.
     """
+    shared: PackedArrays = {}  # the round's global model: packed once for all messages
     messages = [
         Message(
-            content=pack(content),
+            content=pack(content, shared),
             message_type=message_type,
             dst_node_id=int(proxy.cid),
             group_id=str(group_id) if group_id else "",
@@ -188,7 +189,7 @@ def exchange(
     }
     answers: list[tuple[ClientProxy, RecordDict | Exception]] = []
     for proxy, _ in requests:
-        reply = replies.get(int(proxy.cid))
+        reply = replies.pop(int(proxy.cid), None)  # its packed bytes go once unpacked
         if reply is None:
             answers.append((proxy, TimeoutError(f"node {proxy.cid} did not reply in time")))
         elif reply.has_error():
