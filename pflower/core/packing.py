@@ -3,8 +3,8 @@
 Flower 1.39 moves a message as a tree of objects: the message, its ``RecordDict``, each record,
 each ``Array`` and each array's chunks. A SuperNode pulls them from the SuperLink, and its
 ClientApp from the SuperNode, one request per object (two at a time), and a reply travels back
-the same way. A FedAvgCNN model is 8 tensors, so 16 of a ``train`` message's 20 objects are its
-arrays and their chunks.
+the same way. A FedAvgCNN model is 8 tensors, so 16 of the 19 objects of a ``train``
+message's content are its arrays and their chunks; packed, the content is 5 objects.
 
 In a deployment the ServerApp sends every ``ArrayRecord`` of more than one array as one array
 (:func:`pack`: a JSON layout, then every array's bytes one after the other), the ClientApp's
