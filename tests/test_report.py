@@ -252,7 +252,7 @@ def test_pm_gm_hm_accuracy_and_fairness_per_model_type(tmp_path: Path) -> None:
     fedavg = experiment_cells(next(e for e in experiments if e.method != "FLAME"), eps=0.5)
     assert not any(" PM " in key for key in fedavg)
 
-    from pflower.reporting.figures import model_points
+    from pflower.reporting.stats import model_points
 
     assert [m for m, _, _ in model_points(cells, "L1")] == ["PM", "GM", "HM"]
     assert [m for m, _, _ in model_points(fedavg, "L1")] == [""]
@@ -262,23 +262,65 @@ def test_pm_gm_hm_accuracy_and_fairness_per_model_type(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "plots" / "fairness.png").stat().st_size > 0
 
 
-def test_robustness_figure_across_attack_fractions(sweep: Path, tmp_path: Path) -> None:
-    """Runs of one attack at two fractions (FedAvg, and FedAvg with Multi-Krum) give the report a
-    robustness figure; a report without attacks has none."""
+def _attacked_run(path: Path, seed: int, attack: str, fraction: float, robust: str, acc: float):
+    run = write_run(path, seed, FEDAVG, [(acc, 0.5, 0.2)], g=0.5)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["attack"] = {"name": attack, "fraction": fraction}
+    config["robust"] = {"name": robust}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+
+
+def test_robustness_study_shares_the_attack_free_run_across_attacks(
+    sweep: Path, tmp_path: Path
+) -> None:
+    """One attack-free run per seed (``attack=none``) gives every attack's line its point at
+    fraction 0; each line's points are the seed means of its own runs, per aggregator. The report
+    draws the figure and tabulates the same points; a report without attacks has neither."""
+    from pflower.reporting.robustness import Line, robustness_panels
+    from pflower.reporting.tables import sections
+
     root = tmp_path / "attacked"
-    for index, (fraction, robust) in enumerate(
-        [(0.0, "none"), (0.2, "none"), (0.0, "multi_krum"), (0.2, "multi_krum")]
-    ):
-        run = write_run(root / str(index), 0, FEDAVG, [(0.9 - fraction, 0.5, 0.2)], g=0.5)
-        config = yaml.safe_load((run / "config.yaml").read_text())
-        config["attack"] = {"name": "same_value", "fraction": fraction}
-        config["robust"] = {"name": robust}
-        (run / "config.yaml").write_text(yaml.safe_dump(config))
+    runs = [  # (attack, fraction, robust, Acc(L) of seeds 0 and 1)
+        ("none", 0.2, "none", (0.9, 0.7)),  # the fraction of attack=none is ignored
+        ("label_flip", 0.2, "none", (0.6, 0.6)),
+        ("label_flip", 0.4, "none", (0.4, 0.2)),
+        ("gaussian", 0.2, "none", (0.1, 0.1)),
+        ("gaussian", 0.2, "multi_krum", (0.8, 0.8)),
+        ("gaussian", 0.0, "multi_krum", (0.85, 0.85)),  # fraction 0: attack-free, any attack
+    ]
+    for index, (attack, fraction, robust, accuracies) in enumerate(runs):
+        for seed, acc in enumerate(accuracies):
+            _attacked_run(root / f"{index}_{seed}", seed, attack, fraction, robust, acc)
+    panels = robustness_panels(sections(group_runs(load_runs([root])), eps=0.5), "L1")
+    plain, krum = Line("FedAvg", "none", ""), Line("FedAvg", "multi_krum", "")
+    means = {
+        key: {line: {f: round(p.final.mean, 6) for f, p in points.items()}}
+        for key, lines in panels.items()
+        for line, points in lines.items()
+        if line == plain
+    }
+    assert means == {
+        ("gaussian", "PATH"): {plain: {0.0: 0.8, 0.2: 0.1}},
+        ("label_flip", "PATH"): {plain: {0.0: 0.8, 0.2: 0.6, 0.4: 0.3}},
+    }
+    assert panels["gaussian", "PATH"][krum][0.0].final.mean == pytest.approx(0.85)
+    assert krum not in panels["label_flip", "PATH"]  # no Multi-Krum run under label flipping
+    free = panels["label_flip", "PATH"][plain][0.0]
+    assert (free.final.std, free.final.n) == (pytest.approx(0.1), 2)
+    assert free.last10 is not None and free.last10.mean == pytest.approx(0.8)  # round 2 of 2
+
     report = write_report([root], tmp_path / "out").read_text()
     assert "## Across sections\n\n![robustness](plots/robustness.png)" in report
     assert (tmp_path / "out" / "plots" / "robustness.png").stat().st_size > 0
-    plain = write_report([sweep], tmp_path / "plain").read_text()
-    assert "Across sections" not in plain
+    assert (
+        "| label_flip | PATH | FedAvg | 80.00 ± 10.00 (2) / 80.00 ± 10.00 (2) "
+        "| 60.00 ± 0.00 (2) / 60.00 ± 0.00 (2) | 30.00 ± 10.00 (2) / 30.00 ± 10.00 (2) |"
+    ) in report
+    assert (
+        "| gaussian | PATH | FedAvg + multi_krum | 85.00 ± 0.00 (2) / 85.00 ± 0.00 (2) " in report
+    )
+    plain_report = write_report([sweep], tmp_path / "plain").read_text()
+    assert "Across sections" not in plain_report
     assert not (tmp_path / "plain" / "plots" / "robustness.png").exists()
 
 

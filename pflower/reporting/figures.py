@@ -7,16 +7,15 @@
 - fairness: final-round client-mean Acc(L) against the variance over clients of the local test
   loss, one point per method and model type (PM / GM / HM where the method holds both models),
   mean over seeds with ±1 std bars over seeds;
-- robustness (one figure for the whole report, when some attack runs at two or more fractions):
-  the benign clients' final-round Acc(L) against the share of malicious clients, one panel per
-  attack and partition, one line per method (with its robust aggregator) and model type.
+- robustness (one figure for the whole report, when some attack runs at two or more fractions,
+  the attack-free run counting as fraction 0): the benign clients' final-round Acc(L) against the
+  share of malicious clients, one panel per attack and partition, one line per method (with its
+  robust aggregator) and model type.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -26,7 +25,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
-from pflower.reporting.stats import MODEL_TYPES, Cell, final_client_values, round_curve
+from pflower.reporting.robustness import Panels
+from pflower.reporting.stats import final_client_values, model_points, round_curve
 from pflower.reporting.tables import Section
 
 _CURVES = (("acc_local", "Acc(L)"), ("acc_global", "Acc(G)"))
@@ -98,19 +98,6 @@ def client_distribution(section: Section, stage: str, path: Path) -> Path:
 _MARKERS = {"": "o", "PM": "o", "GM": "s", "HM": "^"}
 
 
-def model_points(cells: dict[str, Cell], stage: str) -> list[tuple[str, Cell, Cell]]:
-    """(model type, Acc(L), loss var) per model the method reports at ``stage``: PM, GM and HM
-    where it holds both models (its plain stage metrics are then the PM's), else its one model."""
-    points = [
-        (model, cells[f"{stage} {model} Acc(L)"], cells[f"{stage} {model} loss var"])
-        for model in MODEL_TYPES
-        if f"{stage} {model} loss var" in cells
-    ]
-    if points or f"{stage} loss var" not in cells:
-        return points
-    return [("", cells[f"{stage} Acc(L)"], cells[f"{stage} loss var"])]
-
-
 def fairness(section: Section, stage: str, path: Path) -> Path:
     """Final-round Acc(L) against loss variance over clients, per method and model type."""
     partitions = section.partitions
@@ -141,58 +128,29 @@ def fairness(section: Section, stage: str, path: Path) -> Path:
     return _save(fig, path)
 
 
-@dataclass(frozen=True)
-class _Line:
-    """One line of the robustness figure: a method, its aggregator and a model type."""
-
-    method: str
-    robust: str
-    model: str
-
-    @property
-    def label(self) -> str:
-        name = self.method if self.robust == "none" else f"{self.method} + {self.robust}"
-        return f"{name} {self.model}".strip()
-
-
-def robustness(sections: Sequence[Section], stage: str, path: Path) -> Path | None:
+def robustness(panels: Panels, stage: str, path: Path) -> Path | None:
     """Benign clients' final-round Acc(L) at ``stage`` against ``attack.fraction`` (malicious
-    clients are never scored), mean over seeds with ±1 std bars; None unless some attack was run
-    at two or more fractions."""
-    panels: dict[tuple[str, str], dict[_Line, dict[float, Cell]]] = defaultdict(
-        lambda: defaultdict(dict)
-    )
-    for section in sections:
-        for experiment in section.experiments:
-            attack = str(experiment.config.get("attack.name", "none"))
-            if attack == "none":
-                continue
-            robust = str(experiment.config.get("robust.name", "none"))
-            fraction = float(experiment.config["attack.fraction"])
-            cells = section.cells.get((experiment.method, experiment.partition), {})
-            for model, accuracy, _ in model_points(cells, stage):
-                line = _Line(experiment.method, robust, model)
-                panels[attack, experiment.partition][line][fraction] = accuracy
-    if not any(len(points) > 1 for lines in panels.values() for points in lines.values()):
+    clients are never scored), one panel per attack and partition, mean over seeds with ±1 std
+    bars; None when there is no panel (:func:`~pflower.reporting.robustness.robustness_panels`)."""
+    if not panels:
         return None
-    methods = [line.method for lines in panels.values() for line in lines]
-    colors = _colors(list(dict.fromkeys(methods)))
-    keys = sorted(panels)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.6 * len(keys), 4), squeeze=False)
-    for ax, key in zip(axes[0], keys, strict=True):
-        for line, points in panels[key].items():
+    lines = [line for panel in panels.values() for line in panel]
+    colors = _colors(list(dict.fromkeys(line.method for line in lines)))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
+    for ax, ((attack, partition), panel) in zip(axes[0], panels.items(), strict=True):
+        for line, points in panel.items():
             fractions = sorted(points)
             ax.errorbar(
                 fractions,
-                [points[f].mean for f in fractions],
-                yerr=[points[f].std for f in fractions],
+                [points[f].final.mean for f in fractions],
+                yerr=[points[f].final.std for f in fractions],
                 marker=_MARKERS[line.model],
                 linestyle="-" if line.robust == "none" else "--",
                 color=colors[line.method],
                 capsize=2,
                 label=line.label,
             )
-        ax.set_title(f"{key[1]}: attack {key[0]}, final {stage}", fontsize=10)
+        ax.set_title(f"{partition}: attack {attack}, final {stage}", fontsize=10)
         ax.set_xlabel("share of malicious clients")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)

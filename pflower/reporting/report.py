@@ -6,10 +6,11 @@ Reads every run directory at or below the given paths, groups runs that differ o
 - ``report.md``: tables with one row per method and columns partition x metric (FLIU Table I's
   stages L1, L2 and G with Acc(L), Acc(G) and Acc = Acc(L) + Acc(G); ρ_ε, loss variance and
   bottom-10% accuracy), cells ``mean ± std (number of seeds)`` at the final round; which config
-  keys vary; failed and incomplete runs;
+  keys vary; failed and incomplete runs; across sections, the robustness study (benign accuracy
+  per attack against the share of malicious clients, :mod:`pflower.reporting.robustness`);
 - ``report.csv`` (the same matrix) and ``report_values.csv`` (raw numbers);
-- ``plots/``: accuracy per round by method with std bands over seeds, and per-client final
-  accuracy distributions.
+- ``plots/``: accuracy per round by method with std bands over seeds, per-client final accuracy
+  distributions, fairness (accuracy against loss variance) and the robustness figure.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pflower.reporting.figures import (
     robustness,
 )
 from pflower.reporting.groups import group_runs
+from pflower.reporting.robustness import robustness_panels, robustness_table
 from pflower.reporting.tables import Section, markdown, sections, write_csv, write_values_csv
 from pflower.results.rundir import load_runs
 
@@ -65,6 +67,22 @@ def _figures(section: Section, index: int, stage: str, out_dir: Path) -> list[Pa
     return [path.relative_to(out_dir) for path in written]
 
 
+def _robustness_study(report_sections: Sequence[Section], stage: str, out_dir: Path) -> list[str]:
+    """The robustness study's figure and table (markdown lines), none without attacked runs at
+    two or more shares of malicious clients."""
+    panels = robustness_panels(report_sections, stage)
+    figure = robustness(panels, stage, out_dir / "plots" / "robustness.png")
+    if figure is None:
+        return []
+    return [
+        f"![robustness]({figure.relative_to(out_dir).as_posix()})",
+        "",
+        f"### Robustness at stage {stage}: benign clients' Acc(L) (%), final / last 10% of rounds",
+        "",
+        *robustness_table(panels),
+    ]
+
+
 def write_report(
     paths: Sequence[Path],
     out_dir: Path,
@@ -86,8 +104,7 @@ def write_report(
         for index, section in enumerate(report_sections, start=1)
         if section.has_results
     }
-    attacked = robustness(report_sections, stage, out_dir / "plots" / "robustness.png")
-    across = [] if attacked is None else [attacked.relative_to(out_dir)]
+    across = _robustness_study(report_sections, stage, out_dir)
     text = markdown(title, experiments, report_sections, paths, figures, eps, across)
     report_path = out_dir / "report.md"
     report_path.write_text(text, encoding="utf-8")

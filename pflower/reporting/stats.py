@@ -192,3 +192,25 @@ def final_client_values(experiment: Experiment, stage: str, metric: str) -> list
         for row in run.stage_rows(stage, run.final_round or 0)
         if metric in row
     ]
+
+
+def model_key(stage: str, model: str, name: str) -> str:
+    """The cell key of metric ``name`` ("Acc(L)", "loss var") of model type ``model`` at
+    ``stage``; ``model`` is "" for the one model of a method that holds a single model."""
+    return " ".join(part for part in (stage, model, name) if part)
+
+
+def model_points(cells: dict[str, Cell], stage: str) -> list[tuple[str, Cell, Cell]]:
+    """(model type, Acc(L), loss var) per model the method reports at ``stage``: PM, GM and HM
+    where it holds both models (its plain stage metrics are then the PM's), else its one model."""
+    models = [model for model in MODEL_TYPES if model_key(stage, model, "loss var") in cells]
+    if not models and model_key(stage, "", "loss var") in cells:
+        models = [""]
+    return [
+        (
+            model,
+            cells[model_key(stage, model, "Acc(L)")],
+            cells[model_key(stage, model, "loss var")],
+        )
+        for model in models
+    ]

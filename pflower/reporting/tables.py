@@ -96,7 +96,7 @@ def format_cell(cell: Cell | None, kind: str) -> str:
     return f"{cell.mean:.3g} ± {cell.std:.2g} ({cell.n})"
 
 
-def _markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines
@@ -114,7 +114,7 @@ def _section_tables(section: Section, eps: float) -> list[str]:
         ]
         if all(cell == "-" for row in rows for cell in row[1:]):
             continue
-        lines += ["", f"### {_TABLE_TITLES[table]}", "", *_markdown_table(header, rows)]
+        lines += ["", f"### {_TABLE_TITLES[table]}", "", *markdown_table(header, rows)]
     return lines
 
 
@@ -134,7 +134,7 @@ def _configuration(experiments: Sequence[Experiment]) -> list[str]:
             "Keys that vary between experiments (runs that differ in any key but `seed` are never "
             "averaged together):",
             "",
-            *_markdown_table(["key", "values"], rows),
+            *markdown_table(["key", "values"], rows),
         ]
     else:
         lines.append("All runs share one configuration apart from the seed.")
@@ -143,7 +143,7 @@ def _configuration(experiments: Sequence[Experiment]) -> list[str]:
     lines += [
         "<details><summary>Settings shared by all experiments</summary>",
         "",
-        *_markdown_table(["key", "value"], shared),
+        *markdown_table(["key", "value"], shared),
         "",
         "</details>",
     ]
@@ -161,7 +161,7 @@ def _problems(experiments: Sequence[Experiment]) -> list[str]:
         return []
     header = ["run", "method", "partition", "seed", "status", "error"]
     title = "## Failed and incomplete runs (not in the tables)"
-    return ["", title, "", *_markdown_table(header, rows)]
+    return ["", title, "", *markdown_table(header, rows)]
 
 
 def markdown(
@@ -171,10 +171,11 @@ def markdown(
     sources: Sequence[Path],
     figures: dict[str, list[Path]],
     eps: float,
-    across: Sequence[Path] = (),
+    across: Sequence[str] = (),
 ) -> str:
     """The whole markdown report; ``figures`` maps section labels to image paths relative to the
-    report file, ``across`` holds figures that span sections (the robustness figure)."""
+    report file, ``across`` holds the markdown lines of what spans sections (the robustness
+    study)."""
     runs: list[RunResult] = [run for e in experiments for run in e.runs]
     completed = sum(run.status == "completed" for run in runs)
     failed = sum(run.status == "failed" for run in runs)
@@ -195,8 +196,7 @@ def markdown(
         *_configuration(experiments),
     ]
     if across:
-        lines += ["", "## Across sections", ""]
-        lines += [f"![{path.stem}]({path.as_posix()})" for path in across]
+        lines += ["", "## Across sections", "", *across]
     for section in report_sections:
         lines += ["", f"## {section.label or 'Results'}"]
         if not section.has_results:
