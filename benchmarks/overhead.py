@@ -3,9 +3,10 @@
 Workload (issue 3): MNIST, FedALA's 4-layer FedAvgCNN, 20 clients on a pathological split
 (2 classes each), 1 local epoch, batch 10, SGD, 5 rounds, FedAvg.
 
-(a) ``pflower``: the real simulation (Ray backend, one CPU per client worker), evaluation only in
-    the last round. Round time = time between the ends of consecutive training phases, read from
-    the ``time`` rows of metrics.jsonl; steady state = median over rounds 2..4 (round 1 carries
+(a) ``pflower``: the real simulation (Ray backend, one CPU per client worker; ``--set
+    backend=fork`` for workers forked from the driver), evaluation only in the last round. Round
+    time = time between the ends of consecutive training phases, read from the ``time`` rows of
+    metrics.jsonl; steady state = median over rounds 2..4 (round 1 carries
     the workers' start-up, round 5 the evaluation).
 (b) ``bare``: one process, the same federation, the same initial model and the same per-client
     mini-batch order, plain ``for`` loops over clients and batches, FedAvg in numpy.
@@ -132,14 +133,18 @@ STARTUP_MARKS = {
     "ray": "Constructed ActorPool",
 }
 """run.log lines that end the start-up phases: the driver (interpreter, imports, configuration,
-dataset and federation) hands over to the ServerApp; Ray is up with its client actors."""
+dataset and federation; with ``backend=fork`` also forking the workers) hands over to the
+ServerApp; Ray is up with its client actors (no such line with ``backend=fork``)."""
 
 
-def startup_phases(log: Path, started: float, first_fit_done: float, steady: float) -> dict:
+def startup_phases(
+    log: Path, started: float, first_fit_done: float, steady: float
+) -> dict[str, float | None]:
     """Where the start-up went, from the timestamps of run.log: ``driver`` (process start to the
-    ServerApp), ``ray`` (to Ray and its actor pool being up), ``workers`` (the first round less a
-    steady round: the actors' processes starting, importing torch, Flower and pflower, reading
-    their data, and torch's first-use costs such as ``torch.optim`` importing ``torch._dynamo``).
+    ServerApp), ``ray`` (to Ray and its actor pool being up; None without Ray), ``workers`` (the
+    first round less a steady round: the actors' processes starting, importing torch, Flower and
+    pflower, reading their data, and torch's first-use costs such as ``torch.optim`` importing
+    ``torch._dynamo``; forked workers start with all of that done but torch's first use).
     """
     marks: dict[str, float] = {}
     for line in log.read_text().splitlines():
@@ -147,12 +152,13 @@ def startup_phases(log: Path, started: float, first_fit_done: float, steady: flo
             if text in line and phase not in marks:
                 stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
                 marks[phase] = stamp.timestamp()
-    if marks.keys() != STARTUP_MARKS.keys():
+    if "driver" not in marks:
         return {}
+    workers_from = marks.get("ray", marks["driver"])
     return {
         "driver": marks["driver"] - started,
-        "ray": marks["ray"] - marks["driver"],
-        "workers": first_fit_done - marks["ray"] - steady,
+        "ray": marks["ray"] - marks["driver"] if "ray" in marks else None,
+        "workers": first_fit_done - workers_from - steady,
     }
 
 
@@ -422,7 +428,10 @@ def main() -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "overhead.json").write_text(json.dumps(result, indent=2))
-    phases = " / ".join(f"{v:.1f}" for v in pflower["startup_phases_s"].values()) or "-"
+    phases = (
+        " / ".join("-" if v is None else f"{v:.1f}" for v in pflower["startup_phases_s"].values())
+        or "-"
+    )
     line = (
         f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
         f"{floor['steady_round_s']:.2f} ({floor['workers']} workers) | "

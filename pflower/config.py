@@ -378,22 +378,30 @@ class TrackingConfig:
 
 @dataclass
 class BackendConfig:
-    """Flower's simulation backend (``backend=local|ray_cluster``).
+    """Flower's simulation backend (``backend=local|fork|ray_cluster``).
 
     Attributes:
-        name: the simulation engine (``ray``).
-        num_cpus_per_client: Ray CPUs reserved per ClientApp actor.
-        num_gpus_per_client: Ray GPUs (fractional allowed) per ClientApp actor.
-        address: Ray cluster to attach to (``auto``, ``host:6379``), null for a local Ray.
+        name: the engine's workers: ``ray`` (Flower's Ray actors) or ``fork`` (processes forked
+            from the driver with the experiment built: :mod:`pflower.forkbackend`).
+        num_cpus_per_client: CPUs per ClientApp worker (Ray reserves them per actor; ``fork``
+            starts as many workers as the machine has CPUs for this many each).
+        num_gpus_per_client: Ray GPUs (fractional allowed) per ClientApp actor (``ray`` only;
+            ``fork`` needs 0: its workers all train on ``train.device``).
+        address: Ray cluster to attach to (``auto``, ``host:6379``), null for a local Ray
+            (``ray`` only).
+        workers: how many workers ``fork`` starts; null: from ``num_cpus_per_client``.
     """
 
     name: str = "ray"
     num_cpus_per_client: float = 1.0
     num_gpus_per_client: float = 0.0
     address: str | None = None
+    workers: int | None = None
 
     def __post_init__(self) -> None:
-        require(self.name == "ray", f"backend.name must be 'ray', got {self.name!r}")
+        require(
+            self.name in ("ray", "fork"), f"backend.name must be 'ray' or 'fork', got {self.name!r}"
+        )
         require(
             self.num_cpus_per_client > 0,
             f"backend.num_cpus_per_client must be > 0, got {self.num_cpus_per_client}",
@@ -401,6 +409,19 @@ class BackendConfig:
         require(
             self.num_gpus_per_client >= 0,
             f"backend.num_gpus_per_client must be >= 0, got {self.num_gpus_per_client}",
+        )
+        require(
+            self.workers is None or self.workers >= 1,
+            f"backend.workers must be >= 1 (or null), got {self.workers}",
+        )
+        require(
+            self.name == "ray" or self.address is None,
+            "backend.address attaches to a Ray cluster: it needs backend.name=ray",
+        )
+        require(
+            self.name == "ray" or self.num_gpus_per_client == 0,
+            "backend.num_gpus_per_client shares GPUs among Ray actors: it needs backend.name=ray "
+            "(forked workers all train on train.device)",
         )
 
 

@@ -2,7 +2,8 @@
 
 The apps receive the experiment exactly as ``flwr run`` delivers it: the Hydra overrides (plus the
 pinned run directory) in the run config, fused with the app's declared defaults; Flower's Ray
-backend runs the ClientApps. Two parts of Flower's simulation engine that cost time in proportion
+backend runs the ClientApps, or with ``backend=fork`` processes forked from this one
+(:mod:`pflower.forkbackend`). Two parts of Flower's simulation engine that cost time in proportion
 to the population rather than to the sampled clients are replaced for these runs (see
 :func:`_scale_to_many_clients`): with them, a round of 100 clients out of 10,000 takes seconds.
 """
@@ -137,14 +138,33 @@ def _start_nothing(*_args: Any, **_kwargs: Any) -> None:
     """Stands in for a process-starting method of Ray's ``Node`` (see :func:`lean_ray_head`)."""
 
 
+def _backend_workers(
+    settings: ExperimentConfig, client_app: Any, run_config: dict[str, Any]
+) -> contextlib.AbstractContextManager[None]:
+    """What runs the engine's ClientApps: forked workers for ``backend=fork``, else Ray (with a
+    lean head)."""
+    backend = settings.backend
+    if backend.name != "fork":
+        return lean_ray_head()
+    from pflower.compose import overrides_from_run_config
+    from pflower.forkbackend import default_worker_count, forked_workers
+
+    count = backend.workers or default_worker_count(backend.num_cpus_per_client)
+    return forked_workers(client_app, overrides_from_run_config(run_config), count)
+
+
 def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
-    """Run the experiment that ``overrides`` compose as a Ray simulation; returns ``run_dir``.
+    """Run the experiment that ``overrides`` compose as a Flower simulation (on Ray, or on
+    forked workers with ``backend=fork``); returns ``run_dir``.
 
     Raises:
         ConfigError: ``train.device=cuda`` on a machine without CUDA (checked before Ray starts).
     """
     from pflower.core.training import resolve_device
 
+    if settings.backend.name == "fork":
+        # torch's CUDA check without initializing CUDA, so that forked workers can use it
+        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     resolve_device(settings.train.device)  # fails here, not in the server or a Ray actor
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
@@ -170,7 +190,7 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
     )
     # The public ``run_simulation`` of Flower 1.39 takes no run config; this is the call that
     # Flower's own simulation runtime (``flwr run``) makes, with the app directory for defaults.
-    with lean_ray_head():
+    with _backend_workers(settings, client_app, run_config):
         _run_simulation(
             num_supernodes=settings.num_clients,
             exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,

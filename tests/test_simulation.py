@@ -148,3 +148,34 @@ def test_messages_are_delivered_to_the_nodes_that_have_one_in_node_order() -> No
     deliver_pending_messages(state, queue, {10: 0, 20: 1, 30: 2, 40: 3}, stop)  # type: ignore[arg-type]
     assert state.asked == [10, 30], "only nodes with an undelivered message, in node order"
     assert [queue.get().metadata.dst_node_id for _ in range(queue.qsize())] == [10, 30]
+
+
+@pytest.mark.slow
+def test_the_fork_backend_runs_the_same_simulation_without_ray(tmp_path: Path) -> None:
+    """``backend=fork``: the ClientApps run in processes forked from the driver (two on this
+    machine's count of CPUs, or ``backend.workers``), Ray never starts, and every row is the
+    in-process run's (personal state kept across rounds in the nodes' contexts)."""
+    run_dir = tmp_path / "run"
+    overrides = ["num_clients=4", "rounds=3", "strategy=fliu"]
+    returncode, stdout, stderr, processes = _run_and_watch_processes(
+        [
+            sys.executable,
+            "-m",
+            "pflower",
+            *overrides,
+            "backend=fork",
+            "backend.workers=2",
+            f"output_dir={run_dir}",
+        ],
+        timeout=600,
+    )
+    assert returncode == 0, stdout[-3000:] + stderr[-3000:]
+    ray_parts = ("raylet", "gcs_server", "default_worker.py")
+    assert not any(part in command for part in ray_parts for command in processes), processes
+    assert "round 3/3" in stdout
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    asked, _ = run_inprocess(overrides, tmp_path / "inprocess")
+    assert sorted(comparable(rows)) == sorted(comparable(asked))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed"
+    assert summary["config"]["backend"]["name"] == "fork"

@@ -73,13 +73,17 @@ def prepare_ahead(overrides: Sequence[str]) -> None:
 
     The deployment's fork server (:mod:`pflower.deploy.forkserver`) calls it for the runs its
     tasks served, so the tasks it forks afterwards skip loading the dataset, partitioning it and
-    building the model (0.1-0.2 s per task). It runs torch on one thread: a process that forks
-    must not hold a thread pool (the children set their own ``train.threads``).
+    building the model (0.1-0.2 s per task); ``backend=fork`` calls it before it forks its
+    workers (:mod:`pflower.forkbackend`). It runs torch on one thread and leaves it so: a process
+    that forks must never have run torch's thread pool, or a child that runs torch on more than
+    one thread hangs (GNU OpenMP; the children set their own ``train.threads``).
     """
     torch.set_num_threads(1)
     experiment = Experiment.of(warm_config(overrides))
     experiment.federation  # noqa: B018 - a cached property: built here, kept for the children
     experiment.shared_model()
+    # torch's first optimizer imports torch._dynamo (2-3 s on 2 cores): here, once for all.
+    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
 
 
 def client_state_dir(cfg: DictConfig, context: Context) -> Path | None:

@@ -1,0 +1,230 @@
+"""A simulation backend of forked worker processes (``backend=fork``), beside Flower's Ray backend.
+
+Flower 1.39's simulation engine hands each message to a backend worker that runs the ClientApp;
+its one backend runs the workers as Ray actors. On the 2-core development machine a run pays
+about 6-9 s for ``ray.init`` and 10-16 s more before the first round's clients train: every actor
+is a new Python process that imports Ray, Flower, torch and pflower and then loads the dataset
+and builds the federation (``benchmarks/results/README.md``, start-up split). Each actor also
+holds its own copy of the dataset.
+
+Here the driver does that work once: :func:`forked_workers` composes the experiment the
+ClientApps will see, builds its federation and shared model in the driver's caches
+(:func:`pflower.client.app.prepare_ahead`) and then forks the workers, before the ServerApp
+thread starts, while the driver has no other thread. The workers begin with everything imported
+and built, and share the driver's memory pages until they write to them (one dataset per
+machine). :class:`ForkBackend` is the engine's backend over these workers: like Flower's
+``RayBackend`` it runs one message at a time per worker, and the ClientApp gets the message and
+the node's context and returns the reply and the updated context, pickled through a pipe; an
+exception in the ClientApp becomes Flower's ``ClientAppException``, which the engine turns into
+an error reply, as it does for Ray's actors.
+
+Limits, stated where the backend is chosen (``conf/backend/fork.yaml``): one machine, no Ray
+cluster; no per-client resource scheduling, every worker trains on ``train.device`` (one GPU
+is shared by all workers); a worker that dies (killed, out of memory) fails the message it held
+and is not replaced: the run goes on with the others, and a message fails once none is left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flwr.app import Context, Message
+    from flwr.clientapp import ClientApp
+
+RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
+"""The module from which Flower 1.39's ``start_vce`` imports the one backend it builds."""
+
+WORKER_STOP_S = 5.0
+"""How long :meth:`ForkWorkers.close` waits for a worker to end before it is terminated."""
+
+
+@dataclass(frozen=True)
+class _Failure:
+    """What a worker sends back when the ClientApp raised: the exception, as text."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class _Worker:
+    process: BaseProcess
+    connection: Connection
+
+
+def _serve(app: ClientApp, connection: Connection) -> None:
+    """A worker's loop: run ``app`` on each (message, context) received, send back the reply
+    and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe. Ctrl-C
+    is the driver's to handle: it closes the workers."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        try:
+            job = connection.recv()
+        except (EOFError, OSError):
+            return
+        if job is None:
+            return
+        message, context = job
+        try:
+            reply = app(message=message, context=context)
+        except Exception as error:  # reported to the engine, as a Ray actor reports it
+            connection.send(_Failure(f"{error!r}\n{traceback.format_exc()}"))
+            continue
+        connection.send((reply, context))
+
+
+class ForkWorkers:
+    """``count`` worker processes forked from this one, each running ``app`` on the messages it
+    is given (see the module docstring); thread-safe, one message per worker at a time."""
+
+    def __init__(self, app: ClientApp, count: int) -> None:
+        if count < 1:
+            raise ValueError(f"a fork backend needs at least one worker, got {count}")
+        context = multiprocessing.get_context("fork")
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._workers: list[_Worker] = []
+        # The children's garbage collector leaves the objects they inherit alone (it would
+        # write to their pages, and so copy them); this process collects as before.
+        gc.collect()
+        gc.freeze()
+        try:
+            for _ in range(count):
+                parent_end, child_end = context.Pipe()
+                process = context.Process(
+                    target=_serve, args=(app, child_end), name="pflower-fork-worker", daemon=True
+                )
+                process.start()
+                child_end.close()
+                worker = _Worker(process, parent_end)
+                self._workers.append(worker)
+                self._idle.put(worker)
+        finally:
+            gc.unfreeze()
+
+    @property
+    def count(self) -> int:
+        """How many workers there are (dead ones included: the engine's worker threads)."""
+        return len(self._workers)
+
+    def _alive(self) -> bool:
+        return any(worker.process.is_alive() for worker in self._workers)
+
+    def _take(self) -> _Worker:
+        """An idle worker; waits while all are busy, fails once none is alive."""
+        while True:
+            try:
+                return self._idle.get(timeout=1.0)
+            except queue.Empty:
+                if not self._alive():
+                    raise RuntimeError(
+                        "every fork worker has ended; none can run the message"
+                    ) from None
+
+    def run(self, message: Message, context: Context) -> tuple[Message, Context]:
+        """The ClientApp's reply to ``message`` and the node's updated context, from a worker."""
+        from flwr.clientapp.client_app import ClientAppException
+
+        worker = self._take()
+        try:
+            worker.connection.send((message, context))
+            outcome = worker.connection.recv()
+        except (EOFError, OSError, BrokenPipeError) as error:
+            worker.process.join(timeout=1.0)
+            raise RuntimeError(
+                f"fork worker {worker.process.pid} ended (exit code {worker.process.exitcode}) "
+                "while running a message; it is not replaced"
+            ) from error
+        self._idle.put(worker)
+        if isinstance(outcome, _Failure):
+            raise ClientAppException(outcome.text)
+        return outcome
+
+    def close(self) -> None:
+        """Ask every worker to end, wait :data:`WORKER_STOP_S`, terminate the rest."""
+        for worker in self._workers:
+            with contextlib.suppress(OSError):
+                worker.connection.send(None)
+        for worker in self._workers:
+            worker.process.join(timeout=WORKER_STOP_S)
+            if worker.process.is_alive():
+                worker.process.terminate()
+                worker.process.join()
+            worker.connection.close()
+
+
+class ForkBackend:
+    """Flower's simulation ``Backend`` (duck-typed: the engine only calls these members) over
+    the :class:`ForkWorkers` of the enclosing :func:`forked_workers`."""
+
+    workers: ForkWorkers | None = None
+    """Set by :func:`forked_workers` for the engine's call of the constructor."""
+
+    def __init__(self, backend_config: dict[str, object]) -> None:
+        if ForkBackend.workers is None:
+            raise RuntimeError("backend=fork runs inside pflower.forkbackend.forked_workers")
+        self._workers = ForkBackend.workers
+
+    def build(self, app_fn: Callable[[], ClientApp]) -> None:
+        """Nothing to build: the workers were forked with the ClientApp before the engine
+        started."""
+
+    @property
+    def num_workers(self) -> int:
+        return self._workers.count
+
+    def is_worker_idle(self) -> bool:
+        return True
+
+    def process_message(self, message: Message, context: Context) -> tuple[Message, Context]:
+        return self._workers.run(message, context)
+
+    def terminate(self) -> None:
+        """The workers end with :func:`forked_workers`."""
+
+
+def default_worker_count(cpus_per_client: float) -> int:
+    """As many workers as this process may use CPUs for ``cpus_per_client`` each (at least 1),
+    the count Ray's actor pool gives on a local machine."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, int((usable or 1) // cpus_per_client))
+
+
+@contextlib.contextmanager
+def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iterator[None]:
+    """While active, Flower's simulation engine runs its ClientApps on ``count`` workers forked
+    from this process, with the experiment of ``overrides`` (the run config's) built first.
+
+    Flower's ``start_vce`` imports ``RayBackend`` from :data:`RAY_BACKEND_MODULE` when it starts
+    the engine; while this is active that module is one whose ``RayBackend`` is
+    :class:`ForkBackend` (so Ray is not even imported), and the real module comes back after."""
+    from pflower.client.app import prepare_ahead
+
+    prepare_ahead(overrides)
+    workers = ForkWorkers(app, count)
+    stand_in = types.ModuleType(RAY_BACKEND_MODULE)
+    stand_in.RayBackend = ForkBackend  # type: ignore[attr-defined]
+    real = sys.modules.get(RAY_BACKEND_MODULE)
+    sys.modules[RAY_BACKEND_MODULE] = stand_in
+    ForkBackend.workers = workers
+    try:
+        yield
+    finally:
+        ForkBackend.workers = None
+        if real is None:
+            sys.modules.pop(RAY_BACKEND_MODULE, None)
+        else:
+            sys.modules[RAY_BACKEND_MODULE] = real
+        workers.close()

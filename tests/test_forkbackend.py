@@ -1,0 +1,108 @@
+"""``backend=fork`` (pflower.forkbackend): forked workers that run the ClientApp on one message at a
+time, report its exceptions as Flower's ClientAppException, survive a dead sibling, and end."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from flwr.clientapp.client_app import ClientAppException
+
+from pflower.config import BackendConfig
+from pflower.forkbackend import (
+    RAY_BACKEND_MODULE,
+    ForkBackend,
+    ForkWorkers,
+    default_worker_count,
+    forked_workers,
+)
+from pflower.registry import ConfigError
+
+
+class EchoApp:
+    """Stands in for a ClientApp: replies (its pid, the message) and counts calls in the context
+    (a dict, as the node's state would change)."""
+
+    def __call__(self, message: object, context: dict[str, int]) -> tuple[int, object]:
+        if message == "fail":
+            raise ValueError("the app failed")
+        if message == "die":
+            os.kill(os.getpid(), signal.SIGKILL)
+        context["calls"] = context.get("calls", 0) + 1
+        return os.getpid(), message
+
+
+def test_workers_reply_with_the_updated_context_from_forked_processes() -> None:
+    workers = ForkWorkers(EchoApp(), 2)  # type: ignore[arg-type]
+    try:
+        assert workers.count == 2
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            outcomes = list(pool.map(lambda i: workers.run(i, {"calls": i}), range(8)))  # type: ignore[arg-type]
+        pids = {pid for (pid, _), _ in outcomes}
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2
+        assert [message for (_, message), _ in outcomes] == list(range(8))
+        assert [context["calls"] for _, context in outcomes] == [i + 1 for i in range(8)]
+    finally:
+        workers.close()
+    assert not any(worker.process.is_alive() for worker in workers._workers)
+
+
+def test_an_app_exception_is_a_client_app_exception_and_the_worker_goes_on() -> None:
+    workers = ForkWorkers(EchoApp(), 1)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(ClientAppException, match="the app failed"):
+            workers.run("fail", {})  # type: ignore[arg-type]
+        (_pid, message), context = workers.run("next", {})  # type: ignore[arg-type,misc]
+        assert (message, context) == ("next", {"calls": 1})
+    finally:
+        workers.close()
+
+
+def test_a_dead_worker_fails_its_message_and_the_others_go_on() -> None:
+    workers = ForkWorkers(EchoApp(), 2)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(RuntimeError, match=r"fork worker \d+ ended \(exit code -9\)"):
+            workers.run("die", {})  # type: ignore[arg-type]
+        survivors = {workers.run(i, {})[0][0] for i in range(4)}  # type: ignore[index]
+        assert len(survivors) == 1
+        with pytest.raises(RuntimeError, match="ended"):
+            workers.run("die", {})  # type: ignore[arg-type]
+        with pytest.raises(RuntimeError, match="every fork worker has ended"):
+            workers.run("after", {})  # type: ignore[arg-type]
+    finally:
+        workers.close()
+
+
+def test_flower_builds_the_fork_backend_only_inside_forked_workers(monkeypatch) -> None:
+    """While active, the module Flower's engine imports its backend from yields ForkBackend over
+    the workers (Ray untouched); afterwards the module is what it was."""
+    prepared: list[list[str]] = []
+    monkeypatch.setattr("pflower.client.app.prepare_ahead", prepared.append)
+    before = sys.modules.get(RAY_BACKEND_MODULE)
+    with forked_workers(EchoApp(), ["num_clients=2"], 2):  # type: ignore[arg-type]
+        from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+        backend = RayBackend({})
+        assert isinstance(backend, ForkBackend) and backend.num_workers == 2
+        reply, _ = backend.process_message("hello", {})  # type: ignore[arg-type]
+        assert reply[1] == "hello"  # type: ignore[index]
+    assert prepared == [["num_clients=2"]]
+    assert sys.modules.get(RAY_BACKEND_MODULE) is before
+    with pytest.raises(RuntimeError, match="forked_workers"):
+        ForkBackend({})
+
+
+def test_fork_backend_settings_are_checked() -> None:
+    assert default_worker_count(1.0) >= 1
+    assert default_worker_count(1000.0) == 1
+    with pytest.raises(ConfigError, match=r"backend\.name must be 'ray' or 'fork', got 'dask'"):
+        BackendConfig(name="dask")
+    with pytest.raises(ConfigError, match=r"backend\.workers must be >= 1"):
+        BackendConfig(name="fork", workers=0)
+    with pytest.raises(ConfigError, match=r"backend\.address attaches to a Ray cluster"):
+        BackendConfig(name="fork", address="auto")
+    with pytest.raises(ConfigError, match="num_gpus_per_client shares GPUs among Ray actors"):
+        BackendConfig(name="fork", num_gpus_per_client=0.5)
