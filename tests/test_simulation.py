@@ -17,9 +17,12 @@ from tests.inprocess import run_inprocess
 from tests.test_core import comparable
 
 
-def _run_and_watch_processes(command: list[str], timeout: float) -> tuple[int, str, str, set[str]]:
-    """Run ``command``; returns its exit code, stdout, stderr and the command lines of every
-    process below it, sampled twice a second while it runs."""
+def _run_pflower_and_watch(
+    overrides: list[str], timeout: float = 600
+) -> tuple[int, str, str, set[str]]:
+    """Run ``python -m pflower <overrides>``; returns its exit code, stdout, stderr and the
+    command lines of every process below it, sampled twice a second while it runs."""
+    command = [sys.executable, "-m", "pflower", *overrides]
     seen: set[str] = set()
     with (
         subprocess.Popen(
@@ -45,17 +48,8 @@ def _run_and_watch_processes(command: list[str], timeout: float) -> tuple[int, s
 @pytest.mark.slow
 def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    returncode, stdout, stderr, processes = _run_and_watch_processes(
-        [
-            sys.executable,
-            "-m",
-            "pflower",
-            "num_clients=4",
-            "rounds=4",
-            "strategy=fliu",
-            f"output_dir={run_dir}",
-        ],
-        timeout=600,
+    returncode, stdout, stderr, processes = _run_pflower_and_watch(
+        ["num_clients=4", "rounds=4", "strategy=fliu", f"output_dir={run_dir}"]
     )
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     # Ray's head ran without the autoscaler monitor and the API server (pflower.simulation.
@@ -157,17 +151,8 @@ def test_the_fork_backend_runs_the_same_simulation_without_ray(tmp_path: Path) -
     in-process run's (personal state kept across rounds in the nodes' contexts)."""
     run_dir = tmp_path / "run"
     overrides = ["num_clients=4", "rounds=3", "strategy=fliu"]
-    returncode, stdout, stderr, processes = _run_and_watch_processes(
-        [
-            sys.executable,
-            "-m",
-            "pflower",
-            *overrides,
-            "backend=fork",
-            "backend.workers=2",
-            f"output_dir={run_dir}",
-        ],
-        timeout=600,
+    returncode, stdout, stderr, processes = _run_pflower_and_watch(
+        [*overrides, "backend=fork", "backend.workers=2", f"output_dir={run_dir}"]
     )
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     ray_parts = ("raylet", "gcs_server", "default_worker.py")
