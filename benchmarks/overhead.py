@@ -22,11 +22,11 @@ Both ratios are reported: pflower over the parallel floor, and pflower over the 
 Usage::
 
     python benchmarks/overhead.py [--rounds 5] [--threads 2] [--workers N] [--out DIR]
-        [--set key=value ...]
+        [--set key=value ...] [--mode both|pflower|floor|bare]
 
 ``--set`` appends Hydra overrides to the workload (e.g. a tiny check: ``--set dataset=digits
 model=small_cnn num_clients=4 --rounds 2``). Writes ``overhead.json`` and appends a line to
-``overhead.md`` in the output folder.
+``overhead.md`` in the output folder; ``--mode pflower`` runs (a) alone and only prints it.
 """
 
 from __future__ import annotations
@@ -403,9 +403,18 @@ def main() -> None:
     parser.add_argument(
         "--set", nargs="*", default=[], metavar="KEY=VALUE", help="extra Hydra overrides"
     )
-    parser.add_argument("--mode", choices=["both", "bare", "floor"], default="both")
+    parser.add_argument(
+        "--mode",
+        choices=["both", "bare", "floor", "pflower"],
+        default="both",
+        help="both: all three and a results row; pflower/bare/floor: that one, as JSON only",
+    )
     args = parser.parse_args()
     workload = [*WORKLOAD, *args.set]
+    if args.mode == "pflower":  # e.g. an A/B of two backends, alternating
+        with tempfile.TemporaryDirectory() as tmp:
+            print(json.dumps(run_pflower(args.rounds, Path(tmp) / "run", workload)))
+        return
     if args.mode == "bare":  # run in a child so its peak RSS is its own
         print(json.dumps(run_bare(args.rounds, args.threads, workload)))
         return
