@@ -141,7 +141,7 @@ class ForkWorkers:
         try:
             worker.connection.send((message, context))
             outcome = worker.connection.recv()
-        except (EOFError, OSError, BrokenPipeError) as error:
+        except (EOFError, OSError) as error:  # a broken pipe included
             worker.process.join(timeout=1.0)
             raise RuntimeError(
                 f"fork worker {worker.process.pid} ended (exit code {worker.process.exitcode}) "

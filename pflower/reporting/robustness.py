@@ -1,6 +1,6 @@
 """The robustness study across sections: benign clients' accuracy against the share of malicious
 clients, per attack, method (with its robust aggregator) and model type (FLAME paper, Zhu et al.,
-Sec. VI-C and its Fig. 4).
+Sec. VI-B3 and its Fig. 7).
 
 Each attack and fraction is its own section of the report (they are configuration keys); this
 module gathers them into lines. An attack-free run (``attack=none``, or any attack at fraction 0:
