@@ -3,8 +3,8 @@
 Workload (issue 3): MNIST, FedALA's 4-layer FedAvgCNN, 20 clients on a pathological split
 (2 classes each), 1 local epoch, batch 10, SGD, 5 rounds, FedAvg.
 
-(a) ``pflower``: the real simulation (Ray backend, one CPU per client worker; ``--set
-    backend=fork`` for workers forked from the driver), evaluation only in the last round. Round
+(a) ``pflower``: the real simulation (the default backend, workers forked from the driver, one
+    per CPU; ``--set backend=ray`` for Ray's actors), evaluation only in the last round. Round
     time = time between the ends of consecutive training phases, read from the ``time`` rows of
     metrics.jsonl; steady state = median over rounds 2..4 (round 1 carries
     the workers' start-up, round 5 the evaluation).
@@ -134,7 +134,7 @@ STARTUP_MARKS = {
 }
 """run.log lines that end the start-up phases: the driver (interpreter, imports, configuration,
 dataset and federation; with ``backend=fork`` also forking the workers) hands over to the
-ServerApp; Ray is up with its client actors (no such line with ``backend=fork``)."""
+ServerApp; Ray is up with its client actors (``backend=ray`` only)."""
 
 
 def startup_phases(

@@ -13,7 +13,8 @@ slice of the global test set, L2 on the evaluated clients). Cases:
   (``client_state.store=disk``);
 - ``10000``: 10,000 FedAvgCNN clients, state on disk.
 
-Every case runs the real ``pflower`` command (Ray backend, one CPU per client worker) in a child
+Every case runs the real ``pflower`` command (the default backend: one forked worker per CPU;
+``--set backend=ray`` for Ray's actors, which the rows before 2026-11-27 used) in a child
 process. Round times come from metrics.jsonl's ``time`` rows (the end of each training phase):
 a training round is the median of the rounds without evaluation work; an evaluation round (round
 5) is its training phase plus the evaluation that follows it, i.e. the time from the end of

@@ -14,6 +14,7 @@ selected algorithm's own options dataclass (:mod:`pflower.core.options`).
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -378,11 +379,11 @@ class TrackingConfig:
 
 @dataclass
 class BackendConfig:
-    """Flower's simulation backend (``backend=local|fork|ray_cluster``).
+    """Flower's simulation backend (``backend=fork|ray|ray_cluster``).
 
     Attributes:
-        name: the engine's workers: ``ray`` (Flower's Ray actors) or ``fork`` (processes forked
-            from the driver with the experiment built: :mod:`pflower.forkbackend`).
+        name: the engine's workers: ``fork`` (the default: processes forked from the driver with
+            the experiment built, :mod:`pflower.forkbackend`) or ``ray`` (Flower's Ray actors).
         num_cpus_per_client: CPUs per ClientApp worker (Ray reserves them per actor; ``fork``
             starts as many workers as the machine has CPUs for this many each).
         num_gpus_per_client: Ray GPUs (fractional allowed) per ClientApp actor (``ray`` only;
@@ -392,7 +393,7 @@ class BackendConfig:
         workers: how many workers ``fork`` starts; null: from ``num_cpus_per_client``.
     """
 
-    name: str = "ray"
+    name: str = "fork"
     num_cpus_per_client: float = 1.0
     num_gpus_per_client: float = 0.0
     address: str | None = None
@@ -416,12 +417,16 @@ class BackendConfig:
         )
         require(
             self.name == "ray" or self.address is None,
-            "backend.address attaches to a Ray cluster: it needs backend.name=ray",
+            "backend.address attaches to a Ray cluster: use backend=ray_cluster (or backend=ray)",
         )
         require(
             self.name == "ray" or self.num_gpus_per_client == 0,
-            "backend.num_gpus_per_client shares GPUs among Ray actors: it needs backend.name=ray "
+            "backend.num_gpus_per_client shares GPUs among Ray actors: use backend=ray "
             "(forked workers all train on train.device)",
+        )
+        require(
+            self.name == "ray" or hasattr(os, "fork"),
+            "backend=fork forks worker processes, which this platform cannot: use backend=ray",
         )
 
 

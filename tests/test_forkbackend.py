@@ -95,7 +95,8 @@ def test_flower_builds_the_fork_backend_only_inside_forked_workers(monkeypatch) 
         ForkBackend({})
 
 
-def test_fork_backend_settings_are_checked() -> None:
+def test_fork_backend_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert BackendConfig().name == "fork", "forked workers are the default simulation backend"
     assert default_worker_count(1.0) >= 1
     assert default_worker_count(1000.0) == 1
     with pytest.raises(ConfigError, match=r"backend\.name must be 'ray' or 'fork', got 'dask'"):
@@ -106,3 +107,8 @@ def test_fork_backend_settings_are_checked() -> None:
         BackendConfig(name="fork", address="auto")
     with pytest.raises(ConfigError, match="num_gpus_per_client shares GPUs among Ray actors"):
         BackendConfig(name="fork", num_gpus_per_client=0.5)
+    BackendConfig(name="ray", num_gpus_per_client=0.5, address="auto")
+    monkeypatch.delattr(os, "fork")  # Windows
+    with pytest.raises(ConfigError, match="this platform cannot: use backend=ray"):
+        BackendConfig(name="fork")
+    BackendConfig(name="ray")

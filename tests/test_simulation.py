@@ -1,4 +1,5 @@
-"""The `pflower` command end to end: a real Flower simulation on the Ray backend."""
+"""The `pflower` command end to end: a real Flower simulation on forked workers (the default
+backend) and on Ray."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def _run_pflower_and_watch(
 def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     returncode, stdout, stderr, processes = _run_pflower_and_watch(
-        ["num_clients=4", "rounds=4", "strategy=fliu", f"output_dir={run_dir}"]
+        ["num_clients=4", "rounds=4", "strategy=fliu", "backend=ray", f"output_dir={run_dir}"]
     )
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     # Ray's head ran without the autoscaler monitor and the API server (pflower.simulation.
@@ -145,14 +146,14 @@ def test_messages_are_delivered_to_the_nodes_that_have_one_in_node_order() -> No
 
 
 @pytest.mark.slow
-def test_the_fork_backend_runs_the_same_simulation_without_ray(tmp_path: Path) -> None:
-    """``backend=fork``: the ClientApps run in processes forked from the driver (two on this
-    machine's count of CPUs, or ``backend.workers``), Ray never starts, and every row is the
-    in-process run's (personal state kept across rounds in the nodes' contexts)."""
+def test_the_default_fork_backend_runs_the_same_simulation_without_ray(tmp_path: Path) -> None:
+    """``backend=fork``, the default: the ClientApps run in processes forked from the driver
+    (two on this machine's count of CPUs, or ``backend.workers``), Ray never starts, and every
+    row is the in-process run's (personal state kept across rounds in the nodes' contexts)."""
     run_dir = tmp_path / "run"
     overrides = ["num_clients=4", "rounds=3", "strategy=fliu"]
     returncode, stdout, stderr, processes = _run_pflower_and_watch(
-        [*overrides, "backend=fork", "backend.workers=2", f"output_dir={run_dir}"]
+        [*overrides, "backend.workers=2", f"output_dir={run_dir}"]
     )
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
     ray_parts = ("raylet", "gcs_server", "default_worker.py")
