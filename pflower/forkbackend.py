@@ -67,8 +67,9 @@ class _Worker:
 
 def _serve(app: ClientApp, connection: Connection) -> None:
     """A worker's loop: run ``app`` on each (message, context) received, send back the reply
-    and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe. Ctrl-C
-    is the driver's to handle: it closes the workers."""
+    and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe (the
+    driver ended, even while this worker trained). Ctrl-C is the driver's to handle: it closes
+    the workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
@@ -79,11 +80,16 @@ def _serve(app: ClientApp, connection: Connection) -> None:
             return
         message, context = job
         try:
-            reply = app(message=message, context=context)
+            outcome: _Failure | tuple[Message, Context] = (
+                app(message=message, context=context),
+                context,
+            )
         except Exception as error:  # reported to the engine, as a Ray actor reports it
-            connection.send(_Failure(f"{error!r}\n{traceback.format_exc()}"))
-            continue
-        connection.send((reply, context))
+            outcome = _Failure(f"{error!r}\n{traceback.format_exc()}")
+        try:
+            connection.send(outcome)
+        except OSError:  # a broken pipe: nobody waits for the reply
+            return
 
 
 class ForkWorkers:

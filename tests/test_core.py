@@ -7,17 +7,22 @@ data with a tiny CNN, so each experiment takes a few seconds.
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.common import ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import NDArrays, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.server.history import History
 
 from pflower.client.app import client_fn
 from pflower.compose import compose_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
-from pflower.core.strategy import RoundFailedError
+from pflower.core.strategy import GlobalEvaluation, GlobalEvaluator, RoundFailedError
+from pflower.server import app as server_app
+from pflower.server.loop import GlobalStage
 from pflower.strategies.fliu import adaptive_gamma, mix
 from tests.inprocess import run_inprocess
 
@@ -344,3 +349,60 @@ def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0
     assert (tmp_path / "plots" / "clients.png").stat().st_size > 0
     assert (tmp_path / "config.yaml").read_text().startswith("dataset:")
+
+
+def test_stage_g_is_computed_in_the_background_and_recorded_when_finished() -> None:
+    recorded: list[tuple[int, dict]] = []
+    computing = threading.Event()
+    release = threading.Event()
+
+    def compute() -> dict[str, float]:
+        computing.set()
+        assert release.wait(timeout=30), "the test never released the evaluation"
+        return {"acc": 0.5, "loss": 1.5}
+
+    def record(metrics: dict[str, float]) -> tuple[float, dict]:
+        recorded.append((threading.get_ident(), metrics))
+        return metrics["loss"], dict(metrics)
+
+    history = History()
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        stage_g = GlobalStage(executor, history)
+        stage_g.start(GlobalEvaluation(3, compute, record))  # returns while it computes
+        assert computing.wait(timeout=30) and not recorded
+        release.set()
+        stage_g.finish()
+        stage_g.finish()  # nothing left: records nothing twice
+        stage_g.start(None)
+    assert recorded == [(threading.get_ident(), {"acc": 0.5, "loss": 1.5})]
+    assert history.losses_centralized == [(3, 1.5)]
+    assert history.metrics_centralized == {"acc": [(3, 0.5)], "loss": [(3, 1.5)]}
+
+
+def test_stage_g_runs_beside_the_clients_and_keeps_the_row_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's evaluation runs on its own thread while clients work (round 0's during
+    round 1's fit), and metrics.jsonl keeps the sequential order: per round L2, G, then L1."""
+    threads: list[str] = []
+    built = server_app.global_evaluator
+
+    def watched(experiment: Experiment) -> GlobalEvaluator:
+        evaluate_global = built(experiment)
+
+        def evaluate(weights: NDArrays) -> dict[str, float]:
+            threads.append(threading.current_thread().name)
+            return evaluate_global(weights)
+
+        return evaluate
+
+    monkeypatch.setattr(server_app, "global_evaluator", watched)
+    rows, _ = run_inprocess([*BASE, "eval.every=2"], tmp_path)
+    assert threads and all(name.startswith("pflower-stage-g") for name in threads), threads
+    order = [(r["round"], r["stage"]) for r in rows if r["stage"] in ("L1", "L2", "G")]
+    assert order[0] == (0, "G")
+    for round_ in (2, 3):  # evaluated rounds (every 2nd and the last)
+        stages = [stage for r, stage in order if r == round_]
+        assert stages.index("G") > max(i for i, s in enumerate(stages) if s == "L2")
+        assert stages.index("G") < min(i for i, s in enumerate(stages) if s == "L1")
+    assert [r for r, stage in order if stage == "G"] == [0, 2, 3]

@@ -16,6 +16,7 @@ from pflower.forkbackend import (
     RAY_BACKEND_MODULE,
     ForkBackend,
     ForkWorkers,
+    _serve,
     default_worker_count,
     forked_workers,
 )
@@ -74,6 +75,27 @@ def test_a_dead_worker_fails_its_message_and_the_others_go_on() -> None:
             workers.run("after", {})  # type: ignore[arg-type]
     finally:
         workers.close()
+
+
+def test_a_worker_whose_driver_went_away_mid_message_ends_quietly(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The driver's end of the pipe closes while the worker runs a message (the driver was
+    killed): the worker ends when it finds nobody to reply to, without a broken-pipe traceback."""
+    import multiprocessing
+
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # _serve runs in this process here
+    driver_end, worker_end = multiprocessing.Pipe()
+    calls: list[object] = []
+
+    def app(message: object, context: dict) -> str:
+        calls.append(message)
+        driver_end.close()  # the driver is gone before the reply
+        return "reply"
+
+    driver_end.send(("train", {}))
+    _serve(app, worker_end)  # type: ignore[arg-type]
+    assert calls == ["train"]
 
 
 def test_flower_builds_the_fork_backend_only_inside_forked_workers(monkeypatch) -> None:

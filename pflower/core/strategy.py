@@ -76,6 +76,18 @@ GlobalEvaluator = Callable[[NDArrays], dict[str, float]]
 """Evaluates a global model on the global test set; returns ``{"acc": ..., "loss": ...}``."""
 
 
+@dataclass(frozen=True)
+class GlobalEvaluation:
+    """Stage G of one round, in two steps so that the server's loop can compute it beside the
+    clients' work (:class:`pflower.server.loop.CheckpointingServer`): ``compute`` scores weights
+    taken when the evaluation was made (it reads no strategy state, so it may run on another
+    thread), ``record`` writes its row and returns Flower's ``evaluate`` result."""
+
+    server_round: int
+    compute: Callable[[], dict[str, float]]
+    record: Callable[[dict[str, float]], tuple[float, dict[str, Scalar]]]
+
+
 class RoundFailedError(RuntimeError):
     """Too many clients of a round failed: the run stops rather than continue on too little."""
 
@@ -371,12 +383,31 @@ class PersonalizedStrategy(FedAvg, Generic[OptionsT]):
     def evaluate(
         self, server_round: int, parameters: Parameters
     ) -> tuple[float, dict[str, Scalar]] | None:
-        """Stage G: the global model on the global test set (server side)."""
+        """Stage G: the global model on the global test set (server side), at once."""
+        evaluation = self.global_evaluation(server_round, parameters)
+        return None if evaluation is None else evaluation.record(evaluation.compute())
+
+    def global_evaluation(
+        self, server_round: int, parameters: Parameters
+    ) -> GlobalEvaluation | None:
+        """Stage G of ``server_round`` as a :class:`GlobalEvaluation` of the weights
+        :meth:`scored_parameters` gives now, or None when the round has no stage G (round 0
+        always has one)."""
         if not self.has_global_model or self.evaluate_global is None:
             return None
         if server_round > 0 and not self.settings.is_eval_round(server_round):
             return None
-        metrics = self.evaluate_global(parameters_to_ndarrays(self.scored_parameters(parameters)))
+        weights = parameters_to_ndarrays(self.scored_parameters(parameters))
+        evaluate_global = self.evaluate_global
+        return GlobalEvaluation(
+            server_round,
+            compute=lambda: evaluate_global(weights),
+            record=lambda metrics: self._record_global(server_round, metrics),
+        )
+
+    def _record_global(
+        self, server_round: int, metrics: dict[str, float]
+    ) -> tuple[float, dict[str, Scalar]]:
         if self.global_model_label is not None:
             metrics = {**metrics, "model": self.global_model_label}
         self.recorder.global_stage(server_round, metrics)

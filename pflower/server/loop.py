@@ -1,8 +1,13 @@
 """The server's round loop: Flower's legacy ``Server`` loop, checkpointed and resumable.
 
-:class:`CheckpointingServer` runs the rounds exactly as ``flwr.server.Server.fit`` does (fit
-round, stage G on the server, evaluate round) and after every ``checkpoint.every``-th round and
-the last one writes a :class:`~pflower.core.checkpoint.ServerCheckpoint`. Started with a
+:class:`CheckpointingServer` runs the rounds as ``flwr.server.Server.fit`` does (fit round, stage
+G on the server, evaluate round) and after every ``checkpoint.every``-th round and the last one
+writes a :class:`~pflower.core.checkpoint.ServerCheckpoint`. One difference: stage G, the
+server's own evaluation of the global model, is computed on a thread of its own while the
+clients work, the initial model's (round 0) during round 1's fit phase and round ``r``'s during
+round ``r``'s evaluate phase, and recorded before that phase's results are aggregated; so
+``metrics.jsonl`` holds the same rows in the same order, and the server's evaluation no longer
+adds to the round's time where a CPU (or the GPU) is free for it. Started with a
 checkpoint, it restores the strategy, the server's random generators and the global model, skips
 what the checkpoint already covers (the initial evaluation and rounds up to the checkpoint's) and
 goes on from the next round.
@@ -17,6 +22,7 @@ from __future__ import annotations
 import timeit
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from logging import INFO
 from pathlib import Path
 from typing import Any
@@ -43,9 +49,35 @@ from pflower.core.checkpoint import (
     save_checkpoint,
     set_random_state,
 )
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.core.strategy import GlobalEvaluation, PersonalizedStrategy
 from pflower.results.rundir import RunRecorder, resolved_config
 from pflower.server.polling import evaluate_at_once, fit_at_once, round_grid
+
+
+class GlobalStage:
+    """Stage G computed on ``executor`` beside the clients' work: :meth:`start` one evaluation,
+    :meth:`finish` waits for it and records it (row and ``history``) on the caller's thread."""
+
+    def __init__(self, executor: ThreadPoolExecutor, history: History) -> None:
+        self._executor = executor
+        self._history = history
+        self._pending: tuple[GlobalEvaluation, Future[dict[str, float]]] | None = None
+
+    def start(self, evaluation: GlobalEvaluation | None) -> None:
+        """Compute ``evaluation`` in the background (after finishing the one before)."""
+        self.finish()
+        if evaluation is not None:
+            self._pending = (evaluation, self._executor.submit(evaluation.compute))
+
+    def finish(self) -> None:
+        """Wait for the pending evaluation, if any, and record it."""
+        if self._pending is None:
+            return
+        evaluation, computing = self._pending
+        self._pending = None
+        loss, metrics = evaluation.record(computing.result())
+        self._history.add_loss_centralized(server_round=evaluation.server_round, loss=loss)
+        self._history.add_metrics_centralized(server_round=evaluation.server_round, metrics=metrics)
 
 
 class CheckpointingServer(Server):
@@ -72,27 +104,33 @@ class CheckpointingServer(Server):
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         """Run the rounds after the checkpoint (all of them in a new run)."""
         history = History()
-        first_round = self._start(timeout)
-        start_time = timeit.default_timer()
-        for current_round in range(first_round, num_rounds + 1):
-            log(INFO, "")
-            log(INFO, "[ROUND %s]", current_round)
-            res_fit = self.fit_round(server_round=current_round, timeout=timeout)
-            if res_fit is not None and res_fit[0] is not None:
-                self.parameters = res_fit[0]
-            res_cen = self.strategy.evaluate(current_round, parameters=self.parameters)
-            if res_cen is not None:
-                history.add_loss_centralized(server_round=current_round, loss=res_cen[0])
-                history.add_metrics_centralized(server_round=current_round, metrics=res_cen[1])
-            res_fed = self.evaluate_round(server_round=current_round, timeout=timeout)
-            if res_fed is not None and res_fed[0] is not None:
-                history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
-            if self.every and (current_round % self.every == 0 or current_round == num_rounds):
-                self._checkpoint(current_round)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflower-stage-g") as executor:
+            stage_g = GlobalStage(executor, history)
+            first_round = self._start(timeout, stage_g)
+            start_time = timeit.default_timer()
+            for current_round in range(first_round, num_rounds + 1):
+                log(INFO, "")
+                log(INFO, "[ROUND %s]", current_round)
+                res_fit = self.fit_round(current_round, timeout, before_aggregate=stage_g.finish)
+                stage_g.finish()
+                if res_fit is not None and res_fit[0] is not None:
+                    self.parameters = res_fit[0]
+                stage_g.start(self.personalized.global_evaluation(current_round, self.parameters))
+                res_fed = self.evaluate_round(
+                    current_round, timeout, before_aggregate=stage_g.finish
+                )
+                stage_g.finish()
+                if res_fed is not None and res_fed[0] is not None:
+                    history.add_loss_distributed(server_round=current_round, loss=res_fed[0])
+                if self.every and (current_round % self.every == 0 or current_round == num_rounds):
+                    self._checkpoint(current_round)
         return history, timeit.default_timer() - start_time
 
     def fit_round(
-        self, server_round: int, timeout: float | None
+        self,
+        server_round: int,
+        timeout: float | None,
+        before_aggregate: Callable[[], None] = lambda: None,
     ) -> tuple[Parameters | None, dict[str, Scalar], FitResultsAndFailures] | None:
         """Flower's ``Server.fit_round``, the clients reached as :meth:`_round` says."""
         strategy = self.strategy
@@ -100,13 +138,16 @@ class CheckpointingServer(Server):
             "fit",
             strategy.configure_fit,
             (fit_at_once, fit_clients),
-            strategy.aggregate_fit,
+            _after(before_aggregate, strategy.aggregate_fit),
             server_round,
             timeout,
         )
 
     def evaluate_round(
-        self, server_round: int, timeout: float | None
+        self,
+        server_round: int,
+        timeout: float | None,
+        before_aggregate: Callable[[], None] = lambda: None,
     ) -> tuple[float | None, dict[str, Scalar], EvaluateResultsAndFailures] | None:
         """Flower's ``Server.evaluate_round``, the clients reached as :meth:`_round` says."""
         strategy = self.strategy
@@ -114,7 +155,7 @@ class CheckpointingServer(Server):
             "evaluate",
             strategy.configure_evaluate,
             (evaluate_at_once, evaluate_clients),
-            strategy.aggregate_evaluate,
+            _after(before_aggregate, strategy.aggregate_evaluate),
             server_round,
             timeout,
         )
@@ -164,9 +205,9 @@ class CheckpointingServer(Server):
         aggregated, metrics = aggregate(server_round, results, failures)
         return aggregated, metrics, (results, failures)
 
-    def _start(self, timeout: float | None) -> int:
-        """Initialize a new run (global model, stage G of round 0) or restore a checkpoint;
-        returns the first round to run."""
+    def _start(self, timeout: float | None, stage_g: GlobalStage) -> int:
+        """Initialize a new run (global model; stage G of round 0 started on ``stage_g``) or
+        restore a checkpoint; returns the first round to run."""
         checkpoint = self.resume_from
         self.personalized.message_keys = {
             **self.personalized.message_keys,
@@ -175,7 +216,7 @@ class CheckpointingServer(Server):
         if checkpoint is None:
             log(INFO, "[INIT]")
             self.parameters = self._get_initial_parameters(server_round=0, timeout=timeout)
-            self.strategy.evaluate(0, parameters=self.parameters)
+            stage_g.start(self.personalized.global_evaluation(0, self.parameters))
             return 1
         self.personalized.restore_state(checkpoint.strategy)
         set_random_state(checkpoint.rng)
@@ -210,3 +251,13 @@ class CheckpointingServer(Server):
             CHECKPOINT_ROUND: server_round,
         }
         log(INFO, "round %s: checkpoint written to %s", server_round, self.run_dir)
+
+
+def _after(first: Callable[[], None], then: Callable[..., Any]) -> Callable[..., Any]:
+    """``then`` with ``first()`` called before it."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        first()
+        return then(*args, **kwargs)
+
+    return call
