@@ -32,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from pflower.datasets.base import DatasetNotFoundError, ImageDataset, ImageSplit, resolve_data_root
 from pflower.datasets.cache import cached_splits
@@ -314,6 +313,8 @@ def _split(
 
 def _prepare_image(path: Path, size: int) -> np.ndarray:
     """Center-crop the largest square, resize to ``size``, return uint8 ``(3, size, size)``."""
+    from PIL import Image, UnidentifiedImageError  # here: every run imports this module
+
     try:
         with Image.open(path) as image:
             rgb = image.convert("RGB")

@@ -12,7 +12,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-import scipy.io
 import torch
 
 from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
@@ -69,6 +68,8 @@ def load_svhn(
 
 def read_svhn_mat(path: Path) -> ImageSplit:
     """One SVHN .mat file as ``(N, 3, 32, 32)`` uint8 images and labels 0..9."""
+    import scipy.io  # here, not at import: every run imports this module, few read SVHN
+
     try:
         content = scipy.io.loadmat(path, variable_names=("X", "y"))
     except (scipy.io.matlab.MatReadError, ValueError, OSError, TypeError) as error:
