@@ -1,11 +1,12 @@
 """Run one experiment as a Flower simulation in this process (what ``pflower <overrides>`` does).
 
 The apps receive the experiment exactly as ``flwr run`` delivers it: the Hydra overrides (plus the
-pinned run directory) in the run config, fused with the app's declared defaults; Flower's Ray
-backend runs the ClientApps, or with ``backend=fork`` processes forked from this one
-(:mod:`pflower.forkbackend`). Two parts of Flower's simulation engine that cost time in proportion
-to the population rather than to the sampled clients are replaced for these runs (see
-:func:`_scale_to_many_clients`): with them, a round of 100 clients out of 10,000 takes seconds.
+pinned run directory) in the run config, fused with the app's declared defaults. Processes forked
+from this one run the ClientApps (``backend=fork``, the default: :mod:`pflower.forkbackend`), or
+Flower's Ray backend (``backend=ray``, ``backend=ray_cluster``). Two parts of Flower's simulation
+engine that cost time in proportion to the population rather than to the sampled clients are
+replaced for these runs (see :func:`_scale_to_many_clients`): with them, a round of 100 clients
+out of 10,000 takes seconds.
 """
 
 from __future__ import annotations
@@ -154,8 +155,8 @@ def _backend_workers(
 
 
 def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
-    """Run the experiment that ``overrides`` compose as a Flower simulation (on Ray, or on
-    forked workers with ``backend=fork``); returns ``run_dir``.
+    """Run the experiment that ``overrides`` compose as a Flower simulation (on forked workers,
+    or on Ray with ``backend=ray``); returns ``run_dir``.
 
     Raises:
         ConfigError: ``train.device=cuda`` on a machine without CUDA (checked before Ray starts).
