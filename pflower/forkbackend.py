@@ -1,4 +1,5 @@
-"""A simulation backend of forked worker processes (``backend=fork``), beside Flower's Ray backend.
+"""A simulation backend of forked worker processes (``backend=fork``, the default), beside Flower's
+Ray backend (``backend=ray``).
 
 Flower 1.39's simulation engine hands each message to a backend worker that runs the ClientApp;
 its one backend runs the workers as Ray actors. On the 2-core development machine a run pays
