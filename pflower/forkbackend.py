@@ -23,6 +23,9 @@ Limits, stated where the backend is chosen (``conf/backend/fork.yaml``): one mac
 cluster; no per-client resource scheduling, every worker trains on ``train.device`` (one GPU
 is shared by all workers); a worker that dies (killed, out of memory) fails the message it held
 and is not replaced: the run goes on with the others, and a message fails once none is left.
+A process that has used CUDA cannot fork workers that use it, so in a Hydra sweep on a GPU (the
+driver evaluates stage G on ``train.device`` after its first job's fork) the second job stops
+with a configuration error that says to use ``backend=ray``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
+
+from pflower.registry import ConfigError
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
@@ -217,8 +222,16 @@ def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iter
     Flower's ``start_vce`` imports ``RayBackend`` from :data:`RAY_BACKEND_MODULE` when it starts
     the engine; while this is active that module is one whose ``RayBackend`` is
     :class:`ForkBackend` (so Ray is not even imported), and the real module comes back after."""
+    import torch
+
     from pflower.client.app import prepare_ahead
 
+    if torch.cuda.is_initialized():  # children of this process could not use CUDA
+        raise ConfigError(
+            "backend=fork cannot fork workers from a process that has already used CUDA (an "
+            "earlier job of this Hydra sweep evaluated on the GPU): run GPU sweeps with "
+            "backend=ray"
+        )
     prepare_ahead(overrides)
     workers = ForkWorkers(app, count)
     stand_in = types.ModuleType(RAY_BACKEND_MODULE)

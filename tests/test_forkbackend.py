@@ -98,6 +98,26 @@ def test_a_worker_whose_driver_went_away_mid_message_ends_quietly(
     assert calls == ["train"]
 
 
+def test_no_workers_are_forked_from_a_process_that_used_cuda(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After CUDA is initialized (a sweep's earlier job evaluated on the GPU), forked children
+    could not use it: the run stops with a configuration error before preparing or forking."""
+    import torch
+
+    import pflower.client.app
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    prepared: list[object] = []
+    monkeypatch.setattr(pflower.client.app, "prepare_ahead", prepared.append)
+    with (
+        pytest.raises(ConfigError, match=r"already used CUDA.*backend=ray"),
+        forked_workers(EchoApp(), ["num_clients=2"], 1),  # type: ignore[arg-type]
+    ):
+        pass
+    assert prepared == []
+
+
 def test_flower_builds_the_fork_backend_only_inside_forked_workers(monkeypatch) -> None:
     """While active, the module Flower's engine imports its backend from yields ForkBackend over
     the workers (Ray untouched); afterwards the module is what it was."""
