@@ -1,7 +1,7 @@
 """Overhead of pflower's simulation against a bare PyTorch loop doing the same FedAvg work.
 
 Workload (issue 3): MNIST, FedALA's 4-layer FedAvgCNN, 20 clients on a pathological split
-(2 classes each), 1 local epoch, batch 10, SGD, 5 rounds, FedAvg.
+(2 classes each), 1 local epoch, batch 10, SGD (momentum 0.9, pflower's default), 5 rounds, FedAvg.
 
 (a) ``pflower``: the real simulation (the default backend, workers forked from the driver, one
     per CPU; ``--set backend=ray`` for Ray's actors), evaluation only in the last round. Round
@@ -9,7 +9,8 @@ Workload (issue 3): MNIST, FedALA's 4-layer FedAvgCNN, 20 clients on a pathologi
     metrics.jsonl; steady state = median over rounds 2..4 (round 1 carries
     the workers' start-up, round 5 the evaluation).
 (b) ``bare``: one process, the same federation, the same initial model and the same per-client
-    mini-batch order, plain ``for`` loops over clients and batches, FedAvg in numpy.
+    mini-batch order and optimizer (``train.*``), plain ``for`` loops over clients and batches,
+    FedAvg in numpy.
 (c) ``floor`` (the parallel floor): ``--workers`` processes (default: one per CPU, as many as
     pflower's Ray workers with one CPU per client), each with one torch thread, each training its
     share of the same clients with the same batches (shares balanced by training-set size, largest
@@ -50,7 +51,6 @@ from pathlib import Path
 import numpy as np
 import psutil
 import torch
-from omegaconf import DictConfig
 
 from pflower.compose import compose_config
 from pflower.core.aggregation import weighted_mean
@@ -231,19 +231,20 @@ def train_client(
     model: torch.nn.Module,
     data: ClientData,
     global_weights: list[np.ndarray],
-    cfg: DictConfig,
+    experiment: Experiment,
     server_round: int,
     normalize: Callable[[torch.Tensor], torch.Tensor],
 ) -> list[np.ndarray]:
-    """One client's local epoch from ``global_weights`` (the batches pflower's clients draw)."""
+    """One client's local epoch from ``global_weights``: the batches pflower's clients draw and
+    the optimizer they build (``train.*``: SGD with pflower's default momentum 0.9 here)."""
     criterion = torch.nn.CrossEntropyLoss()
     set_weights(model, global_weights)
     model.train()
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.train.lr)
-    seed = np.random.SeedSequence([cfg.seed, server_round, data.partition_id])
+    settings = experiment.train_settings(server_round)
+    optimizer = settings.make_optimizer(model.parameters())
+    seed = np.random.SeedSequence([experiment.settings.seed, server_round, data.partition_id])
     generator = torch.Generator().manual_seed(int(seed.generate_state(1)[0]))
-    batch_size = int(cfg.train.batch_size)
-    for index in batch_indices(len(data.train), batch_size, generator, epochs=1):
+    for index in batch_indices(len(data.train), settings.batch_size, generator, epochs=1):
         optimizer.zero_grad(set_to_none=True)
         images = normalize(data.train.images[index])
         loss = criterion(model(images), data.train.labels[index])
@@ -270,7 +271,12 @@ def run_bare(rounds: int, threads: int, workload: list[str]) -> dict:
         for data in clients:
             uploads.append(
                 train_client(
-                    model, data, global_weights, cfg, server_round, federation.dataset.normalize
+                    model,
+                    data,
+                    global_weights,
+                    experiment,
+                    server_round,
+                    federation.dataset.normalize,
                 )
             )
             sizes.append(len(data.train))
@@ -322,7 +328,7 @@ def _floor_worker(
         summed: list[np.ndarray] | None = None
         total = 0
         for data in clients:
-            trained = train_client(model, data, global_weights, cfg, server_round, normalize)
+            trained = train_client(model, data, global_weights, experiment, server_round, normalize)
             size = len(data.train)
             scaled = [np.asarray(a, dtype=np.float64) * size for a in trained]
             summed = (

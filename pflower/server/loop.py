@@ -138,9 +138,10 @@ class CheckpointingServer(Server):
             "fit",
             strategy.configure_fit,
             (fit_at_once, fit_clients),
-            _after(before_aggregate, strategy.aggregate_fit),
+            strategy.aggregate_fit,
             server_round,
             timeout,
+            before_aggregate,
         )
 
     def evaluate_round(
@@ -155,9 +156,10 @@ class CheckpointingServer(Server):
             "evaluate",
             strategy.configure_evaluate,
             (evaluate_at_once, evaluate_clients),
-            _after(before_aggregate, strategy.aggregate_evaluate),
+            strategy.aggregate_evaluate,
             server_round,
             timeout,
+            before_aggregate,
         )
 
     def _round(
@@ -168,11 +170,13 @@ class CheckpointingServer(Server):
         aggregate: Callable[..., tuple[Any, dict[str, Scalar]]],
         server_round: int,
         timeout: float | None,
+        before_aggregate: Callable[[], None],
     ) -> Any:
         """One ``phase`` ("fit" or "evaluate") of a round, logged as in Flower's loop: configure,
-        send, aggregate; ``(aggregate, metrics, (results, failures))``, or None if no client was
-        selected. Over a deployment's grid the round's messages go in one push (the first of
-        ``senders``), elsewhere Flower's function reaches each client (the second)."""
+        send, ``before_aggregate()``, aggregate; ``(aggregate, metrics, (results, failures))``, or
+        None if no client was selected. Over a deployment's grid the round's messages go in one
+        push (the first of ``senders``), elsewhere Flower's function reaches each client (the
+        second)."""
         instructions = configure(
             server_round=server_round,
             parameters=self.parameters,
@@ -202,6 +206,7 @@ class CheckpointingServer(Server):
             len(results),
             len(failures),
         )
+        before_aggregate()
         aggregated, metrics = aggregate(server_round, results, failures)
         return aggregated, metrics, (results, failures)
 
@@ -251,13 +256,3 @@ class CheckpointingServer(Server):
             CHECKPOINT_ROUND: server_round,
         }
         log(INFO, "round %s: checkpoint written to %s", server_round, self.run_dir)
-
-
-def _after(first: Callable[[], None], then: Callable[..., Any]) -> Callable[..., Any]:
-    """``then`` with ``first()`` called before it."""
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        first()
-        return then(*args, **kwargs)
-
-    return call
