@@ -28,7 +28,9 @@ Usage::
     python benchmarks/scale.py [--cases 10 100 1000 1000-resnet18 10000] [--rounds 10]
         [--out DIR] [--set key=value ...]
 
-Writes ``scale.json`` and appends one row per case to ``scale.md`` in the output folder.
+Writes ``scale.json`` and appends one row per case to ``scale.md`` in the output folder (its
+``case`` column followed by the ``--set`` overrides, e.g.
+``1000 eval.server_test_max_samples=2000``).
 """
 
 from __future__ import annotations
@@ -142,7 +144,8 @@ def main() -> None:
             append_row(
                 table,
                 header,
-                f"| {result['date']} | {machine} | {case} | {result['clients']} | "
+                f"| {result['date']} | {machine} | {' '.join([case, *args.set])} | "
+                f"{result['clients']} | "
                 f"{result['train_round_s']:.1f} | {result['eval_round_s']:.1f} | "
                 f"{result['eval_over_train']:.2f} | {result['startup_s']:.0f} | "
                 f"{result['peak_rss_gb']:.1f} | {result['peak_pss_gb']:.1f} | "

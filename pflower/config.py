@@ -179,12 +179,18 @@ class EvalConfig:
         batch_size: evaluation batch size.
         client_global_test: the samples on which each client measures Acc(G) at stages L1 and
             L2: its own stratified ``slice`` of the global test set, or a ``subsample`` shared by
-            all clients (see :class:`ClientGlobalTest`). Stage G on the server always uses the
-            whole set.
+            all clients (see :class:`ClientGlobalTest`). Stage G on the server: see
+            ``server_test_max_samples``.
         global_test_max_samples: the most samples of a client's Acc(G): the cap of its slice, or
             the size of the shared stratified subsample (class proportions of the whole set,
             drawn with the run's seed, the same samples for every client and round); null or 0:
             no cap (with ``subsample``, the whole set, exactly).
+        server_test_max_samples: the most samples of stage G (the server's evaluation of its
+            model): null or 0, the whole global test set (the default, exact: the papers' test
+            accuracy of the global model); else a stratified subsample of that size (class
+            proportions of the whole set, drawn with the run's seed, the same samples in every
+            round), for runs where evaluating the whole set each evaluation round would cost more
+            than the round's training (thousands of clients with a few samples each).
         l2_clients: which of a round's training clients measure stage L2 in an evaluation round:
             ``evaluated`` (those also in the round's evaluation sample, ``eval.fraction``) or
             ``trained`` (all of them).
@@ -201,6 +207,7 @@ class EvalConfig:
     batch_size: int = 512
     client_global_test: ClientGlobalTest = ClientGlobalTest.slice
     global_test_max_samples: int | None = 2000
+    server_test_max_samples: int | None = None
     l2_clients: L2Clients = L2Clients.evaluated
     rho_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9])
     unseen_fraction: float = 0.0
@@ -217,6 +224,11 @@ class EvalConfig:
             self.global_test_max_samples is None or self.global_test_max_samples >= 0,
             f"eval.global_test_max_samples must be null (or 0: the whole set) or >= 1, got "
             f"{self.global_test_max_samples!r}",
+        )
+        require(
+            self.server_test_max_samples is None or self.server_test_max_samples >= 0,
+            f"eval.server_test_max_samples must be null (or 0: the whole set) or >= 1, got "
+            f"{self.server_test_max_samples!r}",
         )
         require(
             all(0.0 < t < 1.0 for t in self.rho_thresholds),

@@ -4,8 +4,8 @@ the training clients that are also in the round's evaluation sample.
 
 Defaults: ``eval.client_global_test=slice`` with ``eval.global_test_max_samples=2000`` (the cap of
 a slice; ``subsample``: the size of the shared subsample, null or 0: the whole set), stage G on
-the server always on the whole set; ``eval.l2_clients=evaluated`` (``trained``: every training
-client).
+the server on the whole set unless ``eval.server_test_max_samples`` asks for a stratified
+subsample; ``eval.l2_clients=evaluated`` (``trained``: every training client).
 """
 
 from __future__ import annotations
@@ -85,12 +85,13 @@ def test_null_zero_or_a_larger_limit_is_the_whole_set(whole: str) -> None:
     assert torch.equal(exp.global_test.labels, full.labels)
 
 
-def test_negative_limit_is_refused() -> None:
-    with pytest.raises(ConfigError, match="global_test_max_samples"):
-        compose_config([*BASE, "eval.global_test_max_samples=-1"])
+@pytest.mark.parametrize("key", ["global_test_max_samples", "server_test_max_samples"])
+def test_negative_limit_is_refused(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"eval.{key} must be null"):
+        compose_config([*BASE, f"eval.{key}=-1"])
 
 
-def test_stage_g_always_uses_the_whole_set() -> None:
+def test_stage_g_uses_the_whole_set_by_default() -> None:
     exp = experiment(SHARED, f"eval.global_test_max_samples={LIMIT}")
     weights = exp.initial_weights()
     result = global_evaluator(exp)(weights)
@@ -120,6 +121,43 @@ def test_clients_measure_acc_g_on_the_subsample_and_stage_g_is_unchanged(tmp_pat
     # the whole-set run evaluates exactly what evaluating on the whole set gives
     exp = experiment(SHARED, "eval.global_test_max_samples=null")
     assert len(exp.global_test) == len(exp.full_global_test)
+
+
+# --------------------------------------------------- stage G on a subsample (an option)
+def test_stage_g_on_a_stratified_subsample_when_asked_and_the_clients_unchanged() -> None:
+    exp = experiment(f"eval.server_test_max_samples={LIMIT}")
+    test, full = exp.server_test, exp.full_global_test
+    assert len(test) == LIMIT < len(full)
+    full_counts = np.bincount(full.labels.numpy(), minlength=10)
+    counts = np.bincount(test.labels.numpy(), minlength=10)
+    assert np.all(np.abs(counts - full_counts * LIMIT / len(full)) < 1.0)
+    # one seeded draw: the same samples as the clients' shared subsample of that size
+    shared = experiment(SHARED, f"eval.global_test_max_samples={LIMIT}").global_test
+    assert torch.equal(test.images, shared.images) and torch.equal(test.labels, shared.labels)
+    # stage G scores the model on exactly these samples
+    result = global_evaluator(exp)(exp.initial_weights())
+    expected = evaluate(exp.new_model(), test, exp.prepare(), 512)
+    assert result == {"acc": expected.accuracy, "loss": expected.loss}
+    # the clients' Acc(G) slices are still cut from the whole set
+    default = experiment()
+    assert all(np.array_equal(a, b) for a, b in zip(exp._slices, default._slices, strict=True))
+    assert torch.equal(
+        exp.client_data(0).global_test.images, default.client_data(0).global_test.images
+    )
+
+
+def test_a_run_records_stage_g_of_the_subsample(tmp_path: Path) -> None:
+    overrides = [*BASE, "rounds=1", f"eval.server_test_max_samples={LIMIT}"]
+    rows, _ = run_inprocess(overrides, tmp_path / "run")
+    exp = experiment("rounds=1", f"eval.server_test_max_samples={LIMIT}")
+    initial = global_evaluator(exp)(exp.initial_weights())
+    (g0,) = stage_rows(rows, "G", 0)
+    assert g0["acc"] == pytest.approx(initial["acc"]) and g0["loss"] == pytest.approx(
+        initial["loss"]
+    )
+    assert all(
+        abs(r["acc"] * LIMIT - round(r["acc"] * LIMIT)) < 1e-9 for r in stage_rows(rows, "G")
+    )
 
 
 # ------------------------------------------------------------ each client's own slice (default)

@@ -95,12 +95,22 @@ class Experiment:
         """The stratified subsample of the global test set that every client shares under
         ``eval.client_global_test=subsample``: ``eval.global_test_max_samples`` samples (the same
         for every client and round), or the whole set (null or 0, or a set no larger). Stage G
-        uses :attr:`full_global_test`.
+        uses :attr:`server_test`."""
+        return self._global_test_sample(self.settings.eval.global_test_max_samples)
+
+    @cached_property
+    def server_test(self) -> ImageSplit:
+        """What stage G evaluates on the server: the whole global test set, or a stratified
+        subsample of ``eval.server_test_max_samples`` samples (the same in every round)."""
+        return self._global_test_sample(self.settings.eval.server_test_max_samples)
+
+    def _global_test_sample(self, limit: int | None) -> ImageSplit:
+        """``limit`` samples of the global test set with its class proportions, drawn with the
+        run's seed, or the whole set (``limit`` null or 0, or no smaller than the set).
 
         The subsample is taken from the pool directly, so a worker that only needs it never
         copies the whole set (the same samples as subsampling :attr:`full_global_test`)."""
         federation = self.federation
-        limit = self.settings.eval.global_test_max_samples
         if not limit or limit >= len(federation.global_test):
             return self.full_global_test
         labels = federation.pool.labels.numpy()[federation.global_test]
@@ -109,7 +119,7 @@ class Experiment:
 
     @cached_property
     def full_global_test(self) -> ImageSplit:
-        """The whole global test set (stage G on the server)."""
+        """The whole global test set (stage G on the server by default)."""
         return self.federation.global_test_split()
 
     @cached_property

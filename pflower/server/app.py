@@ -39,10 +39,11 @@ def run_directory(cfg: DictConfig) -> Path:
 
 
 def global_evaluator(experiment: Experiment) -> GlobalEvaluator:
-    """Stage G: evaluates a global model on the whole global test set, on the server, on the
-    ``train.device`` of this process."""
+    """Stage G: evaluates a global model on the global test set (all of it, or the subsample
+    ``eval.server_test_max_samples`` asks for), on the server, on the ``train.device`` of this
+    process."""
     model = experiment.new_model().to(experiment.device)
-    test = experiment.full_global_test
+    test = experiment.server_test
     prepare = experiment.prepare()
     batch_size = experiment.settings.eval.batch_size
 
