@@ -2,11 +2,11 @@
 
 Each case is a paper's full-scale preset (``+experiment=<paper>_paper``: its dataset, model,
 clients, local epochs and batch size) run for a few rounds with ``train.device=cuda`` by the real
-``pflower`` command. ``--backend ray`` (the default here) runs the clients as Ray actors with
+``pflower`` command. ``--backend fork`` (the default, as in pflower) runs them on pflower's
+forked workers (one per CPU, all on the one GPU), in a run process forked from a driver that never
+initializes CUDA; ``--backend ray`` runs the clients as Ray actors with
 ``backend.num_gpus_per_client`` set so that several simulated clients share the GPU
-(``--clients-per-gpu``); ``--backend fork`` runs them on pflower's forked workers (one per CPU,
-all on the one GPU), the path that initializes CUDA in processes forked from a driver that has
-not. The ``resnet18-cifar`` case times
+(``--clients-per-gpu``). The ``resnet18-cifar`` case times
 FedMPR's ResNet-18 (CIFAR stem) on synthetic data of CIFAR-10's shape (50,000 train / 10,000
 test images of 3x32x32, 10 classes): timing needs the right shapes, not the real images.
 
@@ -19,7 +19,7 @@ start phase trains the ALA weights to convergence there: 22-30 s of a 4.5-7 s ro
 Usage::
 
     python benchmarks/gpu.py [--cases fliu fedala flame fedmpr diversifed resnet18-cifar]
-        [--rounds 4] [--backend ray|fork] [--clients-per-gpu 4] [--device cuda|cpu] [--out DIR]
+        [--rounds 4] [--backend fork|ray] [--clients-per-gpu 4] [--device cuda|cpu] [--out DIR]
         [--case-limit SECONDS] [--set KEY=VALUE ...]
 
 Writes ``gpu.json`` and appends one row per case to ``gpu.md`` in the output folder. With
@@ -84,7 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
     parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--backend", choices=["ray", "fork"], default="ray")
+    parser.add_argument("--backend", choices=["fork", "ray"], default="fork")
     parser.add_argument("--clients-per-gpu", type=int, default=4, help="Ray only")
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")

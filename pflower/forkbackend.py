@@ -23,9 +23,10 @@ Limits, stated where the backend is chosen (``conf/backend/fork.yaml``): one mac
 cluster; no per-client resource scheduling, every worker trains on ``train.device`` (one GPU
 is shared by all workers); a worker that dies (killed, out of memory) fails the message it held
 and is not replaced: the run goes on with the others, and a message fails once none is left.
-A process that has used CUDA cannot fork workers that use it, so in a Hydra sweep on a GPU (the
-driver evaluates stage G on ``train.device`` after its first job's fork) the second job stops
-with a configuration error that says to use ``backend=ray``.
+A process that has used CUDA cannot fork workers that use it, and the driver evaluates stage G
+on ``train.device``; so a run on a GPU runs in a process of its own forked from the driver
+(:func:`run_in_forked_process`), and the driver itself never uses CUDA: the next job of a Hydra
+sweep (or a resumed run) forks its workers as the first did.
 """
 
 from __future__ import annotations
@@ -207,6 +208,54 @@ class ForkBackend:
         """The workers end with :func:`forked_workers`."""
 
 
+def _run_and_report(task: Callable[[], None], connection: Connection) -> None:
+    """The forked run process: run ``task``, send back ``None`` or what it raised."""
+    try:
+        task()
+    except BaseException as error:
+        error.add_note(f"raised in the forked run process {os.getpid()}:\n{traceback.format_exc()}")
+        try:
+            connection.send(error)
+        except Exception:  # an exception that cannot be pickled: its type and text
+            connection.send(RuntimeError(f"{error!r}\n{traceback.format_exc()}"))
+    else:
+        connection.send(None)
+
+
+def run_in_forked_process(task: Callable[[], None]) -> None:
+    """Run ``task`` in a process forked from this one and wait for it to end; what it raises is
+    raised here (the same exception, with the child's traceback as a note).
+
+    For a run that uses CUDA: its process initializes CUDA (stage G on the GPU), after which it
+    could not fork workers again; this process stays free of CUDA for the next run.
+
+    Raises:
+        RuntimeError: the process ended without a result (killed, out of memory).
+    """
+    context = multiprocessing.get_context("fork")
+    receiver, sender = context.Pipe(duplex=False)
+    # Not a daemon: it forks the run's workers, and daemonic processes may have no children.
+    process = context.Process(target=_run_and_report, args=(task, sender), name="pflower-run")
+    process.start()
+    sender.close()
+    try:
+        outcome = receiver.recv()
+    except EOFError:
+        process.join()
+        raise RuntimeError(
+            f"the run's forked process {process.pid} ended with exit code {process.exitcode} "
+            "and no result (killed, or out of memory?)"
+        ) from None
+    finally:
+        receiver.close()
+        process.join(timeout=WORKER_STOP_S)
+        if process.is_alive():  # Ctrl-C here, or a process that hangs after its result
+            process.terminate()
+            process.join()
+    if outcome is not None:
+        raise outcome
+
+
 def default_worker_count(cpus_per_client: float) -> int:
     """As many workers as this process may use CPUs for ``cpus_per_client`` each (at least 1),
     the count Ray's actor pool gives on a local machine."""
@@ -228,9 +277,9 @@ def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iter
 
     if torch.cuda.is_initialized():  # children of this process could not use CUDA
         raise ConfigError(
-            "backend=fork cannot fork workers from a process that has already used CUDA (an "
-            "earlier job of this Hydra sweep evaluated on the GPU): run GPU sweeps with "
-            "backend=ray"
+            "backend=fork cannot fork workers from a process that has already used CUDA: "
+            "start the run with pflower.simulation.run_experiment (which runs a GPU run in a "
+            "process of its own), or use backend=ray"
         )
     prepare_ahead(overrides)
     workers = ForkWorkers(app, count)

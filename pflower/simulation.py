@@ -156,17 +156,34 @@ def _backend_workers(
 
 def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
     """Run the experiment that ``overrides`` compose as a Flower simulation (on forked workers,
-    or on Ray with ``backend=ray``); returns ``run_dir``.
+    or on Ray with ``backend=ray``); returns ``run_dir``. With ``backend=fork`` on a GPU the
+    run has a process of its own, forked from this one, which never uses CUDA itself
+    (:func:`pflower.forkbackend.run_in_forked_process`).
 
     Raises:
         ConfigError: ``train.device=cuda`` on a machine without CUDA (checked before Ray starts).
     """
     from pflower.core.training import resolve_device
 
-    if settings.backend.name == "fork":
+    forked = settings.backend.name == "fork"
+    if forked:
         # torch's CUDA check without initializing CUDA, so that forked workers can use it
         os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-    resolve_device(settings.train.device)  # fails here, not in the server or a Ray actor
+    device = resolve_device(settings.train.device)  # fails here, not in the server or an actor
+    if forked and device.type == "cuda":
+        # The run's process uses CUDA (stage G), after which it could not fork workers again:
+        # it is a child, and this process stays free of CUDA for a sweep's next job.
+        from pflower.forkbackend import run_in_forked_process
+
+        run_in_forked_process(functools.partial(_simulate, settings, overrides, run_dir))
+    else:
+        _simulate(settings, overrides, run_dir)
+    return run_dir
+
+
+def _simulate(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> None:
+    """Flower's simulation engine on this process: the ServerApp on a thread, the ClientApps on
+    the backend's workers."""
     from flwr.app import Context, RecordDict
     from flwr.common.config import get_fused_config_from_dir
     from flwr.simulation.run_simulation import _run_simulation
@@ -204,4 +221,3 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
             run=run,
             is_app=True,
         )
-    return run_dir

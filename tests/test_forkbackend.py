@@ -3,10 +3,12 @@ time, report its exceptions as Flower's ClientAppException, survive a dead sibli
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 from flwr.clientapp.client_app import ClientAppException
@@ -19,6 +21,7 @@ from pflower.forkbackend import (
     _serve,
     default_worker_count,
     forked_workers,
+    run_in_forked_process,
 )
 from pflower.registry import ConfigError
 
@@ -101,8 +104,8 @@ def test_a_worker_whose_driver_went_away_mid_message_ends_quietly(
 def test_no_workers_are_forked_from_a_process_that_used_cuda(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """After CUDA is initialized (a sweep's earlier job evaluated on the GPU), forked children
-    could not use it: the run stops with a configuration error before preparing or forking."""
+    """After CUDA is initialized in a process, children forked from it could not use it: the
+    run stops with a configuration error before preparing or forking."""
     import torch
 
     import pflower.client.app
@@ -154,3 +157,68 @@ def test_fork_backend_settings_are_checked(monkeypatch: pytest.MonkeyPatch) -> N
     with pytest.raises(ConfigError, match="this platform cannot: use backend=ray"):
         BackendConfig(name="fork")
     BackendConfig(name="ray")
+
+
+def _write_pid(path: Path) -> None:
+    path.write_text(str(os.getpid()))
+
+
+def _raise_config_error() -> None:
+    raise ConfigError("the child's own message")
+
+
+class _Unpicklable(Exception):
+    def __reduce__(self) -> object:
+        raise TypeError("cannot pickle this")
+
+
+def _raise_unpicklable() -> None:
+    raise _Unpicklable("lost in the pipe")
+
+
+def _die() -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_forked_run_process_runs_the_task_and_raises_what_it_raised(tmp_path: Path) -> None:
+    """The task runs in another process; its exception comes back as itself (so that a sweep
+    records a ConfigError as one) with the child's traceback as a note; one that cannot be
+    pickled comes back as its text; a child that dies is reported with its exit code."""
+    marker = tmp_path / "pid"
+    run_in_forked_process(functools.partial(_write_pid, marker))
+    assert int(marker.read_text()) != os.getpid()
+    with pytest.raises(ConfigError, match="the child's own message") as raised:
+        run_in_forked_process(_raise_config_error)
+    assert "raised in the forked run process" in "".join(raised.value.__notes__)
+    assert "_raise_config_error" in "".join(raised.value.__notes__)
+    with pytest.raises(RuntimeError, match=r"_Unpicklable\('lost in the pipe'\)"):
+        run_in_forked_process(_raise_unpicklable)
+    with pytest.raises(RuntimeError, match=r"ended with exit code -9 and no result"):
+        run_in_forked_process(_die)
+
+
+@pytest.mark.parametrize(
+    ("backend", "device", "in_child"),
+    [("fork", "cuda", True), ("fork", "cpu", False), ("ray", "cuda", False)],
+)
+def test_only_gpu_runs_on_forked_workers_get_a_process_of_their_own(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, backend: str, device: str, in_child: bool
+) -> None:
+    """A GPU run on forked workers runs in a child, so that the driver never initializes CUDA
+    and a sweep's next job can fork workers that use it; other runs stay in the driver."""
+    import torch
+
+    import pflower.core.training
+    import pflower.forkbackend
+    import pflower.simulation
+    from pflower.compose import compose_config, validate
+
+    ran: list[str] = []
+    monkeypatch.setattr(pflower.core.training, "resolve_device", lambda _: torch.device(device))
+    monkeypatch.setattr(pflower.simulation, "_simulate", lambda *_: ran.append("simulated"))
+    monkeypatch.setattr(
+        pflower.forkbackend, "run_in_forked_process", lambda task: ran.append("child") or task()
+    )
+    settings = validate(compose_config([f"backend={backend}"], check_scheme=False))
+    assert pflower.simulation.run_experiment(settings, [], tmp_path) == tmp_path
+    assert ran == (["child", "simulated"] if in_child else ["simulated"])

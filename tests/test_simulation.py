@@ -165,3 +165,38 @@ def test_the_default_fork_backend_runs_the_same_simulation_without_ray(tmp_path:
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["config"]["backend"]["name"] == "fork"
+
+
+FORKED_RUNS_SCRIPT = """
+import functools, sys
+from pathlib import Path
+from pflower.compose import compose_config, validate
+from pflower.forkbackend import run_in_forked_process
+from pflower.simulation import _simulate
+
+for seed in (0, 1):
+    overrides = ["num_clients=2", "rounds=2", "backend.workers=2", f"seed={seed}"]
+    run_dir = Path(sys.argv[1]) / str(seed)
+    settings = validate(compose_config([*overrides, f"output_dir={run_dir}"]))
+    run_in_forked_process(functools.partial(_simulate, settings, overrides, run_dir))
+"""
+
+
+def test_runs_in_forked_processes_fork_their_own_workers_one_after_another(
+    tmp_path: Path,
+) -> None:
+    """What a GPU sweep on forked workers does (``run_experiment`` with ``train.device=cuda``),
+    here on the CPU: each job runs in a process forked from the driver, which forks the job's
+    workers in turn; the second job runs as the first did."""
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_RUNS_SCRIPT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    for seed in ("0", "1"):
+        summary = json.loads((tmp_path / seed / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        rounds = [json.loads(line)["round"] for line in (tmp_path / seed / "metrics.jsonl").open()]
+        assert max(rounds) == 2
