@@ -20,6 +20,7 @@ from pflower.core.training import batch_indices, get_weights, set_weights, train
 from pflower.strategies.apple import (
     P_KEY,
     PERSONAL,
+    AppleUpload,
     RelationshipGradient,
     proximal_weight,
     relationship_gradient,
@@ -52,11 +53,20 @@ def test_relationship_gradient_by_hand() -> None:
     np.testing.assert_allclose(pfllib.numpy(), [0.75, 2.0])
 
 
-def test_apple_state_round_two(tmp_path: Path) -> None:
+@pytest.mark.parametrize("upload", list(AppleUpload))
+def test_apple_state_round_two(tmp_path: Path, upload: AppleUpload) -> None:
+    """Round 2 recomputed from what each client received and stored: p_i, its core, and its
+    upload, the core (the paper) or ŵ_i (PFLlib), which the others then receive as its core."""
     drlr, mu = 0.01, 0.1
     log = StateLog(P_KEY)
     strategies: list[PersonalizedStrategy] = []
-    overrides = [*APPLE, "rounds=2", f"strategy.drlr={drlr}", f"strategy.mu={mu}"]
+    overrides = [
+        *APPLE,
+        "rounds=2",
+        f"strategy.drlr={drlr}",
+        f"strategy.mu={mu}",
+        f"strategy.upload={upload}",
+    ]
     _, contexts = run_inprocess(overrides, tmp_path, log.make_client, strategies)
     experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
     model = experiment.new_model()
@@ -113,8 +123,13 @@ def test_apple_state_round_two(tmp_path: Path) -> None:
             )
             p = p - drlr * (p_grad + lam_r * mu * (p - 0.25))
         np.testing.assert_allclose(log.after[round_, pid][0], p.numpy(), rtol=1e-5, atol=1e-8)
+        expected_upload = cores[pid]
+        if upload == AppleUpload.personalized:
+            expected_upload = [
+                sum(float(p[j]) * cores[j][k] for j in range(4)) for k in range(len(cores[pid]))
+            ]
         uploaded = [a for a, m in zip(log.uploaded[round_, pid], mask, strict=True) if m]
-        for a, b in zip(uploaded, cores[pid], strict=True):
+        for a, b in zip(uploaded, expected_upload, strict=True):
             np.testing.assert_allclose(a, b.numpy(), rtol=1e-4, atol=2e-5)
         if round_ == 1:
             continue

@@ -27,16 +27,31 @@ paper's MLP, 20 clients and 2 classes each, that APPLE reached 65% after 20 roun
 other personalized methods reach 96%. ``p_gradient=pfllib_mean`` restores PFLlib's form (with
 a larger ``drlr``). Defaults: η_p = 0.001 (the official code's ``lr_coef``), μ = 0.1, L = 0.2.
 
+What a client uploads (``upload``): its core w_i (``core``, the default: the APPLE paper's Alg. 1,
+where the server holds and sends the cores), or its personalized model ŵ_i (``personalized``: what
+PFLlib's clientAPPLE does, by the author of FedALA, whose Table 2 ran it: it uploads ``model_c``,
+a copy of the mixture, and drops the core it stepped). With ``personalized`` every core starts a
+round from its client's last ŵ_i, so the N·p_ii-scaled core steps (a full-rate SGD step on a
+gradient taken at the mixture, which moves about N times less) never accumulate across rounds.
+With ``core`` they do: on FedALA's pathological MNIST at SGD lr 0.1 (Appendix G's settings) the
+cores of clients with disjoint classes were pushed apart until their losses overflowed
+(``docs/results/fedala.md``). Two PFLlib details are not reproduced: it trains the clients one
+after another and shares the core objects in place, so a client sees the cores of the clients
+that trained before it in the same round (a sequential-simulation artifact: here every client
+starts from the cores of the round's start); and it uploads the mixture of the last batch
+before that batch's steps (here: after, the model stage L1 evaluates).
+
 After training the client stores ŵ_i = Σ_j p_ij w_j (with its final p_i and core w_i) as its
 personalized model, evaluated at stage L1; PFLlib evaluates the ŵ_i of the last batch, before
 that batch's steps.
 
 What crosses the wire: fit sends every sampled client all N core models (partition ids 0..N−1,
 each the ``state_dict`` arrays, concatenated; Θ^0 for a client that never uploaded); config
-``server-round``. The client uploads its core w_i (all arrays). Server state: the base class's
-ClientModelStore (every client's latest core). No global model: stage G evaluates the mean of
-the stored cores (labelled ``mean_of_client_models``). Client state: ``apple_p`` (p_i),
-``apple_personal`` (ŵ_i, all arrays) and ``apple_rounds`` (rounds trained, for λ_r).
+``server-round``. The client uploads its core w_i or its ŵ_i (``upload``; all arrays). Server
+state: the base class's ClientModelStore (every client's latest upload). No global model: stage G
+evaluates the mean of the stored uploads (labelled ``mean_of_client_models``). Client state:
+``apple_p`` (p_i), ``apple_personal`` (ŵ_i, all arrays) and ``apple_rounds`` (rounds trained,
+for λ_r).
 """
 
 from __future__ import annotations
@@ -123,6 +138,15 @@ def relationship_gradient(
     if weights is not None:
         grad = grad * weights
     return (cores @ grad).double().cpu()
+
+
+class AppleUpload(StrEnum):
+    """What a client uploads after training, and so what the others receive as its core."""
+
+    core = "core"
+    """Its core w_i (the APPLE paper)."""
+    personalized = "personalized"
+    """Its personalized model ŵ_i = Σ_j p_ij w_j (PFLlib)."""
 
 
 class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
@@ -223,6 +247,8 @@ class AppleClient(PersonalClient["AppleOptions"]):
     def upload(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> NDArrays:
+        if self.options.upload == AppleUpload.personalized:
+            return trained  # the model holds ŵ_i (local_train ends with it)
         mask = trainable_mask(self.model)
         sizes = [a.size for a, m in zip(trained, mask, strict=True) if m]
         core = iter(torch.split(self._core.cpu(), sizes))
@@ -294,6 +320,8 @@ class AppleOptions(AlgorithmOptions):
     fade_fraction: L, the fraction of the rounds over which that pull fades (cosine) to 0.
     p_gradient: ∂L/∂p_ij as the derivative (``exact``) or PFLlib's per-layer means
         (``pfllib_mean``, about 1/(number of parameters) of it: raise ``drlr`` with it).
+    upload: what a client uploads: its ``core`` w_i (the paper) or its ``personalized`` model
+        ŵ_i (PFLlib's clientAPPLE).
     """
 
     display_name: ClassVar[str] = "APPLE"
@@ -303,6 +331,7 @@ class AppleOptions(AlgorithmOptions):
     mu: float = 0.1
     fade_fraction: float = 0.2
     p_gradient: RelationshipGradient = RelationshipGradient.exact
+    upload: AppleUpload = AppleUpload.core
 
     def __post_init__(self) -> None:
         super().__post_init__()
