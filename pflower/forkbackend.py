@@ -56,7 +56,8 @@ RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """The module from which Flower 1.39's ``start_vce`` imports the one backend it builds."""
 
 WORKER_STOP_S = 5.0
-"""How long :meth:`ForkWorkers.close` waits for a worker to end before it is terminated."""
+"""How long :meth:`ForkWorkers.close` waits for a worker to end (and :func:`run_in_forked_process`
+for the run process, after its result) before it is terminated."""
 
 
 @dataclass(frozen=True)
