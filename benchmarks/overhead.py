@@ -19,11 +19,15 @@ Workload (issue 3): MNIST, FedALA's 4-layer FedAvgCNN, 20 clients on a pathologi
     rounds 2.. (as for the bare loop).
 
 Both ratios are reported: pflower over the parallel floor, and pflower over the single loop.
+A shared VM's speed drifts by minutes (the same floor took 10.6 s and 29.3 s on one day), so
+``--pairs K`` runs (a) and (c) alternately K times: the row gives the medians of their steady
+rounds and the median of the K ratios, each measured minutes apart, and ``overhead.json`` every
+run. The single loop runs once, after the pairs.
 
 Usage::
 
-    python benchmarks/overhead.py [--rounds 5] [--threads 2] [--workers N] [--out DIR]
-        [--set key=value ...] [--mode both|pflower|floor|bare]
+    python benchmarks/overhead.py [--rounds 5] [--pairs 3] [--threads 2] [--workers N]
+        [--out DIR] [--set key=value ...] [--mode both|pflower|floor|bare]
 
 ``--set`` appends Hydra overrides to the workload (e.g. a tiny check: ``--set dataset=digits
 model=small_cnn num_clients=4 --rounds 2``). Writes ``overhead.json`` and appends a line to
@@ -399,6 +403,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the bare loop")
+    parser.add_argument(
+        "--pairs", type=int, default=3, help="pflower and floor runs, alternating (medians)"
+    )
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument(
         "--workers",
@@ -427,10 +434,17 @@ def main() -> None:
     if args.mode == "floor":
         print(json.dumps(run_floor(args.rounds, args.workers, workload)))
         return
-    with tempfile.TemporaryDirectory() as tmp:
-        pflower = run_pflower(args.rounds, Path(tmp) / "run", workload)
-    floor = run_child("floor", args, workload)
+    pflower_runs, floor_runs = [], []
+    for _ in range(args.pairs):
+        with tempfile.TemporaryDirectory() as tmp:
+            pflower_runs.append(run_pflower(args.rounds, Path(tmp) / "run", workload))
+        floor_runs.append(run_child("floor", args, workload))
     bare = run_child("bare", args, workload)
+    pflower, floor = typical_run(pflower_runs), typical_run(floor_runs)
+    pair_ratios = [
+        p["steady_round_s"] / f["steady_round_s"]
+        for p, f in zip(pflower_runs, floor_runs, strict=True)
+    ]
     result = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "machine": machine_description(),
@@ -438,7 +452,10 @@ def main() -> None:
         "pflower": pflower,
         "floor": floor,
         "bare": bare,
-        "steady_ratio_pflower_over_floor": pflower["steady_round_s"] / floor["steady_round_s"],
+        "pflower_runs": pflower_runs,
+        "floor_runs": floor_runs,
+        "pair_ratios_pflower_over_floor": pair_ratios,
+        "steady_ratio_pflower_over_floor": statistics.median(pair_ratios),
         "steady_ratio_pflower_over_bare": pflower["steady_round_s"] / bare["steady_round_s"],
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -447,8 +464,10 @@ def main() -> None:
         " / ".join("-" if v is None else f"{v:.1f}" for v in pflower["startup_phases_s"].values())
         or "-"
     )
+    pairs = f" ({args.pairs} pairs, ratios {' '.join(f'{r:.2f}' for r in pair_ratios)})"
     line = (
-        f"| {result['date']} | {result['machine']} | {pflower['steady_round_s']:.2f} | "
+        f"| {result['date']} | {result['machine']}{pairs if args.pairs > 1 else ''} | "
+        f"{pflower['steady_round_s']:.2f} | "
         f"{floor['steady_round_s']:.2f} ({floor['workers']} workers) | "
         f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
         f"{result['steady_ratio_pflower_over_floor']:.2f} | "
@@ -467,6 +486,17 @@ def main() -> None:
     )
     append_row(args.out / "overhead.md", header, line)
     print(json.dumps(result, indent=2))
+
+
+def typical_run(runs: list[dict]) -> dict:
+    """The run whose steady round is the median of ``runs`` (the lower one of an even count),
+    with the peak memory of all of them."""
+    ordered = sorted(runs, key=lambda run: run["steady_round_s"])
+    typical = dict(ordered[(len(ordered) - 1) // 2])
+    for key in ("peak_rss_mb", "peak_pss_mb"):
+        if key in typical:
+            typical[key] = max(run[key] for run in runs)
+    return typical
 
 
 def run_child(mode: str, args: argparse.Namespace, workload: list[str]) -> dict:
