@@ -17,10 +17,7 @@ machine). :class:`ForkBackend` is the engine's backend over these workers: like 
 ``RayBackend`` it runs one message at a time per worker, and the ClientApp gets the message and
 the node's context and returns the reply and the updated context, pickled through a pipe; an
 exception in the ClientApp becomes Flower's ``ClientAppException``, which the engine turns into
-an error reply, as it does for Ray's actors. Between messages a worker also runs the server's
-stage G on its part of the server's test set (:meth:`ForkWorkers.call`,
-:class:`pflower.server.app.StageGWorkers`), so that evaluation uses every worker instead of one
-thread of the driver.
+an error reply, as it does for Ray's actors.
 
 Limits, stated where the backend is chosen (``conf/backend/fork.yaml``): one machine, no Ray
 cluster; no per-client resource scheduling, every worker trains on ``train.device`` (one GPU
@@ -47,15 +44,13 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from pflower.registry import ConfigError
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
     from flwr.clientapp import ClientApp
-
-_T = TypeVar("_T")
 
 RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
 """The module from which Flower 1.39's ``start_vce`` imports the one backend it builds."""
@@ -73,15 +68,6 @@ class _Failure:
 
 
 @dataclass(frozen=True)
-class _Call:
-    """A job other than a message: run ``function(*args)`` and send back what it returns (a
-    module-level function, pickled by name; the worker was forked with its module)."""
-
-    function: Callable[..., object]
-    args: tuple[object, ...]
-
-
-@dataclass(frozen=True)
 class _Worker:
     process: BaseProcess
     connection: Connection
@@ -89,9 +75,9 @@ class _Worker:
 
 def _serve(app: ClientApp, connection: Connection) -> None:
     """A worker's loop: run ``app`` on each (message, context) received, send back the reply
-    and the updated context, or run a :class:`_Call` and send back its result (a
-    :class:`_Failure` for an exception); end on ``None`` or a closed pipe (the driver ended,
-    even while this worker trained). Ctrl-C is the driver's to handle: it closes the workers."""
+    and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe (the
+    driver ended, even while this worker trained). Ctrl-C is the driver's to handle: it closes
+    the workers."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
@@ -100,12 +86,12 @@ def _serve(app: ClientApp, connection: Connection) -> None:
             return
         if job is None:
             return
+        message, context = job
         try:
-            if isinstance(job, _Call):
-                outcome: object = job.function(*job.args)
-            else:
-                message, context = job
-                outcome = (app(message=message, context=context), context)
+            outcome: _Failure | tuple[Message, Context] = (
+                app(message=message, context=context),
+                context,
+            )
         except Exception as error:  # reported to the engine, as a Ray actor reports it
             outcome = _Failure(f"{error!r}\n{traceback.format_exc()}")
         try:
@@ -165,38 +151,19 @@ class ForkWorkers:
         """The ClientApp's reply to ``message`` and the node's updated context, from a worker."""
         from flwr.clientapp.client_app import ClientAppException
 
-        outcome = self._exchange((message, context))
-        if isinstance(outcome, _Failure):
-            raise ClientAppException(outcome.text)
-        return outcome  # type: ignore[return-value]
-
-    def call(self, function: Callable[..., _T], *args: object) -> _T:
-        """``function(*args)`` run on an idle worker, between messages (stage G's parts:
-        :class:`pflower.server.app.StageGWorkers`); ``function`` must be defined at a module's
-        top level.
-
-        Raises:
-            RuntimeError: ``function`` raised (the text has the worker's traceback), or the
-                worker ended while running it, or no worker is left.
-        """
-        outcome = self._exchange(_Call(function, args))
-        if isinstance(outcome, _Failure):
-            raise RuntimeError(f"in fork worker: {outcome.text}")
-        return outcome  # type: ignore[return-value]
-
-    def _exchange(self, job: object) -> object:
-        """Send ``job`` to an idle worker and return what it sends back."""
         worker = self._take()
         try:
-            worker.connection.send(job)
+            worker.connection.send((message, context))
             outcome = worker.connection.recv()
         except (EOFError, OSError) as error:  # a broken pipe included
             worker.process.join(timeout=1.0)
             raise RuntimeError(
                 f"fork worker {worker.process.pid} ended (exit code {worker.process.exitcode}) "
-                "while running a job; it is not replaced"
+                "while running a message; it is not replaced"
             ) from error
         self._idle.put(worker)
+        if isinstance(outcome, _Failure):
+            raise ClientAppException(outcome.text)
         return outcome
 
     def close(self) -> None:
@@ -308,9 +275,6 @@ def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iter
     import torch
 
     from pflower.client.app import prepare_ahead
-    from pflower.compose import warm_config
-    from pflower.core.experiment import Experiment
-    from pflower.server.app import StageGWorkers
 
     if torch.cuda.is_initialized():  # children of this process could not use CUDA
         raise ConfigError(
@@ -319,20 +283,16 @@ def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iter
             "process of its own), or use backend=ray"
         )
     prepare_ahead(overrides)
-    # Stage G's test set as well, so the workers that evaluate its parts share its pages.
-    Experiment.of(warm_config(overrides)).server_test  # noqa: B018 - a cached property
     workers = ForkWorkers(app, count)
     stand_in = types.ModuleType(RAY_BACKEND_MODULE)
     stand_in.RayBackend = ForkBackend  # type: ignore[attr-defined]
     real = sys.modules.get(RAY_BACKEND_MODULE)
     sys.modules[RAY_BACKEND_MODULE] = stand_in
     ForkBackend.workers = workers
-    StageGWorkers.pool = workers
     try:
         yield
     finally:
         ForkBackend.workers = None
-        StageGWorkers.pool = None
         if real is None:
             sys.modules.pop(RAY_BACKEND_MODULE, None)
         else:

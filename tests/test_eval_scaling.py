@@ -10,26 +10,20 @@ subsample; ``eval.l2_clients=evaluated`` (``trained``: every training client).
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from pflower.client.app import app as client_app
 from pflower.client.app import client_fn
 from pflower.compose import compose_config
 from pflower.config import RUN_CONFIG_KEY, overrides_to_string
 from pflower.core.experiment import Experiment, _stratified_slices, _stratified_subsample
 from pflower.core.strategy import Phase, round_rng
-from pflower.core.training import EvalSums, evaluate, evaluation_sums, get_weights
-from pflower.datasets.base import ImageSplit
-from pflower.forkbackend import ForkWorkers, forked_workers
+from pflower.core.training import evaluate, get_weights
 from pflower.registry import ConfigError
-from pflower.server.app import StageGWorkers, batch_ranges, global_evaluator
+from pflower.server.app import global_evaluator
 from tests.inprocess import run_inprocess
 from tests.test_core import comparable, stage_rows
 
@@ -164,102 +158,6 @@ def test_a_run_records_stage_g_of_the_subsample(tmp_path: Path) -> None:
     assert all(
         abs(r["acc"] * LIMIT - round(r["acc"] * LIMIT)) < 1e-9 for r in stage_rows(rows, "G")
     )
-
-
-# -------------------------------------- stage G split over the fork backend's workers
-@pytest.mark.parametrize(
-    ("size", "batch_size", "parts", "expected"),
-    [
-        (1050, 100, 2, [(0, 500), (500, 1050)]),
-        (250, 100, 4, [(0, 100), (100, 200), (200, 250)]),  # no more parts than batches
-        (300, 100, 1, [(0, 300)]),
-        (0, 100, 2, [(0, 0)]),
-    ],
-)
-def test_batch_ranges_cut_whole_batches(
-    size: int, batch_size: int, parts: int, expected: list[tuple[int, int]]
-) -> None:
-    assert batch_ranges(size, batch_size, parts) == expected
-
-
-def test_batch_ranges_cover_the_set_in_order_on_batch_bounds() -> None:
-    for size in (1, 99, 512, 1797, 15344):
-        for parts in (1, 2, 3, 16):
-            ranges = batch_ranges(size, 64, parts)
-            assert ranges[0][0] == 0 and ranges[-1][1] == size
-            assert all(stop == start for (_, stop), (start, _) in pairwise(ranges))
-            assert all(start % 64 == 0 and start < stop for start, stop in ranges)
-            sizes = [stop - start for start, stop in ranges[:-1]]
-            assert not sizes or max(sizes) - min(sizes) <= 64
-
-
-def test_the_sums_of_parts_combine_into_the_whole_result_bit_for_bit() -> None:
-    exp = experiment()
-    model, test = exp.new_model(), exp.full_global_test
-    whole = evaluate(model, test, exp.prepare(), 32)
-    parts = [
-        evaluation_sums(model, ImageSplit(test.images[a:b], test.labels[a:b]), exp.prepare(), 32)
-        for a, b in batch_ranges(len(test), 32, 3)
-    ]
-    assert len(parts) == 3
-    assert EvalSums.combine(parts) == whole  # exact: the same batches, an exact sum
-    assert EvalSums.combine(list(reversed(parts))) == whole
-    assert math.isnan(EvalSums.combine([]).loss)
-
-
-class InlinePool:
-    """Stands in for the fork workers: runs each call here, records its arguments, and lets the
-    calls listed in ``lost`` fail as a worker that ended would."""
-
-    def __init__(self, count: int, lost: set[int] = frozenset()) -> None:  # type: ignore[assignment]
-        self.count = count
-        self.lost = lost
-        self.parts: list[tuple[int, int]] = []
-
-    def call(self, function: Callable[..., object], *args: object) -> object:
-        self.parts.append((int(args[2]), int(args[3])))  # type: ignore[call-overload]
-        if len(self.parts) - 1 in self.lost:
-            raise RuntimeError("fork worker 1 ended (exit code -9) while running a job")
-        return function(*args)
-
-
-@pytest.mark.parametrize("lost", [set(), {1}])
-def test_stage_g_over_workers_equals_stage_g_in_one_process(
-    monkeypatch: pytest.MonkeyPatch, lost: set[int]
-) -> None:
-    """Split over three workers (a lost part evaluated on the server), stage G reports exactly
-    what one process reports."""
-    exp = experiment("eval.batch_size=50")  # 288 test images: 6 batches
-    weights = exp.initial_weights()
-    alone = global_evaluator(exp)(weights)
-    pool = InlinePool(3, lost)
-    monkeypatch.setattr(StageGWorkers, "pool", pool)
-    assert global_evaluator(exp)(weights) == alone
-    size, batch_size = len(exp.server_test), exp.settings.eval.batch_size
-    assert sorted(pool.parts) == batch_ranges(size, batch_size, 3) and len(pool.parts) == 3
-
-
-def test_the_forked_workers_evaluate_stage_g_while_they_run(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Inside ``forked_workers`` stage G's parts go to the workers (one each) and the result is
-    the one-process result; outside, stage G runs on the server again."""
-    exp = experiment("eval.batch_size=50")
-    weights = exp.initial_weights()
-    alone = global_evaluator(exp)(weights)
-    called: list[tuple[object, ...]] = []
-    call = ForkWorkers.call
-
-    def watched(self: ForkWorkers, function: Callable[..., object], *args: object) -> object:
-        called.append(args[2:])
-        return call(self, function, *args)
-
-    monkeypatch.setattr(ForkWorkers, "call", watched)
-    with forked_workers(client_app, [*BASE, "eval.batch_size=50"], 2):
-        assert StageGWorkers.pool is not None
-        assert global_evaluator(exp)(weights) == alone
-    assert StageGWorkers.pool is None
-    assert sorted(called) == batch_ranges(len(exp.server_test), 50, 2)
 
 
 # ------------------------------------------------------------ each client's own slice (default)

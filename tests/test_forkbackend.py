@@ -65,30 +65,6 @@ def test_an_app_exception_is_a_client_app_exception_and_the_worker_goes_on() -> 
         workers.close()
 
 
-def _pid_and_double(value: int) -> tuple[int, int]:
-    return os.getpid(), 2 * value
-
-
-def _fail() -> None:
-    raise ValueError("the call failed")
-
-
-def test_a_call_runs_a_function_on_a_worker_between_messages() -> None:
-    """What stage G's parts use (``ForkWorkers.call``): a module-level function runs in a
-    worker, whose exception comes back with its traceback, and the worker goes on."""
-    workers = ForkWorkers(EchoApp(), 1)  # type: ignore[arg-type]
-    try:
-        pid, doubled = workers.call(_pid_and_double, 21)
-        assert doubled == 42 and pid != os.getpid()
-        (reply_pid, message), _ = workers.run("next", {})  # type: ignore[arg-type,misc]
-        assert (reply_pid, message) == (pid, "next")
-        with pytest.raises(RuntimeError, match=r"(?s)in fork worker: ValueError.*_fail"):
-            workers.call(_fail)
-        assert workers.call(_pid_and_double, 1) == (pid, 2)
-    finally:
-        workers.close()
-
-
 def test_a_dead_worker_fails_its_message_and_the_others_go_on() -> None:
     workers = ForkWorkers(EchoApp(), 2)  # type: ignore[arg-type]
     try:

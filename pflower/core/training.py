@@ -12,8 +12,7 @@ cross the wire as numpy arrays on the CPU (:func:`get_weights`, :func:`set_weigh
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -59,31 +58,6 @@ class EvalResult:
     loss: float
     accuracy: float
     num_examples: int
-
-
-@dataclass(frozen=True)
-class EvalSums:
-    """What :func:`evaluate` adds up over a split: each batch's summed cross-entropy and the
-    number of correct predictions.
-
-    The sums of consecutive parts of a split whose bounds are multiples of the batch size
-    :meth:`combine` into the result of the whole split, bit for bit: the batches are the same
-    and :func:`math.fsum` does not depend on the order of its terms. So stage G split over the
-    simulation's workers reports what one process reports (:mod:`pflower.server.app`)."""
-
-    batch_losses: tuple[float, ...]
-    correct: int
-    num_examples: int
-
-    @staticmethod
-    def combine(parts: Sequence[EvalSums]) -> EvalResult:
-        """The mean loss and accuracy over all ``parts`` (NaN for no examples)."""
-        total = sum(part.num_examples for part in parts)
-        if total == 0:
-            return EvalResult(loss=float("nan"), accuracy=float("nan"), num_examples=0)
-        loss_sum = math.fsum(loss for part in parts for loss in part.batch_losses)
-        correct = sum(part.correct for part in parts)
-        return EvalResult(loss=loss_sum / total, accuracy=correct / total, num_examples=total)
 
 
 def resolve_device(choice: str) -> torch.device:
@@ -210,26 +184,21 @@ def train(
     return float(total_loss) / max(batches, 1)
 
 
+@torch.no_grad()
 def evaluate(model: nn.Module, data: ImageSplit, prepare: Prepare, batch_size: int) -> EvalResult:
     """Mean cross-entropy and accuracy of ``model`` on ``data`` (eval mode, no gradients), on the
     model's device."""
-    return EvalSums.combine([evaluation_sums(model, data, prepare, batch_size)])
-
-
-@torch.no_grad()
-def evaluation_sums(
-    model: nn.Module, data: ImageSplit, prepare: Prepare, batch_size: int
-) -> EvalSums:
-    """The :class:`EvalSums` of ``model`` on ``data``, batches of ``batch_size`` from the first
-    sample (eval mode, no gradients, on the model's device)."""
+    if len(data) == 0:
+        return EvalResult(loss=float("nan"), accuracy=float("nan"), num_examples=0)
     model.eval()
     device = model_device(model)
-    batch_losses: list[float] = []
-    correct = 0
+    loss_sum, correct = 0.0, 0
     for start in range(0, len(data), batch_size):
         images = prepare(data.images[start : start + batch_size]).to(device, non_blocking=True)
         logits = model(images)
         labels = data.labels[start : start + batch_size].to(device, non_blocking=True)
-        batch_losses.append(float(nn.functional.cross_entropy(logits, labels, reduction="sum")))
+        loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(dim=1) == labels).sum())
-    return EvalSums(tuple(batch_losses), correct, len(data))
+    return EvalResult(
+        loss=loss_sum / len(data), accuracy=correct / len(data), num_examples=len(data)
+    )

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
-from functools import lru_cache
-from itertools import pairwise
 from logging import WARNING
 from pathlib import Path
-from typing import Protocol, TypeVar
 
 import torch
 from flwr.app import Context
@@ -30,13 +25,10 @@ from pflower.core.checkpoint import (
 )
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
-from pflower.core.training import EvalSums, evaluation_sums, set_weights, trainable_mask
-from pflower.datasets.base import ImageSplit
+from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.results.rundir import RecorderPosition, RunRecorder, read_rows, resolved_config
 from pflower.server.loop import CheckpointingServer
 from pflower.server.polling import PromptClientManager
-
-_T = TypeVar("_T")
 
 
 def run_directory(cfg: DictConfig) -> Path:
@@ -46,93 +38,21 @@ def run_directory(cfg: DictConfig) -> Path:
     return Path("runs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
 
 
-class WorkerPool(Protocol):
-    """Processes beside the server that run a module-level function on request: the fork
-    backend's workers (:class:`pflower.forkbackend.ForkWorkers`)."""
-
-    @property
-    def count(self) -> int: ...
-
-    def call(self, function: Callable[..., _T], *args: object) -> _T: ...
-
-
-class StageGWorkers:
-    """The workers over which stage G splits the server's test set, if any."""
-
-    pool: WorkerPool | None = None
-    """Set by :func:`pflower.forkbackend.forked_workers` while its workers run; None: stage G
-    runs on the server's own thread (Ray's workers, a deployment)."""
-
-
 def global_evaluator(experiment: Experiment) -> GlobalEvaluator:
     """Stage G: evaluates a global model on the global test set (all of it, or the subsample
-    ``eval.server_test_max_samples`` asks for), on the ``train.device``.
-
-    With the fork backend's workers (:class:`StageGWorkers`) the set is cut into one part per
-    worker, on batch bounds, and the parts are evaluated on the workers, beside the clients'
-    messages: on the server's one thread stage G on 10,000-20,000 images outlasted the clients'
-    evaluation at 1,000 clients (``benchmarks/results/README.md``). The parts' sums combine into
-    exactly the result of one process (:class:`EvalSums`). A part whose worker ended is
-    evaluated here."""
-    cfg = experiment.cfg
-    pool = StageGWorkers.pool
-    parts = batch_ranges(
-        len(experiment.server_test),
-        experiment.settings.eval.batch_size,
-        1 if pool is None else pool.count,
-    )
+    ``eval.server_test_max_samples`` asks for), on the server, on the ``train.device`` of this
+    process."""
+    model = experiment.new_model().to(experiment.device)
+    test = experiment.server_test
+    prepare = experiment.prepare()
+    batch_size = experiment.settings.eval.batch_size
 
     def evaluate_global(weights: NDArrays) -> dict[str, float]:
-        if pool is None or len(parts) == 1:
-            sums = [evaluate_server_test_part(cfg, weights, *part) for part in parts]
-        else:
-            with ThreadPoolExecutor(len(parts), thread_name_prefix="pflower-stage-g") as threads:
-                sums = list(threads.map(lambda part: _on_worker(pool, cfg, weights, part), parts))
-        result = EvalSums.combine(sums)
+        set_weights(model, weights)
+        result = evaluate(model, test, prepare, batch_size)
         return {"acc": result.accuracy, "loss": result.loss}
 
     return evaluate_global
-
-
-def _on_worker(
-    pool: WorkerPool, cfg: DictConfig, weights: NDArrays, part: tuple[int, int]
-) -> EvalSums:
-    """:func:`evaluate_server_test_part` on a worker of ``pool``, or here if the worker ended."""
-    try:
-        return pool.call(evaluate_server_test_part, cfg, weights, *part)
-    except RuntimeError as error:
-        log(WARNING, "stage G: samples %s-%s evaluated on the server (%s)", *part, error)
-        return evaluate_server_test_part(cfg, weights, *part)
-
-
-def batch_ranges(size: int, batch_size: int, parts: int) -> list[tuple[int, int]]:
-    """``[start, stop)`` ranges that cut ``size`` samples into at most ``parts`` runs of whole
-    batches of ``batch_size`` (the last batch may be short), as even as whole batches allow;
-    at least one range."""
-    batches = -(-size // batch_size)
-    count = max(1, min(parts, batches))
-    bounds = [batches * k // count for k in range(count + 1)]
-    return [(first * batch_size, min(last * batch_size, size)) for first, last in pairwise(bounds)]
-
-
-def evaluate_server_test_part(
-    cfg: DictConfig, weights: NDArrays, start: int, stop: int
-) -> EvalSums:
-    """Stage G's sums on samples ``start:stop`` of the server's test set, in this process (the
-    server, or a worker forked from it, where ``cfg``'s experiment is already built)."""
-    experiment = Experiment.of(cfg)
-    model = _stage_g_model(experiment)
-    set_weights(model, weights)
-    test = experiment.server_test
-    part = ImageSplit(test.images[start:stop], test.labels[start:stop])
-    batch_size = experiment.settings.eval.batch_size
-    return evaluation_sums(model, part, experiment.prepare(), batch_size)
-
-
-@lru_cache(maxsize=2)
-def _stage_g_model(experiment: Experiment) -> torch.nn.Module:
-    """This process's model for stage G of ``experiment``, on its ``train.device``."""
-    return experiment.new_model().to(experiment.device)
 
 
 def build_strategy(
