@@ -423,6 +423,8 @@ def main() -> None:
         help="both: all three and a results row; pflower/bare/floor: that one, as JSON only",
     )
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs must be at least 1, got {args.pairs}")
     workload = [*WORKLOAD, *args.set]
     if args.mode == "pflower":  # e.g. an A/B of two backends, alternating
         with tempfile.TemporaryDirectory() as tmp:
@@ -464,9 +466,10 @@ def main() -> None:
         " / ".join("-" if v is None else f"{v:.1f}" for v in pflower["startup_phases_s"].values())
         or "-"
     )
-    pairs = f" ({args.pairs} pairs, ratios {' '.join(f'{r:.2f}' for r in pair_ratios)})"
+    ratios = " ".join(f"{r:.2f}" for r in pair_ratios)
+    pairs = f" ({args.pairs} pairs, ratios {ratios})" if args.pairs > 1 else ""
     line = (
-        f"| {result['date']} | {result['machine']}{pairs if args.pairs > 1 else ''} | "
+        f"| {result['date']} | {result['machine']}{pairs} | "
         f"{pflower['steady_round_s']:.2f} | "
         f"{floor['steady_round_s']:.2f} ({floor['workers']} workers) | "
         f"{bare['steady_round_s']:.2f} ({bare['threads']} threads) | "
