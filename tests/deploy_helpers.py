@@ -15,7 +15,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,26 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 50) -> int:
+    """The first of ``count`` consecutive TCP ports that are all free on ``host`` right now.
+
+    ``pflower deploy up --node-port P`` serves SuperNode ``i``'s runtime API on ``P + i``, so a
+    single free port is not enough: ``P + 1`` may be taken (seen once in a CI rehearsal).
+    """
+    for _ in range(attempts):
+        base = free_port(host)
+        if base + count > 65536:
+            continue
+        with ExitStack() as stack:
+            try:
+                for port in range(base + 1, base + count):
+                    stack.enter_context(socket.socket()).bind((host, port))
+            except OSError:
+                continue
+        return base
+    raise RuntimeError(f"no {count} consecutive free TCP ports on {host} in {attempts} tries")
 
 
 def diagnostics(deployment: Deployment, tail: int = 40) -> str:
