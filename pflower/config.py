@@ -26,6 +26,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from pflower.registry import ConfigError
+from pflower.searchspace import tunable
 
 EXECUTION_KEYS = (
     "output_dir",
@@ -117,13 +118,25 @@ class TrainConfig:
         device: ``auto`` (CUDA where present), ``cpu`` or ``cuda`` (see :class:`Device`).
     """
 
-    local_epochs: int = 2
+    local_epochs: int = tunable(
+        2,
+        choices=(1, 2, 5),
+        source="FedAvg (McMahan et al., 2017), Sec. 3: E in {1, 5, 20}",
+    )
     local_steps: int | None = None
     batch_size: int = 16
     optimizer: Optimizer = Optimizer.sgd
-    lr: float = 0.05
+    lr: float = tunable(
+        0.05,
+        low=1e-3,
+        high=0.3,
+        log=True,
+        source="FedAvg (McMahan et al., 2017), Sec. 3: lr on a log grid",
+    )
     lr_decay: float = 1.0
-    momentum: float = 0.9
+    momentum: float = tunable(
+        0.9, choices=(0.0, 0.5, 0.9), source="plain SGD, and the 0.5 / 0.9 of the papers' runs"
+    )
     weight_decay: float = 0.0
     threads: int = 1
     device: Device = Device.auto

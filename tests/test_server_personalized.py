@@ -29,6 +29,7 @@ from pflower.strategies.diversifed import (
     PERSONAL,
     Distance,
     GradMode,
+    TauScale,
     flatten,
     force_coefficients,
     mix,
@@ -96,36 +97,46 @@ def assert_same(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
         np.testing.assert_allclose(a, b, **tolerance)
 
 
-def model_distance_loss(w_i: torch.Tensor, others: torch.Tensor, tau: float, squared: bool):
-    """Eq. 4 written directly: Σ_j log(exp(d_ij/τ) / Σ_k exp(d_ik/τ))."""
+def model_distance_loss(
+    w_i: torch.Tensor,
+    others: torch.Tensor,
+    tau: float,
+    squared: bool,
+    tau_scale: TauScale = TauScale.multiply,
+):
+    """Eq. 4 written directly: Σ_j log(exp(s·d_ij) / Σ_k exp(s·d_ik)), s = τ or 1/τ."""
     d = ((w_i - others) ** 2).sum(dim=1)
     if not squared:
         d = d.sqrt()
-    return torch.log_softmax(d / tau, dim=0).sum()
+    scale = tau if tau_scale == TauScale.multiply else 1.0 / tau
+    return torch.log_softmax(d * scale, dim=0).sum()
 
 
 # ------------------------------------------------------------------ server step (Eq. 4, 6)
+@pytest.mark.parametrize("tau_scale", list(TauScale))
 @pytest.mark.parametrize("distance", [Distance.l2, Distance.l2_sq])
 @pytest.mark.parametrize("grad_mode", [GradMode.per_client, GradMode.full])
 def test_closed_form_step_equals_autograd_gradient_step(
-    distance: Distance, grad_mode: GradMode
+    distance: Distance, grad_mode: GradMode, tau_scale: TauScale
 ) -> None:
     rng = np.random.default_rng(0)
     m, p, tau, eta = 6, 20, 0.7, 0.3
     w = rng.normal(size=(m, p)) * rng.uniform(0.2, 2.0, size=(m, 1))
     squared = distance == Distance.l2_sq
-    xi = mixing_matrix(pairwise_distances(w, squared), tau, eta, distance, grad_mode)
+    xi = mixing_matrix(
+        pairwise_distances(w, squared), tau, eta, distance, grad_mode, tau_scale=tau_scale
+    )
     np.testing.assert_allclose(xi.sum(axis=1), np.ones(m), atol=1e-12)
     got = mix(xi, w)
     weights = torch.tensor(w, dtype=torch.float64, requires_grad=True)
     for i in range(m):
         if grad_mode == GradMode.per_client:
             others = torch.cat([weights[:i], weights[i + 1 :]]).detach()
-            loss = model_distance_loss(weights[i], others, tau, squared)
+            loss = model_distance_loss(weights[i], others, tau, squared, tau_scale)
         else:  # Σ_k L_M(w_k), differentiated w.r.t. w_i only
             loss = sum(
                 model_distance_loss(
-                    weights[k], torch.cat([weights[:k], weights[k + 1 :]]), tau, squared
+                    weights[k], torch.cat([weights[:k], weights[k + 1 :]]), tau, squared, tau_scale
                 )
                 for k in range(m)
             )

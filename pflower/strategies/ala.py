@@ -65,6 +65,7 @@ from pflower.config import require
 from pflower.core.client import PersonalClient, server_round
 from pflower.core.training import Prepare, set_weights
 from pflower.datasets.base import ImageSplit
+from pflower.searchspace import tunable
 
 ALA_LOCAL = "ala_local"
 ALA_WEIGHTS = "ala_weights"
@@ -90,8 +91,18 @@ class ALAFields:
             setting").
     """
 
-    eta: float = 1.0
-    rand_percent: float = 80.0
+    eta: float = tunable(
+        1.0,
+        choices=(0.1, 1.0, 10.0),
+        source="FedALA (Zhang et al., AAAI 2023), Sec. 5: η and s studied around 1.0 and 80%",
+    )
+    rand_percent: float = tunable(
+        80.0,
+        low=5.0,
+        high=100.0,
+        step=5.0,
+        source="FedALA (Zhang et al., AAAI 2023), Sec. 5: η and s studied around 1.0 and 80%",
+    )
     layer_idx: int = 2
     threshold: float = 0.1
     num_pre_loss: int = 10

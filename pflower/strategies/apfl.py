@@ -45,6 +45,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, model_device
+from pflower.searchspace import tunable
 from pflower.strategies.batches import train_batches
 from pflower.strategies.moreau import PersonalAndGlobalClient
 
@@ -166,7 +167,11 @@ class APFLOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "APFL"
     display_rank: ClassVar[int] = 30
 
-    alpha_init: float = 0.5
+    alpha_init: float = tunable(
+        0.5,
+        choices=(0.25, 0.5, 0.75),
+        source="APFL (Deng et al., 2020), Sec. 5",
+    )
     adaptive_alpha: bool = True
     alpha_lr: float | None = None
 

@@ -80,6 +80,7 @@ from pflower.core.training import (
     model_device,
     trainable_mask,
 )
+from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
 from pflower.strategies.diversifed import (
     MEAN_OF_CLIENT_MODELS,
@@ -327,8 +328,20 @@ class AppleOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "APPLE"
     display_rank: ClassVar[int] = 42
 
-    drlr: float = 0.001
-    mu: float = 0.1
+    drlr: float = tunable(
+        0.001,
+        low=1e-4,
+        high=1e-2,
+        log=True,
+        source="APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ",
+    )
+    mu: float = tunable(
+        0.1,
+        low=1e-3,
+        high=1.0,
+        log=True,
+        source="APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ",
+    )
     fade_fraction: float = 0.2
     p_gradient: RelationshipGradient = RelationshipGradient.exact
     upload: AppleUpload = AppleUpload.core

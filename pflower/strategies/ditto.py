@@ -40,6 +40,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import TrainSettings, get_weights, set_weights
+from pflower.searchspace import tunable
 from pflower.strategies.moreau import PersonalAndGlobalClient, anchor_tensors, moreau_term
 
 PERSONAL = "ditto_v"
@@ -106,7 +107,13 @@ class DittoOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "Ditto"
     display_rank: ClassVar[int] = 20
 
-    lambda_: float = 1.0
+    lambda_: float = tunable(
+        1.0,
+        low=0.01,
+        high=2.0,
+        log=True,
+        source="Ditto (Li et al., ICML 2021), Sec. 5",
+    )
     personal_epochs: int = 1
     personal_lr: float | None = None
     global_lr: float | None = None

@@ -5,14 +5,24 @@ Every client i keeps a personalized model w_i and minimizes CE_i(w_i) + λ·L_M(
 Eq. 3), where the model distance loss (Eq. 4) over the other clients j ∈ S∖{i}, with
 d_ij = ‖w_i − w_j‖₂ (Euclidean distance in parameter space) and temperature τ, is
 
-    L_M(w_i) = Σ_j log( exp(d_ij/τ) / Σ_k exp(d_ik/τ) ) = Σ_j log q_ij,  q_i = softmax_j(d_ij/τ).
+    L_M(w_i) = Σ_j log( exp(τ·d_ij) / Σ_k exp(τ·d_ik) ) = Σ_j log q_ij,  q_i = softmax_j(τ·d_ij).
 
 Minimizing it attracts w_i to each w_j through the numerator and repels it from all through the
-denominator (Sec. III-C); the net force along (w_j − w_i) is c_ij = (1 − (m−1) q_ij)/τ, positive
+denominator (Sec. III-C); the net force along (w_j − w_i) is c_ij = τ(1 − (m−1) q_ij), positive
 (attraction) for relatively near models and negative (repulsion) for relatively far ones, which is
 Lemma 1's sign rule and the three-model example of Fig. 4. The printed copy of the paper lost the
 formula of Eq. 4; this form is the one that reproduces Fig. 4 and Lemma 1 (the InfoNCE sign,
-exp(−d/τ), would equalize distances instead).
+exp(−τ·d), would equalize distances instead).
+
+How τ scales the distance (``tau_scale``). The paper's text says a larger τ strengthens both the
+attraction and the repulsion (Sec. V-G, V-H, the τ studies of Tables IV-VI). With the distance
+multiplied, τ·d (``tau_scale=multiply``, the default), it does: every force is τ times a factor
+that sharpens with τ, so the pull toward near models and the push from the farthest both grow.
+With the distance divided, d/τ (``tau_scale=divide``, a temperature in the InfoNCE sense, which
+is how pflower first reconstructed Eq. 4), forces fall roughly as 1/τ, the opposite of the
+paper's description. The default follows the paper's description; results pflower published
+before this option existed were made with ``divide``, and ``strategy.tau_scale=divide``
+reproduces them (the run's ``config.yaml`` records which was used).
 
 Incremental proximal optimization (Sec. III-D):
 
@@ -65,6 +75,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions, OptionsT
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer
+from pflower.searchspace import tunable
 from pflower.strategies.fedprox import proximal_term
 
 PERSONAL = "div_personal"
@@ -80,6 +91,15 @@ class Distance(StrEnum):
     """‖w_i − w_j‖₂, the paper's Euclidean distance."""
     l2_sq = "l2_sq"
     """‖w_i − w_j‖₂² (ablation)."""
+
+
+class TauScale(StrEnum):
+    """How τ enters Eq. 4's softmax."""
+
+    multiply = "multiply"
+    """τ·d_ij: a larger τ strengthens attraction and repulsion (the paper's Sec. V-G, V-H)."""
+    divide = "divide"
+    """d_ij/τ: a temperature; forces fall roughly as 1/τ (pflower's first reconstruction)."""
 
 
 class GradMode(StrEnum):
@@ -148,19 +168,23 @@ def pairwise_distances(vectors: np.ndarray, squared: bool = False) -> np.ndarray
     return out
 
 
-def force_coefficients(distances: np.ndarray, tau: float) -> np.ndarray:
-    """c_ij = ∂L_M(w_i)/∂d_ij = (1 − (m−1) q_ij)/τ with q_i = softmax_{j≠i}(d_ij/τ) (Eq. 4);
-    zero on the diagonal. Each row sums to 0: equal distances exert no force."""
+def force_coefficients(
+    distances: np.ndarray, tau: float, tau_scale: TauScale = TauScale.multiply
+) -> np.ndarray:
+    """c_ij = ∂L_M(w_i)/∂d_ij = s(1 − (m−1) q_ij) with q_i = softmax_{j≠i}(s·d_ij) (Eq. 4),
+    where s = τ (``multiply``) or 1/τ (``divide``); zero on the diagonal. Each row sums to 0:
+    equal distances exert no force."""
     count = len(distances)
     coefficients = np.zeros((count, count))
     if count < 2:
         return coefficients
+    factor = tau if tau_scale == TauScale.multiply else 1.0 / tau
     for i in range(count):
         others = np.arange(count) != i
-        scaled = distances[i, others] / tau
+        scaled = distances[i, others] * factor
         exp = np.exp(scaled - scaled.max())
         q = exp / exp.sum()
-        coefficients[i, others] = (1.0 - (count - 1) * q) / tau
+        coefficients[i, others] = (1.0 - (count - 1) * q) * factor
     return coefficients
 
 
@@ -171,12 +195,13 @@ def mixing_matrix(
     distance: Distance = Distance.l2,
     grad_mode: GradMode = GradMode.per_client,
     eps_dist: float = 1e-12,
+    tau_scale: TauScale = TauScale.multiply,
 ) -> np.ndarray:
     """Ξ with U = Ξ W the server's step of Eq. 6 for every row of W (rows sum to 1).
 
     ``distances`` are d_ij as Eq. 4 uses them (plain for ``l2``, squared for ``l2_sq``).
     """
-    coefficients = force_coefficients(distances, tau)
+    coefficients = force_coefficients(distances, tau, tau_scale)
     if grad_mode == GradMode.full:
         coefficients = coefficients + coefficients.T
     if distance == Distance.l2:
@@ -308,6 +333,7 @@ class DiversiFedStrategy(ModelMixingStrategy["DiversiFedOptions"]):
             options.distance,
             options.grad_mode,
             options.eps_dist,
+            options.tau_scale,
         )
 
 
@@ -334,7 +360,10 @@ class DiversiFedClient(OwnModelClient["DiversiFedOptions"]):
 @dataclass
 class DiversiFedOptions(AlgorithmOptions):
     """Attributes:
-    tau: temperature τ of Eq. 4 (larger repels more of the farther models).
+    tau: τ of Eq. 4; with the default ``tau_scale`` a larger τ strengthens both attraction and
+        repulsion, as the paper's Sec. V-G and V-H describe.
+    tau_scale: ``multiply`` (τ·d_ij, the default, after the paper's description of τ) or
+        ``divide`` (d_ij/τ, pflower's earlier reconstruction); see the module docstring.
     lam: weight λ of L_M in Eq. 3 (0 gives local training).
     eta: the server's step size η in Eq. 6; the client's pull is λ/(2η).
     distance: ``l2`` (the paper) or ``l2_sq``.
@@ -347,9 +376,24 @@ class DiversiFedOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "DiversiFed"
     display_rank: ClassVar[int] = 500
 
-    tau: float = 1.0
-    lam: float = 0.01
-    eta: float = 1.0
+    tau: float = tunable(
+        1.0,
+        choices=(0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1),
+        source="DiversiFed (Wu et al., TNNLS 2025), Tables IV-VI: τ from 0.5 to 1.1",
+    )
+    lam: float = tunable(
+        0.01,
+        low=1e-4,
+        high=1.0,
+        log=True,
+        source="DiversiFed (Wu et al., TNNLS 2025), Sec. V: around λ = 0.01, η = 1",
+    )
+    eta: float = tunable(
+        1.0,
+        choices=(0.1, 1.0, 10.0),
+        source="DiversiFed (Wu et al., TNNLS 2025), Sec. V: around λ = 0.01, η = 1",
+    )
+    tau_scale: TauScale = TauScale.multiply
     distance: Distance = Distance.l2
     grad_mode: GradMode = GradMode.per_client
     neighbors: Neighbors = Neighbors.participants

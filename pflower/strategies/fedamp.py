@@ -45,6 +45,7 @@ from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer
+from pflower.searchspace import tunable
 from pflower.strategies.diversifed import (
     ModelMixingStrategy,
     Neighbors,
@@ -144,9 +145,25 @@ class FedAMPOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedAMP"
     display_rank: ClassVar[int] = 40
 
-    alpha_k: float = 1e4
-    sigma: float = 100.0
-    lam: float = 1.0
+    alpha_k: float = tunable(
+        1e4,
+        low=1e3,
+        high=1e5,
+        log=True,
+        source="FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1",
+    )
+    sigma: float = tunable(
+        100.0,
+        choices=(1.0, 10.0, 100.0),
+        source="FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1",
+    )
+    lam: float = tunable(
+        1.0,
+        low=0.1,
+        high=10.0,
+        log=True,
+        source="FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1",
+    )
     alpha_decay: float = 0.1
     alpha_decay_every: int = 30
     neighbors: Neighbors = Neighbors.participants

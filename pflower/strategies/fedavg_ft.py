@@ -18,6 +18,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights
+from pflower.searchspace import tunable
 
 
 class FedAvgFTStrategy(PersonalizedStrategy["FedAvgFTOptions"]):
@@ -46,7 +47,12 @@ class FedAvgFTOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedAvg-FT"
     display_rank: ClassVar[int] = 2
 
-    finetune_epochs: int = 1
+    finetune_epochs: int = tunable(
+        1,
+        low=1,
+        high=5,
+        source="FedAvg-C in FedALA (Zhang et al., AAAI 2023)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -32,6 +32,7 @@ from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, get_weights, set_weights
 from pflower.models import split
+from pflower.searchspace import tunable
 
 
 class FedBABUStrategy(PersonalizedStrategy["FedBABUOptions"]):
@@ -81,7 +82,12 @@ class FedBABUOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedBABU"
     display_rank: ClassVar[int] = 230
 
-    finetune_epochs: int = 5
+    finetune_epochs: int = tunable(
+        5,
+        low=1,
+        high=10,
+        source="FedBABU (Oh et al., ICLR 2022), Sec. 4",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -41,6 +41,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import trainable_mask
+from pflower.searchspace import tunable
 from pflower.strategies.diversifed import parameter_mask
 
 MASK = "fedcac_mask"
@@ -183,8 +184,19 @@ class FedCACOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedCAC"
     display_rank: ClassVar[int] = 45
 
-    tau_c: float = 0.5
-    beta: float = 100.0
+    tau_c: float = tunable(
+        0.5,
+        low=0.1,
+        high=0.9,
+        source="FedCAC (Wu et al., ICCV 2023), Sec. 5: sensitivity of τ and β",
+    )
+    beta: float = tunable(
+        100.0,
+        low=1.0,
+        high=300.0,
+        log=True,
+        source="FedCAC (Wu et al., ICCV 2023), Sec. 5: sensitivity of τ and β",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -62,6 +62,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
+from pflower.searchspace import tunable
 from pflower.strategies.control_variates import (
     ClientAverageScoring,
     ModelAndVariateClient,
@@ -199,7 +200,11 @@ class FedDCOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedDC"
     display_rank: ClassVar[int] = 14
 
-    alpha: float = 0.01
+    alpha: float = tunable(
+        0.01,
+        choices=(0.001, 0.01, 0.1),
+        source="FedDC (Gao et al., CVPR 2022), Sec. 5",
+    )
     drift_weight: float = 1.0
     report: ReportedModel = ReportedModel.server
     aggregation: Aggregation = Aggregation.uniform

@@ -54,6 +54,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, trainable_mask
+from pflower.searchspace import tunable
 from pflower.strategies.control_variates import (
     ClientAverageScoring,
     ReportedModel,
@@ -153,7 +154,11 @@ class FedDynOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedDyn"
     display_rank: ClassVar[int] = 13
 
-    alpha: float = 0.01
+    alpha: float = tunable(
+        0.01,
+        choices=(0.001, 0.01, 0.1),
+        source="FedDyn (Acar et al., ICLR 2021), Sec. 5",
+    )
     aggregation: Aggregation = Aggregation.uniform
     report: ReportedModel = ReportedModel.average
 

@@ -46,6 +46,7 @@ from pflower.core.options import AlgorithmOptions
 from pflower.core.state import ClientState
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
+from pflower.searchspace import tunable
 from pflower.strategies.diversifed import MEAN_OF_CLIENT_MODELS, OwnModelClient, mean_of_stored
 
 PERSONAL = "fomo_personal"
@@ -230,7 +231,12 @@ class FedFomoOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedFomo"
     display_rank: ClassVar[int] = 41
 
-    num_models: int = 5
+    num_models: int = tunable(
+        5,
+        low=1,
+        high=10,
+        source="FedFomo (Zhang et al., ICLR 2021), Sec. 5",
+    )
     epsilon: float = 0.0
     holdout: float = 0.2
 

@@ -63,6 +63,7 @@ from pflower.core.training import Regularizer, TrainSettings, trainable_mask
 from pflower.models.regularization import Regularization
 from pflower.models.resnet import ResNet, apply_regularization
 from pflower.registry import ConfigError
+from pflower.searchspace import tunable
 
 
 class PruneScope(StrEnum):
@@ -233,11 +234,23 @@ class FedMPROptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedMPR"
     display_rank: ClassVar[int] = 300
 
-    prune_ratio: float = 0.4
+    prune_ratio: float = tunable(
+        0.4,
+        choices=(0.0, 0.2, 0.4),
+        source="FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off",
+    )
     prune_scope: PruneScope = PruneScope.conv_linear_weights
     prune_granularity: PruneGranularity = GLOBAL
-    dropout: float = 0.2
-    noise_sigma: float = 0.4
+    dropout: float = tunable(
+        0.2,
+        choices=(0.0, 0.2, 0.8),
+        source="FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off",
+    )
+    noise_sigma: float = tunable(
+        0.4,
+        choices=(0.0, 0.2, 0.4),
+        source="FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off",
+    )
     noise_mode: NoiseMode = NoiseMode.weight_relative
     reg_stages: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
 

@@ -42,6 +42,7 @@ from pflower.core.training import (
     set_weights,
 )
 from pflower.models import split
+from pflower.searchspace import tunable
 from pflower.strategies.batches import optimizer_step, train_batches
 
 LOCAL_MODEL = "fedphp_local"
@@ -143,8 +144,19 @@ class FedPHPOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedPHP"
     display_rank: ClassVar[int] = 260
 
-    mu: float = 0.9
-    lam: float = 0.01
+    mu: float = tunable(
+        0.9,
+        low=0.5,
+        high=0.99,
+        source="FedPHP (Li et al., ECML-PKDD 2021), Sec. 5: around μ = 0.9, λ = 0.01",
+    )
+    lam: float = tunable(
+        0.01,
+        low=1e-3,
+        high=1.0,
+        log=True,
+        source="FedPHP (Li et al., ECML-PKDD 2021), Sec. 5: around μ = 0.9, λ = 0.01",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

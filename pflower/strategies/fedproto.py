@@ -53,6 +53,7 @@ from pflower.core.training import (
     model_device,
 )
 from pflower.models.split import head, represent
+from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
 from pflower.strategies.diversifed import OwnModelClient
 
@@ -298,7 +299,9 @@ class FedProtoOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedProto"
     display_rank: ClassVar[int] = 44
 
-    lam: float = 1.0
+    lam: float = tunable(
+        1.0, low=0.01, high=10.0, log=True, source="FedProto (Tan et al., AAAI 2022), Sec. 5: λ = 1"
+    )
     proto_weighting: ProtoWeighting = ProtoWeighting.counts
 
     def __post_init__(self) -> None:

@@ -26,6 +26,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, model_device
+from pflower.searchspace import tunable
 
 
 class FedProxStrategy(PersonalizedStrategy["FedProxOptions"]):
@@ -68,7 +69,13 @@ class FedProxOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedProx"
     display_rank: ClassVar[int] = 1
 
-    mu: float = 0.01
+    mu: float = tunable(
+        0.01,
+        low=1e-4,
+        high=1.0,
+        log=True,
+        source="FedProx (Li et al., MLSys 2020), Sec. 5.2: μ in {0.001, 0.01, 0.1, 1}",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -34,6 +34,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.client import server_round
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights
+from pflower.searchspace import tunable
 from pflower.strategies.fedprox import FedProxClient, FedProxOptions
 
 
@@ -75,8 +76,16 @@ class FedProxFTOptions(FedProxOptions):
     display_name: ClassVar[str] = "FedProx-C"
     display_rank: ClassVar[int] = 3
 
-    mu: float = 0.001
-    finetune_epochs: int = 1
+    mu: float = tunable(
+        0.001,
+        low=1e-4,
+        high=1.0,
+        log=True,
+        source="FedProx (Li et al., MLSys 2020), Sec. 5.2: μ in {0.001, 0.01, 0.1, 1}",
+    )
+    finetune_epochs: int = tunable(
+        1, low=1, high=5, source="FedALA (Zhang et al., AAAI 2023), FedAvg-C"
+    )
     finetune_init: bool = True
 
     def __post_init__(self) -> None:

@@ -39,6 +39,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer, TrainSettings, train
 from pflower.models import split
+from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
 from pflower.strategies.fedper import SplitClient, SplitStrategy
 
@@ -84,7 +85,9 @@ class FedRepOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedRep"
     display_rank: ClassVar[int] = 220
 
-    head_epochs: int = 5
+    head_epochs: int = tunable(
+        5, low=1, high=10, source="FedRep (Collins et al., ICML 2021); FedALA's baseline grid 1-10"
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -61,6 +61,7 @@ from pflower.core.training import (
     train,
     trainable_mask,
 )
+from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
 
 MODEL = "fedselect_model"
@@ -248,7 +249,12 @@ class FedSelectOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedSelect"
     display_rank: ClassVar[int] = 20
 
-    select_fraction: float = 0.25
+    select_fraction: float = tunable(
+        0.25,
+        low=0.05,
+        high=0.5,
+        source="FedSelect (Tamirisa et al., CVPR 2024)",
+    )
     share_limit: float = 0.8
     mask_every: int = 3
     aggregation: Aggregation = Aggregation.uniform

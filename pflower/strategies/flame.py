@@ -69,6 +69,7 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, get_weights
+from pflower.searchspace import tunable
 from pflower.strategies.moreau import (
     PersonalAndGlobalClient,
     anchor_tensors,
@@ -278,7 +279,9 @@ class FLAMEOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FLAME"
     display_rank: ClassVar[int] = 200
 
-    lambda_: float = 1.0
+    lambda_: float = tunable(
+        1.0, low=0.1, high=10.0, log=True, source="FLAME, Sec. V sensitivity study: λ in {1, 3, 5}"
+    )
     rho: float | None = None
     alpha: AlphaMode = AlphaMode.uniform
     mu_l2: float = 0.01

@@ -46,6 +46,7 @@ from pflower.core.training import (
     model_device,
     set_weights,
 )
+from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
 
 INNER_STREAM = 2
@@ -147,7 +148,13 @@ class PerFedAvgOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "Per-FedAvg"
     display_rank: ClassVar[int] = 240
 
-    alpha: float | None = None
+    alpha: float | None = tunable(
+        None,
+        low=1e-3,
+        high=0.3,
+        log=True,
+        source="Per-FedAvg (Fallah et al., NeurIPS 2020)",
+    )
     eval_steps: int = 1
 
     def __post_init__(self) -> None:

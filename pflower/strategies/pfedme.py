@@ -52,6 +52,7 @@ from pflower.core.training import (
     TrainSettings,
     get_weights,
 )
+from pflower.searchspace import tunable
 from pflower.strategies.batches import train_batches
 from pflower.strategies.moreau import (
     PersonalAndGlobalClient,
@@ -211,8 +212,20 @@ class PFedMeOptions(AlgorithmOptions):
     display_rank: ClassVar[int] = 25
 
     profile: PFedMeProfile = PFedMeProfile.flame_paper
-    lambda_: float = 1.0
-    eta: float = 0.1
+    lambda_: float = tunable(
+        1.0,
+        low=0.1,
+        high=30.0,
+        log=True,
+        source="pFedMe (Dinh et al., NeurIPS 2020), Sec. 5: λ up to 30, personal lr η",
+    )
+    eta: float = tunable(
+        0.1,
+        low=0.005,
+        high=0.5,
+        log=True,
+        source="pFedMe (Dinh et al., NeurIPS 2020), Sec. 5: λ up to 30, personal lr η",
+    )
     beta: float = 1.0
     inner_steps: int = 5
     personal_lr: float | None = None

@@ -1,0 +1,156 @@
+"""Search spaces declared beside the options they tune (fair comparisons, DESIGN contract 9).
+
+A tunable option is an ordinary dataclass field whose default comes from :func:`tunable`, which
+records the range in the field's metadata::
+
+    @dataclass
+    class FedProxOptions(AlgorithmOptions):
+        mu: float = tunable(0.01, low=1e-4, high=1.0, log=True, source="FedProx, Sec. 5.2")
+
+Hydra and OmegaConf see a plain field with its default; ``pflower tune`` (:mod:`pflower.tuning`)
+reads the metadata with :func:`declared_space` and asks Optuna for a value of each declared
+option. The shared training knobs (``train.lr``, ``train.local_epochs``, ``train.momentum``) are
+declared the same way on :class:`pflower.config.TrainConfig`; a suite says which of them it
+tunes, so every method, FedAvg included, searches the same training space.
+
+The ranges come from the papers that introduced each method (or the paper whose experiments a
+method is compared in), named in ``source``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
+
+METADATA_KEY = "pflower_tune"
+"""The field-metadata key holding a :class:`Param`."""
+
+
+class Suggests(Protocol):
+    """The part of an Optuna trial a :class:`Param` uses (kept a protocol: no import here)."""
+
+    def suggest_float(
+        self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
+    ) -> float: ...
+
+    def suggest_int(
+        self, name: str, low: int, high: int, *, step: int = 1, log: bool = False
+    ) -> int: ...
+
+    def suggest_categorical(self, name: str, choices: Sequence[Any]) -> Any: ...
+
+
+@dataclass(frozen=True)
+class Param:
+    """The range of one tunable option.
+
+    Attributes:
+        kind: ``float``, ``int`` or ``choice``.
+        low, high: the bounds (inclusive) of ``float`` and ``int`` ranges.
+        log: sample uniformly in log space (both bounds > 0).
+        step: a grid step of ``float``/``int`` ranges (None: continuous / 1).
+        choices: the values of a ``choice`` option.
+        source: where the range comes from (paper, section), shown by ``pflower tune --show``.
+    """
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
+    step: float | None = None
+    choices: tuple[Any, ...] = ()
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.kind == "choice":
+            if not self.choices:
+                raise ValueError("a choice option needs at least one value")
+            return
+        if self.kind not in ("float", "int"):
+            raise ValueError(f"kind must be float, int or choice, got {self.kind!r}")
+        if self.low is None or self.high is None or not self.low <= self.high:
+            raise ValueError(f"a {self.kind} range needs low <= high, got {self.low}, {self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError(f"a log range needs low > 0, got {self.low}")
+
+    def suggest(self, trial: Suggests, key: str) -> Any:
+        """A value for ``key`` drawn by ``trial`` (an Optuna trial)."""
+        if self.kind == "choice":
+            return trial.suggest_categorical(key, list(self.choices))
+        assert self.low is not None and self.high is not None
+        if self.kind == "int":
+            step = int(self.step or 1)
+            return trial.suggest_int(key, int(self.low), int(self.high), step=step, log=self.log)
+        return trial.suggest_float(key, self.low, self.high, step=self.step, log=self.log)
+
+    def with_bounds(self, changes: Mapping[str, Any]) -> Param:
+        """This range with some attributes replaced (a suite narrowing a shared knob)."""
+        values = dict(changes)
+        if "choices" in values:
+            values["choices"] = tuple(values["choices"])
+        return dataclasses.replace(self, **values)
+
+    def describe(self) -> str:
+        """E.g. ``log-uniform [0.0001, 1]`` or ``one of 0.5, 1.0``."""
+        if self.kind == "choice":
+            return "one of " + ", ".join(str(c) for c in self.choices)
+        scale = "log-uniform" if self.log else "uniform"
+        if self.kind == "int":
+            scale = "integer" + (" (log)" if self.log else "")
+        step = f" step {self.step:g}" if self.step else ""
+        return f"{scale} [{_number(self.low)}, {_number(self.high)}]{step}"
+
+
+def _number(value: float | None) -> str:
+    return "" if value is None else f"{value:g}"
+
+
+def tunable(
+    default: T,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    log: bool = False,
+    step: float | None = None,
+    choices: Sequence[Any] = (),
+    source: str = "",
+) -> T:
+    """A dataclass field with ``default`` whose search range is declared in its metadata.
+
+    Give ``low``/``high`` (with ``log=True`` for a log scale; an ``int`` default or step makes an
+    integer range) or ``choices``. Typed as ``default`` so the field keeps its annotation.
+    """
+    if choices:
+        param = Param("choice", choices=tuple(choices), source=source)
+    else:
+        is_int = isinstance(default, int) and not isinstance(default, bool)
+        is_int = is_int or (isinstance(step, int) and isinstance(low, int))
+        param = Param("int" if is_int else "float", low, high, log, step, source=source)
+    field: Any = dataclasses.field(default=default, metadata={METADATA_KEY: param})
+    return field  # type: ignore[no-any-return]
+
+
+def declared_space(options_class: type, prefix: str) -> dict[str, Param]:
+    """``{"<prefix>.<field>": Param}`` for every field of ``options_class`` declared with
+    :func:`tunable`, in field order."""
+    return {
+        f"{prefix}.{field.name}": field.metadata[METADATA_KEY]
+        for field in dataclasses.fields(options_class)
+        if METADATA_KEY in field.metadata
+    }
+
+
+def format_value(value: Any) -> str:
+    """A sampled value as a Hydra override value (floats with enough digits, enums by value)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        if math.isfinite(value) and value == int(value) and abs(value) < 1e15:
+            return f"{value:.1f}"
+        return f"{value:.6g}"
+    return str(getattr(value, "value", value))

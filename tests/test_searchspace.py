@@ -1,0 +1,73 @@
+"""Search spaces declared beside the options (pflower.searchspace): every declared range is
+valid, holds the option's default, and Optuna draws values inside it that the options accept."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import optuna
+import pytest
+
+import pflower.strategies  # noqa: F401  (registers every algorithm)
+from pflower.config import TrainConfig
+from pflower.core.algorithm import ALGORITHMS
+from pflower.searchspace import Param, declared_space, format_value, tunable
+
+
+def test_tunable_records_the_range_and_keeps_the_default() -> None:
+    @dataclasses.dataclass
+    class Options:
+        mu: float = tunable(0.01, low=1e-4, high=1.0, log=True, source="FedProx")
+        k: int = tunable(5, low=1, high=10)
+        tau: float = tunable(1.0, choices=(0.5, 1.0))
+        plain: float = 2.0
+
+    assert Options().mu == 0.01 and Options().k == 5
+    space = declared_space(Options, "strategy")
+    assert list(space) == ["strategy.mu", "strategy.k", "strategy.tau"]
+    assert space["strategy.mu"] == Param("float", 1e-4, 1.0, True, source="FedProx")
+    assert space["strategy.k"].kind == "int" and space["strategy.tau"].kind == "choice"
+    assert space["strategy.mu"].describe() == "log-uniform [0.0001, 1]"
+    with pytest.raises(ValueError, match="low > 0"):
+        Param("float", 0.0, 1.0, log=True)
+
+
+def test_the_shared_training_space_is_declared_on_train_config() -> None:
+    assert set(declared_space(TrainConfig, "train")) >= {"train.lr", "train.local_epochs"}
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_declared_range_holds_its_default_and_draws_valid_options(name: str) -> None:
+    options_class = ALGORITHMS[name].options
+    fields = {f.name: f for f in dataclasses.fields(options_class)}
+    space = declared_space(options_class, "strategy")
+    for key, param in space.items():
+        default = fields[key.removeprefix("strategy.")].default
+        if default is None:  # "same as train.lr" defaults
+            continue
+        if param.kind == "choice":
+            assert default in param.choices, key
+        else:
+            assert param.low <= default <= param.high, key
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(3):
+        trial = study.ask()
+        values = {k.removeprefix("strategy."): p.suggest(trial, k) for k, p in space.items()}
+        options_class(name=name, **values)  # __post_init__ accepts every drawn value
+        assert all(format_value(v) for v in values.values())
+
+
+def test_every_method_with_options_beyond_the_base_declares_a_space() -> None:
+    """Methods without a declared option are those with nothing to tune or whose options are
+    structural (FLIU's adaptive γ is the method itself; SCAFFOLD's η_g = 1 as in its paper)."""
+    untuned = {n for n, a in ALGORITHMS.items() if not declared_space(a.options, "strategy")}
+    assert untuned == {
+        "centralized",
+        "fedavg",
+        "fedbn",
+        "fedper",
+        "fedrod",
+        "fliu",
+        "local",
+        "scaffold",
+    }
