@@ -153,8 +153,10 @@ checkpoint.every rounds and after the last one), with its clients' state snapsho
 on with the overrides it was started with; pass rounds=N to extend it to N rounds. Only rounds
 and how the run executes (output_dir, progress, checkpoint.*, client_state.*, tracking,
 backend.*, timeouts) may differ from the checkpoint's configuration: anything else, a missing
-or corrupt checkpoint, or a run directory changed since the checkpoint is refused with the
-reason and exit code 2, and nothing is written."""
+or corrupt checkpoint, or a run directory changed since the checkpoint (any byte of metrics.jsonl
+up to the checkpoint: the checkpoint holds its SHA-256 digest) is refused with the reason and
+exit code 2, and nothing is written. A run that already completed its rounds is left as it is:
+one line says so (exit code 0); pass rounds=N to extend it."""
 
 
 def resume(argv: Sequence[str]) -> int:
@@ -169,7 +171,7 @@ def resume(argv: Sequence[str]) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory to continue")
     parser.add_argument("overrides", nargs="*", help="e.g. rounds=N to extend the run")
     args = parser.parse_args(list(argv))
-    from pflower.core.checkpoint import load_checkpoint
+    from pflower.core.checkpoint import completed, load_checkpoint
     from pflower.server.app import resumable_checkpoint
 
     run_dir: Path = args.run_dir.resolve()
@@ -179,6 +181,12 @@ def resume(argv: Sequence[str]) -> int:
         cfg = compose_config([*overrides, f"output_dir={run_dir}"], check_scheme=False)
         settings = validate(cfg, check_scheme=False)
         resumable_checkpoint(cfg, run_dir)
+        if completed(checkpoint, run_dir, settings.rounds):
+            console.print(
+                f"nothing to resume: {escape(str(run_dir))} completed its {checkpoint.round} "
+                "rounds (summary.json); pass rounds=N to extend it"
+            )
+            return 0
         _preflight(cfg, settings)
     except (ConfigError, DatasetNotFoundError, CorruptDatasetError) as error:
         console.print(f"[red]cannot resume:[/] {escape(str(error))}")

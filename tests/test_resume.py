@@ -215,6 +215,65 @@ def test_run_directory_changed_since_the_checkpoint_is_refused(
     assert "changed since" in refused(run_dir, capsys)
 
 
+def edited_copy(stopped_run: Path, tmp_path: Path) -> Path:
+    """A copy of ``stopped_run`` as if it had been killed after its last checkpoint (no
+    ``summary.json``), with one digit of the first ``acc_local`` value changed: the file keeps
+    its length and its number of rows, and stays valid JSON."""
+    run_dir = tmp_path / "edited"
+    subprocess.run(["cp", "-r", str(stopped_run), str(run_dir)], check=True)
+    (run_dir / "summary.json").unlink()
+    path = run_dir / "metrics.jsonl"
+    data = bytearray(path.read_bytes())
+    digit = data.index(b'"acc_local": ') + len(b'"acc_local": 0.')
+    data[digit] = ord("1") if data[digit] != ord("1") else ord("2")
+    path.write_bytes(bytes(data))
+    rows = read_rows(run_dir)
+    assert len(rows) == len(read_rows(stopped_run)) and rows != read_rows(stopped_run)
+    return run_dir
+
+
+def test_an_edited_metrics_value_is_refused(stopped_run: Path, tmp_path: Path, capsys) -> None:
+    """Issue 37, item 3: not only a shorter ``metrics.jsonl``, any change to its bytes up to the
+    checkpoint (the checkpoint stores their SHA-256 digest) is refused with exit code 2."""
+    run_dir = edited_copy(stopped_run, tmp_path)
+    message = refused(run_dir, capsys)
+    assert "changed since the checkpoint" in message and "SHA-256" in message
+
+
+def test_metrics_digest_covers_the_rows_up_to_the_checkpoint(stopped_run: Path) -> None:
+    """The checkpoint's digest is that of the file's first ``metrics_size`` bytes, which end
+    with a row; rows appended after the checkpoint (a run that went on) are not a change."""
+    import hashlib
+
+    from pflower.results.rundir import metrics_changed
+
+    checkpoint = load_checkpoint(stopped_run)
+    data = (stopped_run / "metrics.jsonl").read_bytes()
+    kept = data[: checkpoint.metrics_size]
+    assert hashlib.sha256(kept).hexdigest() == checkpoint.metrics_sha256
+    assert kept.endswith(b"\n") and kept.count(b"\n") == checkpoint.rows
+    assert metrics_changed(stopped_run, checkpoint.position) is None
+    earlier = load_checkpoint(stopped_run).position
+    shorter = type(earlier)(1, 0.0, len(data.splitlines(keepends=True)[0]), "")
+    assert metrics_changed(stopped_run, shorter) is None  # an old checkpoint: rows only
+
+
+def test_resuming_a_completed_run_changes_nothing(
+    stopped_run: Path, tmp_path: Path, capsys
+) -> None:
+    """Issue 37, item 2: ``pflower resume`` on a run that completed its rounds says so in one
+    line, exit code 0, and leaves every file as it was (summary.json included)."""
+    run_dir = tmp_path / "done"
+    subprocess.run(["cp", "-r", str(stopped_run), str(run_dir)], check=True)
+    before = files_of(run_dir)
+    assert json.loads(before["summary.json"])["status"] == "completed"
+    assert resume([str(run_dir)]) == 0
+    assert files_of(run_dir) == before
+    output = capsys.readouterr().out
+    assert len(output.strip().splitlines()) == 1, output
+    assert "nothing to resume" in output and "rounds=N" in output
+
+
 # ------------------------------------------------------------------------------ client files
 def test_client_snapshots_restore_exactly_and_keep_what_a_resume_needs(tmp_path: Path) -> None:
     files = ClientStateFiles(tmp_path, partition_id=3)

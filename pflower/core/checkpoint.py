@@ -4,10 +4,11 @@ Server side, ``checkpoint.pkl`` in the run directory holds, after round ``t``: t
 state (the global model, the per-client model store, control variates, affinity matrices, and
 whatever else the algorithm learned: every attribute that its configuration does not fix, see
 :meth:`PersonalizedStrategy.checkpoint_state`), the server process's global random generators,
-the number of ``metrics.jsonl`` rows written by the end of round ``t`` (the recorder's position),
-the elapsed wall time, the Hydra overrides and the resolved configuration. Client sampling needs
-no saved generator: every round draws from its own stream (:func:`round_rng`), so a resumed run
-draws what the uninterrupted run drew.
+the number of ``metrics.jsonl`` rows written by the end of round ``t`` with the length and the
+SHA-256 digest of the file's bytes up to there (the recorder's position), the elapsed wall time,
+the Hydra overrides and the resolved configuration. Client sampling needs no saved generator:
+every round draws from its own stream (:func:`round_rng`), so a resumed run draws what the
+uninterrupted run drew.
 
 Client side, every client keeps snapshots of its ``context.state`` in ``client_state.dir``
 (one folder per partition, on the machine that runs the client: a SuperNode's own disk in a
@@ -27,7 +28,10 @@ simulation of 10,000 clients keeps only the sampled clients' state in memory).
 Every file is written to a temporary name and renamed, so a crash while writing leaves the
 previous file. A checkpoint is refused, with the reason, when it is missing, corrupt (its
 checksum does not match, or it cannot be read), of another format version, or written by a run
-with another configuration (only the keys in :data:`MAY_DIFFER_ON_RESUME` may change).
+with another configuration (only the keys in :data:`MAY_DIFFER_ON_RESUME` may change); and a run
+directory whose ``metrics.jsonl`` changed since the checkpoint (any byte up to the checkpoint's
+position edited, removed or inserted: its digest differs) is refused too. A run that completed
+is not resumed again (``pflower resume`` says so and writes nothing) unless ``rounds`` extends it.
 Checkpoints are pickles: resume only run directories you trust.
 """
 
@@ -52,7 +56,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import EXECUTION_KEYS, run_level_defaults
 from pflower.registry import ConfigError
-from pflower.results.rundir import write_atomic
+from pflower.results.rundir import RecorderPosition, metrics_changed, write_atomic
 
 FORMAT_VERSION = 1
 """Version of the checkpoint layout; a checkpoint of another version is refused."""
@@ -89,6 +93,16 @@ class ServerCheckpoint:
     rows: int
     elapsed_s: float
     rng: dict[str, Any]
+    metrics_size: int = 0
+    """Length of ``metrics.jsonl`` after ``rows`` rows (0 in checkpoints written before it was
+    stored: those are checked by row count only)."""
+    metrics_sha256: str = ""
+    """SHA-256 digest of ``metrics.jsonl``'s first ``metrics_size`` bytes."""
+
+    @property
+    def position(self) -> RecorderPosition:
+        """Where the resumed run's recorder continues."""
+        return RecorderPosition(self.rows, self.elapsed_s, self.metrics_size, self.metrics_sha256)
 
 
 def random_state() -> dict[str, Any]:
@@ -196,6 +210,27 @@ def check_compatible(checkpoint: ServerCheckpoint, config: Mapping[str, Any], pa
             f"{', '.join(MAY_DIFFER_ON_RESUME)} may change on resume. Differences:\n  "
             + "\n  ".join(changed)
         )
+
+
+def check_metrics_unchanged(checkpoint: ServerCheckpoint, run_dir: Path) -> None:
+    """Refuse to resume ``run_dir`` when its ``metrics.jsonl`` changed since ``checkpoint``."""
+    if problem := metrics_changed(run_dir, checkpoint.position):
+        raise CheckpointError(
+            f"{problem}: the run directory was changed since the checkpoint "
+            f"{run_dir / CHECKPOINT_FILE} was written. Restore the file, or start a new run"
+        )
+
+
+def completed(checkpoint: ServerCheckpoint, run_dir: Path, rounds: int) -> bool:
+    """Whether the run in ``run_dir`` already completed the ``rounds`` a resume asks for: its
+    checkpoint is of that round and its ``summary.json`` says ``completed``."""
+    summary = run_dir / "summary.json"
+    if checkpoint.round < rounds or not summary.is_file():
+        return False
+    try:
+        return bool(json.loads(summary.read_text()).get("status") == "completed")
+    except (OSError, ValueError):
+        return False
 
 
 # ------------------------------------------------------------------------------- client side

@@ -106,11 +106,16 @@ def _down(args: argparse.Namespace) -> int:
     return 0
 
 
+class NothingToResume(Exception):
+    """The run to resume already completed the rounds asked for."""
+
+
 def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
     """The overrides that continue the run in ``run_dir`` from its checkpoint (the run's own,
-    then ``extra``, e.g. ``rounds=N``), checked against the checkpoint before anything runs."""
+    then ``extra``, e.g. ``rounds=N``), checked against the checkpoint before anything runs;
+    :class:`NothingToResume` if the run already completed those rounds."""
     from pflower.compose import compose_config
-    from pflower.core.checkpoint import load_checkpoint
+    from pflower.core.checkpoint import completed, load_checkpoint
     from pflower.server.app import resumable_checkpoint
 
     checkpoint = load_checkpoint(run_dir)
@@ -120,7 +125,13 @@ def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
         "checkpoint.resume=true",
         f"output_dir={run_dir}",
     ]
-    resumable_checkpoint(compose_config(overrides), run_dir)
+    cfg = compose_config(overrides)
+    resumable_checkpoint(cfg, run_dir)
+    if completed(checkpoint, run_dir, int(cfg.rounds)):
+        raise NothingToResume(
+            f"nothing to resume: {run_dir} completed its {checkpoint.round} rounds "
+            "(summary.json); pass rounds=N to extend it"
+        )
     return overrides
 
 
@@ -144,6 +155,9 @@ def _run(args: argparse.Namespace) -> int:
         except ConfigError as error:
             print(f"cannot resume: {error}")
             return 2
+        except NothingToResume as done:
+            print(done)
+            return 0
     if not any(o.startswith("num_clients=") for o in overrides):
         overrides.insert(0, f"num_clients={deployment.num_clients}")
     if not any(o.startswith("output_dir=") for o in overrides):

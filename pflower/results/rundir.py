@@ -40,6 +40,7 @@ are final-round values, shown beside the last-10% mean; never the best round.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -201,10 +202,44 @@ def record_failure(run_dir: Path, cfg: DictConfig, error: BaseException) -> None
 @dataclass(frozen=True)
 class RecorderPosition:
     """Where a resumed run's recorder continues: after the first ``rows`` rows of
-    ``metrics.jsonl``, with ``elapsed_s`` seconds of wall time already spent."""
+    ``metrics.jsonl``, with ``elapsed_s`` seconds of wall time already spent. ``size`` and
+    ``sha256`` are the length and the SHA-256 digest of the file's bytes up to that row (empty
+    for a checkpoint written before pflower stored them): a resume refuses a file whose first
+    ``size`` bytes no longer have that digest (:func:`metrics_changed`)."""
 
     rows: int
     elapsed_s: float
+    size: int = 0
+    sha256: str = ""
+
+
+def metrics_changed(run_dir: Path, position: RecorderPosition) -> str | None:
+    """Why ``run_dir/metrics.jsonl`` no longer holds what it held at ``position`` (a recorder's
+    position stored in a checkpoint), or None if it does: any byte changed, removed or inserted
+    before that position counts; rows appended after it (a run that went on after its last
+    checkpoint) do not. A position without a digest (an older checkpoint) is compared by its
+    row count only."""
+    path = run_dir / "metrics.jsonl"
+    data = path.read_bytes() if path.is_file() else b""
+    if not position.sha256:
+        rows = len(read_rows(run_dir))
+        if rows < position.rows:
+            return (
+                f"{path} holds {rows} rows, "
+                f"but the checkpoint was written after row {position.rows}"
+            )
+        return None
+    if len(data) < position.size:
+        return (
+            f"{path} holds {len(data)} bytes, but the checkpoint was written after byte "
+            f"{position.size} (row {position.rows})"
+        )
+    if hashlib.sha256(data[: position.size]).hexdigest() != position.sha256:
+        return (
+            f"the first {position.size} bytes of {path} (its rows up to the checkpoint) do not "
+            "match the SHA-256 digest the checkpoint stored"
+        )
+    return None
 
 
 class Recorder:
@@ -251,6 +286,8 @@ class RunRecorder(Recorder):
         self.thresholds = list(cfg.eval.rho_thresholds)
         self.console = (console or _console()) if cfg.progress else None
         self.rows: list[Row] = []
+        self._digest = hashlib.sha256()  # of metrics.jsonl's bytes written so far
+        self._size = 0
         self._started = time.monotonic() - (resume_at.elapsed_s if resume_at else 0.0)
         run_dir.mkdir(parents=True, exist_ok=True)
         self.tracker = Tracker.open(  # tracking=...: also send each round's metrics there
@@ -264,33 +301,40 @@ class RunRecorder(Recorder):
         logging.getLogger("flwr").addHandler(self._log_handler)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         if resume_at is not None:
-            self._rewind(resume_at.rows)
-        self._metrics_file = (run_dir / "metrics.jsonl").open(
-            "w" if resume_at is None else "a", encoding="utf-8"
-        )
+            self._rewind(resume_at)
+        self._metrics_file = (run_dir / "metrics.jsonl").open("wb" if resume_at is None else "ab")
 
-    def _rewind(self, rows: int) -> None:
-        """Continue a resumed run: keep the first ``rows`` rows of ``metrics.jsonl`` (those up to
-        the checkpoint) and forget the run's end, if the interrupted run recorded one."""
-        self.rows = read_rows(self.run_dir)[:rows]
-        if len(self.rows) < rows:
-            raise ValueError(
-                f"{self.run_dir / 'metrics.jsonl'} holds {len(self.rows)} rows, but the "
-                f"checkpoint was written after row {rows}"
-            )
-        write_atomic(
-            self.run_dir / "metrics.jsonl", "".join(json.dumps(row) + "\n" for row in self.rows)
-        )
+    def _rewind(self, position: RecorderPosition) -> None:
+        """Continue a resumed run: keep the rows of ``metrics.jsonl`` up to ``position`` (the
+        checkpoint's) and forget the run's end, if the interrupted run recorded one."""
+        if problem := metrics_changed(self.run_dir, position):
+            raise ValueError(f"{problem}: the run directory was changed since the checkpoint")
+        path = self.run_dir / "metrics.jsonl"
+        if position.sha256:
+            kept = path.read_bytes()[: position.size]
+            self.rows = [json.loads(line) for line in kept.decode().splitlines() if line.strip()]
+        else:  # an older checkpoint, without a digest: its rows, written again
+            self.rows = read_rows(self.run_dir)[: position.rows]
+            kept = "".join(json.dumps(row) + "\n" for row in self.rows).encode()
+        write_atomic(path, kept)
+        self._digest.update(kept)
+        self._size = len(kept)
         (self.run_dir / "summary.json").unlink(missing_ok=True)
 
     @property
     def position(self) -> RecorderPosition:
-        """How far the run has got: rows written and time elapsed (for a checkpoint)."""
-        return RecorderPosition(len(self.rows), self._elapsed())
+        """How far the run has got (for a checkpoint): rows written, time elapsed, and the
+        length and SHA-256 digest of ``metrics.jsonl`` so far."""
+        return RecorderPosition(
+            len(self.rows), self._elapsed(), self._size, self._digest.hexdigest()
+        )
 
     def _write(self, row: Row) -> None:
         self.rows.append(row)
-        self._metrics_file.write(json.dumps(row) + "\n")
+        line = (json.dumps(row) + "\n").encode()
+        self._digest.update(line)
+        self._size += len(line)
+        self._metrics_file.write(line)
         self._metrics_file.flush()
 
     def client_stage(self, server_round: int, stage: str, rows: Sequence[Row]) -> None:

@@ -18,15 +18,15 @@ from pflower.config import overrides_from_run_config
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import (
     CHECKPOINT_FILE,
-    CheckpointError,
     ServerCheckpoint,
     check_compatible,
+    check_metrics_unchanged,
     load_checkpoint,
 )
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
-from pflower.results.rundir import RecorderPosition, RunRecorder, read_rows, resolved_config
+from pflower.results.rundir import RecorderPosition, RunRecorder, resolved_config
 from pflower.server.loop import CheckpointingServer
 from pflower.server.polling import PromptClientManager
 
@@ -81,12 +81,7 @@ def resumable_checkpoint(cfg: DictConfig, run_dir: Path) -> ServerCheckpoint:
     checkpoint = load_checkpoint(run_dir)
     path = run_dir / CHECKPOINT_FILE
     check_compatible(checkpoint, resolved_config(cfg), path)
-    rows = len(read_rows(run_dir))
-    if rows < checkpoint.rows:
-        raise CheckpointError(
-            f"{run_dir / 'metrics.jsonl'} holds {rows} rows, but the checkpoint {path} was "
-            f"written after row {checkpoint.rows}: the run directory was changed since"
-        )
+    check_metrics_unchanged(checkpoint, run_dir)
     return checkpoint
 
 
@@ -105,9 +100,7 @@ def server_fn(context: Context) -> ServerAppComponents:
     cfg = config_from_run_config(context.run_config)
     run_dir = run_directory(cfg)
     checkpoint = resumable_checkpoint(cfg, run_dir) if cfg.checkpoint.resume else None
-    resume_at = (
-        None if checkpoint is None else RecorderPosition(checkpoint.rows, checkpoint.elapsed_s)
-    )
+    resume_at = None if checkpoint is None else checkpoint.position
     strategy = build_strategy(cfg, run_dir, resume_at)
     settings = strategy.settings
     overrides = [

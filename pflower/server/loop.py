@@ -249,6 +249,8 @@ class CheckpointingServer(Server):
                 rows=position.rows,
                 elapsed_s=position.elapsed_s,
                 rng=random_state(),
+                metrics_size=position.size,
+                metrics_sha256=position.sha256,
             ),
         )
         self.personalized.message_keys = {
