@@ -298,7 +298,7 @@ class ClientStateFiles:
                 raise TypeError(f"client state '{key}' holds {type(record).__name__}")
         arrays["layout"] = np.frombuffer(json.dumps(layout).encode(), dtype=np.uint8)
         snapshot = io.BytesIO()
-        np.savez(snapshot, **arrays)
+        np.savez(snapshot, **arrays)  # type: ignore[arg-type]  # stub: ** may hold allow_pickle
         written = self.path(server_round)
         try:
             write_atomic(written, snapshot.getvalue())

@@ -18,6 +18,7 @@ untouched, and so does its reply.
 from __future__ import annotations
 
 import json
+from typing import TypeGuard
 
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 from flwr.clientapp.typing import ClientAppCallable
@@ -66,7 +67,7 @@ def pack_record(record: ArrayRecord, shared: PackedArrays | None = None) -> Arra
     return ArrayRecord(array_dict={PACKED_KEY: packed})
 
 
-def is_packed_record(record: object) -> bool:
+def is_packed_record(record: object) -> TypeGuard[ArrayRecord]:
     """Whether ``record`` is an ``ArrayRecord`` that :func:`pack_record` made."""
     return (
         isinstance(record, ArrayRecord)

@@ -8,6 +8,8 @@ through this one helper so that the storage layout is uniform and inspectable.
 
 from __future__ import annotations
 
+from typing import cast
+
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 from flwr.common import NDArrays
 
@@ -44,7 +46,7 @@ class ClientState:
         record = self._records[key]
         if not isinstance(record, ConfigRecord):
             raise TypeError(f"state '{key}' holds {type(record).__name__}, not scalars")
-        return dict(record)
+        return {name: cast(Scalar, value) for name, value in record.items()}
 
     def put_scalars(self, key: str, values: dict[str, Scalar]) -> None:
         """Store ``values`` under ``key``, replacing what was there."""

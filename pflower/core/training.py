@@ -12,7 +12,7 @@ cross the wire as numpy arrays on the CPU (:func:`get_weights`, :func:`set_weigh
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,7 +42,7 @@ class TrainSettings:
     momentum: float = 0.0
     weight_decay: float = 0.0
 
-    def make_optimizer(self, parameters: Iterator[nn.Parameter]) -> torch.optim.Optimizer:
+    def make_optimizer(self, parameters: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         """A fresh optimizer (its state is reset every round, as in the papers)."""
         if self.optimizer == "adam":
             return torch.optim.Adam(parameters, lr=self.lr, weight_decay=self.weight_decay)

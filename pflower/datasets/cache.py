@@ -184,7 +184,7 @@ def cached_arrays(
         handle, temporary = tempfile.mkstemp(prefix=f".{path.stem}.", dir=path.parent)
         try:
             with os.fdopen(handle, "wb") as stream:
-                np.savez(stream, **arrays)
+                np.savez(stream, **arrays)  # type: ignore[arg-type]  # stub: ** may hold allow_pickle
             os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide a shared cache from others
             os.replace(temporary, path)
         finally:
@@ -240,6 +240,7 @@ def entry_key(
     known = digests or {}
     identities = []
     for source in sources:
+        identity: list[int] | str
         if source.is_dir():
             status = source.stat()
             identity = [status.st_mtime_ns, sum(1 for _ in os.scandir(source))]

@@ -90,7 +90,7 @@ class InputNoise:
         self,
         partition_id: int,
         images: torch.Tensor,
-        indices: np.ndarray | torch.Tensor,
+        indices: np.ndarray | torch.Tensor | tuple[()],
         generator: torch.Generator | None = None,
     ) -> torch.Tensor:
         """``images`` (a normalized batch of client ``partition_id``) plus that client's noise.

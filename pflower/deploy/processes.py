@@ -167,7 +167,9 @@ def wait_for_port(
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"process {process.args[0]} exited with {process.returncode}")
+            args = process.args
+            name = args[0] if isinstance(args, list | tuple) else args
+            raise RuntimeError(f"process {name!s} exited with {process.returncode}")
         try:
             with socket.create_connection((host, port), timeout=1):
                 return

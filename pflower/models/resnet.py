@@ -160,6 +160,7 @@ def apply_regularization(
         )
     for index, stage in enumerate(model.stages(), start=1):
         for block in stage:
+            assert isinstance(block, BasicBlock)
             block.regularization = regularization if index in chosen else NO_REGULARIZATION
 
 

@@ -40,7 +40,20 @@ def head_name(model: nn.Module) -> str:
 
 def head(model: nn.Module) -> nn.Module:
     """``model``'s head submodule (the classifier applied to :func:`represent`)."""
-    return getattr(model, head_name(model))
+    module: nn.Module = getattr(model, head_name(model))
+    return module
+
+
+def head_shape(model: nn.Module) -> tuple[int, int]:
+    """``(in_features, out_features)`` of the head: the representation width and the classes.
+
+    Read from the head's last 2-D weight, so a head may be any stack ending in a linear layer.
+    """
+    weights = [p for p in head(model).parameters() if p.dim() == 2]
+    if not weights:
+        raise ConfigError(f"the head of {type(model).__name__} has no linear layer")
+    out_features, in_features = weights[-1].shape
+    return int(in_features), int(out_features)
 
 
 def is_head_key(model: nn.Module, key: str) -> bool:

@@ -33,7 +33,7 @@ _CURVES = (("acc_local", "Acc(L)"), ("acc_global", "Acc(G)"))
 
 
 def _colors(methods: Sequence[str]) -> dict[str, str]:
-    palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+    palette = [*plt.get_cmap("tab10")(range(10)), *plt.get_cmap("Dark2")(range(8))]
     return {m: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, m in enumerate(methods)}
 
 

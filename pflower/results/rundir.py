@@ -51,7 +51,7 @@ import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
@@ -143,7 +143,7 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The configuration as plain JSON/YAML values (enums as their names)."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     assert isinstance(container, dict)
-    return container
+    return cast(dict[str, Any], container)
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:
@@ -474,8 +474,9 @@ def load_run(run_dir: Path) -> RunResult:
 
     A directory with a configuration but no summary is *incomplete* (still running, or killed).
     """
-    config = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
-    assert isinstance(config, dict)
+    loaded = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    assert isinstance(loaded, dict)
+    config = cast(dict[str, Any], loaded)
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         return RunResult(run_dir, config, "incomplete")

@@ -20,7 +20,7 @@ HYBRID_METRICS = ("acc_pm", "acc_gm", "acc_hm", "loss_pm", "loss_gm", "loss_hm")
 paper, Sec. IV-D); summarized only when every row of the stage has them."""
 
 
-def bottom_fraction_mean(values: Sequence[float], fraction: float = 0.1) -> float:
+def bottom_fraction_mean(values: Sequence[float] | np.ndarray, fraction: float = 0.1) -> float:
     """Mean of the lowest ``ceil(fraction * n)`` values (at least one)."""
     ordered = np.sort(np.asarray(values, dtype=np.float64))
     count = max(1, math.ceil(fraction * len(ordered)))
@@ -65,6 +65,6 @@ def summarize_stage(rows: Sequence[dict[str, Any]], thresholds: Sequence[float])
             summary[metric] = summarize_values([float(row[metric]) for row in rows], weights)
         summary["hm_choice_pm_frac"] = float(np.mean([row["hm_choice_pm"] for row in rows]))
         for model in ("pm", "gm", "hm"):
-            values = np.asarray([row[f"loss_{model}"] for row in rows], dtype=np.float64)
-            summary[f"fairness_loss_var_{model}"] = float(values.var())
+            model_losses = np.asarray([row[f"loss_{model}"] for row in rows], dtype=np.float64)
+            summary[f"fairness_loss_var_{model}"] = float(model_losses.var())
     return summary

@@ -38,7 +38,7 @@ import logging
 import math
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from importlib import import_module
 from pathlib import Path
@@ -156,8 +156,10 @@ class TensorBoardSink:
     def log_params(self, params: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams
 
+        file_writer = self.writer.file_writer
+        assert file_writer is not None  # SummaryWriter opens it in __init__
         for summary in hparams(dict(params), dict.fromkeys(TRACKED_METRICS, 0.0)):
-            self.writer.file_writer.add_summary(summary)
+            file_writer.add_summary(summary)
         lines = [f"    {key}: {param_text(value)}" for key, value in params.items()]
         self.writer.add_text("config", "\n".join(lines))  # indented: Markdown code block
         self.writer.flush()
@@ -330,11 +332,11 @@ class Tracker:
             tracker._guarded(tracker.sink.log_params, flat_params(config))
         return tracker
 
-    def round_done(self, rows: list[Row], server_round: int) -> None:
+    def round_done(self, rows: Sequence[Row], server_round: int) -> None:
         """Send every round up to ``server_round`` that has rows and was not sent yet."""
         self._guarded(self._send, rows, server_round)
 
-    def close(self, rows: list[Row], completed: bool) -> None:
+    def close(self, rows: Sequence[Row], completed: bool) -> None:
         """Send the rounds not sent yet, then end the tracker's run."""
         self._guarded(self._send, rows, None)
         if self.sink is not None:
@@ -354,7 +356,7 @@ class Tracker:
             )
             self.sink = None
 
-    def _send(self, rows: list[Row], up_to: int | None) -> None:
+    def _send(self, rows: Sequence[Row], up_to: int | None) -> None:
         """Read the rows added since the last call; send each complete round (all rounds
         ``<= up_to``; every round if ``up_to`` is None) once."""
         assert self.sink is not None

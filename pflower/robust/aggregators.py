@@ -31,7 +31,9 @@ def multi_krum(
     """Mean of the n − f vectors with the lowest Krum scores (at least one)."""
     results = [(list(a), w) for a, w in zip(arrays, weights, strict=True)]
     to_keep = max(1, len(results) - num_malicious)
-    return aggregate_krum(results, num_malicious=num_malicious, to_keep=to_keep)
+    # Flower annotates the weights as int sample counts; it only multiplies by them, and ours may
+    # be fractional (re-weighted clients), so they are passed as they are.
+    return aggregate_krum(results, num_malicious=num_malicious, to_keep=to_keep)  # type: ignore[arg-type]
 
 
 def robust_average(

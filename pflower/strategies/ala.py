@@ -234,7 +234,7 @@ def adaptive_local_aggregation(
     loc = {k: _tensor(local_weights[position[k]], params[k]) for k in higher}
     update = {k: glob[k] - loc[k] for k in higher}  # ∂Θ̂/∂W = Θ − Θ_i
     start_phase = mix_weights is None
-    if start_phase:
+    if mix_weights is None:
         w = [torch.ones_like(params[k], dtype=params[k].dtype) for k in higher]
     else:
         if len(mix_weights) != len(higher):

@@ -107,7 +107,7 @@ class APFLClient(PersonalAndGlobalClient["APFLOptions"]):
 
         model.train()
         w_optimizer = settings.make_optimizer(model.parameters())
-        v_optimizer = settings.make_optimizer(iter(trainable))
+        v_optimizer = settings.make_optimizer(trainable)
         criterion = nn.CrossEntropyLoss()
         total, batches = 0.0, 0
         for images, labels in train_batches(self, settings, config):

@@ -87,7 +87,7 @@ class FedProxALAStrategy(PersonalizedStrategy["FedProxALAOptions"]):
     """Server side identical to FedAvg."""
 
 
-class FedProxALAClient(ALAClientMixin, FedProxClient):
+class FedProxALAClient(ALAClientMixin, FedProxClient["FedProxALAOptions"]):
     """FedProx's client with ALA initialization; the proximal anchor is the received model."""
 
 

@@ -55,7 +55,9 @@ def mmd(
     """Biased MMD² between feature batches ``a`` and ``b`` with a sum of Gaussian kernels."""
     both = torch.cat([a, b])
     squared = torch.cdist(both, both).pow(2)
-    kernel = sum(torch.exp(-squared / (2.0 * s)) for s in bandwidths)
+    kernel = torch.zeros_like(squared)
+    for s in bandwidths:
+        kernel = kernel + torch.exp(-squared / (2.0 * s))
     n = a.shape[0]
     return (kernel[:n, :n] + kernel[n:, n:] - 2.0 * kernel[:n, n:]).mean()
 

@@ -52,7 +52,7 @@ from pflower.core.training import (
     evaluate,
     model_device,
 )
-from pflower.models.split import head, represent
+from pflower.models.split import head, head_shape, represent
 from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
 from pflower.strategies.diversifed import OwnModelClient
@@ -133,8 +133,8 @@ def class_prototypes(
             sums.index_add_(0, y, features)
             counts += torch.bincount(y, minlength=num_classes).double()
     if sums is None:
-        width = head(model).in_features  # type: ignore[union-attr]
-        sums = torch.zeros(num_classes, int(width), dtype=torch.float64, device=device)
+        width = head_shape(model)[0]
+        sums = torch.zeros(num_classes, width, dtype=torch.float64, device=device)
     means = sums / counts.clamp(min=1.0)[:, None]
     return [means.float().cpu().numpy(), counts.cpu().numpy()]
 

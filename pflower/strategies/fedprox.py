@@ -14,7 +14,7 @@ stragglers. μ = 0 is FedAvg exactly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import torch
 from flwr.common import NDArrays, Scalar
@@ -33,7 +33,10 @@ class FedProxStrategy(PersonalizedStrategy["FedProxOptions"]):
     """Server side identical to FedAvg."""
 
 
-class FedProxClient(PersonalClient["FedProxOptions"]):
+ProxOptionsT = TypeVar("ProxOptionsT", bound="FedProxOptions")
+
+
+class FedProxClient(PersonalClient[ProxOptionsT]):
     """Adds the proximal term ``mu/2 ||w - w_global||^2`` to the local loss."""
 
     def regularizer(self, global_weights: NDArrays, config: dict[str, Scalar]) -> Regularizer:

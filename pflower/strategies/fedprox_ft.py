@@ -42,7 +42,7 @@ class FedProxFTStrategy(PersonalizedStrategy["FedProxFTOptions"]):
     """Server side identical to FedAvg."""
 
 
-class FedProxFTClient(FedProxClient):
+class FedProxFTClient(FedProxClient["FedProxFTOptions"]):
     """Fine-tunes the received model; evaluates it and trains on from it with FedProx's loss."""
 
     def finetuned(self, received: NDArrays, version: int, config: dict[str, Scalar]) -> NDArrays:

@@ -101,7 +101,7 @@ class FedRoDClient(PersonalClient["FedRoDOptions"]):
         model, data = self.model, self.data.train
         initial = get_weights(model) if server_round(config) == 1 else None
         personal = self.personal_head(initial)
-        counts = torch.bincount(data.labels, minlength=split.head(model).out_features)
+        counts = torch.bincount(data.labels, minlength=split.head_shape(model)[1])
         device = model_device(model)
         log_prior = counts.to(torch.float32).clamp_min(1e-8).log().to(device)
         model.train()

@@ -118,10 +118,10 @@ class BalancedPathologicalPartitioner(CountMatrixPartitioner):
         k, total = self._classes_per_client, self.num_partitions * self._classes_per_client
         slots = np.repeat(np.arange(num_classes), total // num_classes)
         extra = rng.choice(num_classes, total % num_classes, replace=False)
-        slots = rng.permutation(np.concatenate([slots, extra])).reshape(-1, k)
-        while (client := _first_with_duplicate(slots)) is not None:
-            _swap_duplicate(slots, client, rng)
-        return slots
+        table = rng.permutation(np.concatenate([slots, extra])).reshape(-1, k)
+        while (client := _first_with_duplicate(table)) is not None:
+            _swap_duplicate(table, client, rng)
+        return table
 
 
 def _first_with_duplicate(slots: np.ndarray) -> int | None:
