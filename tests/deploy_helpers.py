@@ -45,7 +45,7 @@ def read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def stage_rows(rows: Sequence[dict[str, Any]], stage: str) -> dict[tuple[int, int], dict]:
+def rows_by_client(rows: Sequence[dict[str, Any]], stage: str) -> dict[tuple[int, int], dict]:
     """Rows of one stage (``L1``/``L2``) keyed by (round, client)."""
     return {(r["round"], r["client"]): r for r in rows if r["stage"] == stage}
 
@@ -249,3 +249,33 @@ def federation(
         deployment.stop_all()
         if spaces is not None:
             spaces.delete()
+
+
+RUN_TIMEOUT = 300.0
+"""Seconds a deployment test waits for one run to finish."""
+
+ACC_TOLERANCE = 0.01
+"""Largest allowed |deployment - simulation| of any accuracy: one of a client's 120 test samples
+is 0.0083, so this admits no more than one differently classified sample per client."""
+
+LOSS_RTOL = 1e-3
+
+
+def _compared_fields(row: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in row.items() if k.startswith(("acc", "loss", "train_loss"))}
+
+
+def assert_same_results(deployed: list[dict], simulated: list[dict]) -> None:
+    """Every L1/L2/G row of the simulation has a deployment twin within the tolerances."""
+    keyed = {(r["round"], r["stage"], r.get("client")): r for r in deployed}
+    compared = [r for r in simulated if r["stage"] in ("L1", "L2", "G")]
+    assert compared, "the simulation recorded no results"
+    for expected in compared:
+        key = (expected["round"], expected["stage"], expected.get("client"))
+        assert key in keyed, f"the deployment has no row for round/stage/client {key}"
+        got = _compared_fields(keyed[key])
+        for name, value in _compared_fields(expected).items():
+            tolerance = ACC_TOLERANCE if name.startswith("acc") else LOSS_RTOL * abs(value)
+            assert abs(got[name] - value) <= tolerance, (
+                f"{key} {name}: deployment {got[name]} vs simulation {value}"
+            )

@@ -24,22 +24,19 @@ from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import evaluate, get_weights, set_weights, train
 from pflower.strategies.fedprox import proximal_term
 from pflower.strategies.fliu import LOCAL_MODEL, mix
+from tests.helpers import (
+    tiny,
+)
 from tests.inprocess import run_inprocess
 
 GAMMA = 0.3
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=3",
-    "train.local_epochs=1",
-    "train.batch_size=32",
+BASE = tiny(
     "train.lr=0.05",
     "strategy=fliu",
     "strategy.gamma_mode=fixed",
     f"strategy.gamma={GAMMA}",
-]
+    rounds=3,
+)
 
 
 class FitLog:
@@ -71,7 +68,7 @@ class FitLog:
         return client
 
 
-def _assert_same(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
+def _assert_arrays_close(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
     assert len(left) == len(right)
     for a, b in zip(left, right, strict=True):
         np.testing.assert_allclose(a, b, **tolerance)
@@ -96,19 +93,19 @@ def test_fliu_at_gamma_0_3_recomputes_from_the_stored_state(tmp_path: Path) -> N
     for round_ in (1, 2, 3):
         for pid in clients:
             # The stored tensor is the trained model, exactly what crossed the wire.
-            _assert_same(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
+            _assert_arrays_close(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
     for round_ in (2, 3):
         # Θ^{t-1}, as the server sent it, is the uniform mean of round t-1's uploads.
         mean = [
             np.mean(layer, axis=0)
             for layer in zip(*(log.uploaded[round_ - 1, p] for p in clients), strict=True)
         ]
-        _assert_same(log.received[round_, 0], mean, rtol=1e-6, atol=1e-7)
+        _assert_arrays_close(log.received[round_, 0], mean, rtol=1e-6, atol=1e-7)
     theta_final = strategy.global_weights
     final_mean = [
         np.mean(layer, axis=0) for layer in zip(*(log.uploaded[3, p] for p in clients), strict=True)
     ]
-    _assert_same(theta_final, final_mean, rtol=1e-6, atol=1e-7)
+    _assert_arrays_close(theta_final, final_mean, rtol=1e-6, atol=1e-7)
 
     model = experiment.new_model()
     settings = experiment.train_settings(3)
@@ -119,7 +116,7 @@ def test_fliu_at_gamma_0_3_recomputes_from_the_stored_state(tmp_path: Path) -> N
         set_weights(model, start)
         seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
         train(model, data.train, data.prepare, settings, torch.Generator().manual_seed(int(seed)))
-        _assert_same(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
+        _assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
         # Stage L1 of round 3 evaluates the mix of θ_k^3 and Θ^3.
         set_weights(model, mix(GAMMA, log.after[3, pid], theta_final))
         expected = evaluate(model, data.test, data.prepare, 512)

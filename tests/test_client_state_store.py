@@ -16,8 +16,13 @@ from flwr.client import NumPyClient
 from pflower.core.checkpoint import ATTEMPT, ClientStateFiles, PersistentClient, load_checkpoint
 from pflower.core.state import ClientState
 from pflower.registry import ConfigError
+from tests.helpers import RESUME_TINY as BASE
+from tests.helpers import (
+    results,
+    stopped_in_round,
+    summary_without_clock,
+)
 from tests.inprocess import run_inprocess
-from tests.test_resume import BASE, results, stopped_in_round, summary_without_clock
 
 DISK = "client_state.store=disk"
 

@@ -47,7 +47,7 @@ from pflower.client.app import client_fn
 from pflower.deploy.compose import render_compose
 from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.topology import Endpoints, Security
-from tests.deploy_helpers import REPO, stage_rows, wait_until
+from tests.deploy_helpers import REPO, rows_by_client, wait_until
 from tests.inprocess import run_inprocess
 
 DOCKER = REPO / "docker"
@@ -323,7 +323,7 @@ def test_compose_stack_runs_a_stateful_algorithm(stack: Stack, tmp_path: Path) -
         if line.strip()
     ]
     for stage in ("L1", "L2"):
-        assert set(stage_rows(rows, stage)) == {
+        assert set(rows_by_client(rows, stage)) == {
             (r, c) for r in (1, 2) for c in range(NUM_CLIENTS)
         }, f"not every client reported {stage} in every round"
 

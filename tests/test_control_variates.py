@@ -16,9 +16,12 @@ from pflower.core.state import ClientState
 from pflower.core.training import TrainSettings
 from pflower.registry import ConfigError
 from pflower.strategies.control_variates import effective_steps, local_steps
+from tests.helpers import (
+    Recording,
+    stage_rows,
+    train_size,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import stage_rows
-from tests.test_drift_family import Recording, _train_size
 
 DEFAULT_OPTIMIZER = [
     "dataset=digits",
@@ -75,8 +78,8 @@ def test_scaffold_first_control_variate_uses_effective_steps(tmp_path: Path) -> 
     size = len(strategies[0].global_weights)
     for pid, context in enumerate(contexts):
         sent, uploaded, _ = recording.fits[(1, pid)]
-        steps = -(-_train_size(context) // 16) * 2  # 2 epochs of batch 16
-        assert steps == local_steps(_train_size(context), TrainSettings(2, None, 16, "sgd", 0.05))
+        steps = -(-train_size(context) // 16) * 2  # 2 epochs of batch 16
+        assert steps == local_steps(train_size(context), TrainSettings(2, None, 16, "sgd", 0.05))
         k_eff = effective_steps(steps, settings(0.9))
         assert k_eff > 5 * steps  # the momentum correction is large here
         expected = [

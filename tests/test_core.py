@@ -24,18 +24,14 @@ from pflower.core.strategy import GlobalEvaluation, GlobalEvaluator, RoundFailed
 from pflower.server import app as server_app
 from pflower.server.loop import GlobalStage
 from pflower.strategies.fliu import adaptive_gamma, mix
+from tests.helpers import (
+    comparable,
+    stage_rows,
+    tiny,
+)
 from tests.inprocess import run_inprocess
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=3",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-    "train.lr=0.05",
-]
+BASE = tiny("train.lr=0.05", rounds=3)
 
 
 SUMMARY_KEYS = {
@@ -52,28 +48,6 @@ SUMMARY_KEYS = {
     "config",
     "code",
 }
-
-
-def stage_rows(rows: list[dict], stage: str, round_: int | None = None) -> list[dict]:
-    return sorted(
-        (r for r in rows if r["stage"] == stage and (round_ is None or r["round"] == round_)),
-        key=lambda r: (r["round"], r.get("client", -1)),
-    )
-
-
-def comparable(rows: list[dict]) -> list[tuple]:
-    keys = (
-        "round",
-        "stage",
-        "client",
-        "acc_local",
-        "loss_local",
-        "acc_global",
-        "loss_global",
-        "acc",
-        "loss",
-    )
-    return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in ("L1", "L2", "G")]
 
 
 def test_fliu_gamma0_equals_fedavg_with_uniform_weights(tmp_path: Path) -> None:

@@ -72,7 +72,7 @@ def _entries(folder: Path) -> list[Path]:
     )
 
 
-def _assert_same(first: ImageSplit, second: ImageSplit) -> None:
+def _assert_arrays_close(first: ImageSplit, second: ImageSplit) -> None:
     for field in ("images", "labels"):
         a, b = getattr(first, field), getattr(second, field)
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), field
@@ -95,8 +95,8 @@ def test_written_once_then_mapped(tmp_path: Path, cache_folder: Path, decodes: l
     assert (meta["n_train"], meta["n_test"], meta["groups"]) == (40, 12, [False, False])
     second = idx.load_mnist(root=tmp_path, verify=False)
     assert len(decodes) == 4  # reused: nothing decoded again
-    _assert_same(first.train, second.train)
-    _assert_same(first.test, second.test)
+    _assert_arrays_close(first.train, second.train)
+    _assert_arrays_close(first.test, second.test)
     assert _temporary(cache_folder) == []
     if _mapped_files():  # Linux: the images are a map of the entry's file, not a copy
         assert str(entry / "images.npy") in _mapped_files()
@@ -109,11 +109,11 @@ def test_cached_arrays_identical_to_decoding_in_memory(
     cached = idx.load_mnist(root=tmp_path, verify=False)
     monkeypatch.setenv(cache.CACHE_ENV, "off")
     plain = idx.load_mnist(root=tmp_path, verify=False)
-    _assert_same(cached.train, plain.train)
-    _assert_same(cached.test, plain.test)
+    _assert_arrays_close(cached.train, plain.train)
+    _assert_arrays_close(cached.test, plain.test)
     split = {"client_test": "mirror"}
     ours, theirs = (build_federation(d, 4, 3, PARTITION, split) for d in (cached, plain))
-    _assert_same(ours.pool, theirs.pool)
+    _assert_arrays_close(ours.pool, theirs.pool)
     for a, b in zip(ours.clients, theirs.clients, strict=True):
         assert all(np.array_equal(getattr(a, k), getattr(b, k)) for k in ("train", "test", "val"))
     # the pool is a view of the mapped train+test array: no per-process copy of the dataset
@@ -131,7 +131,7 @@ def test_invalidated_when_a_source_file_changes(
     assert len(decodes) == 8 and len(_entries(cache_folder)) == 2
     assert not torch.equal(before.train.images, after.train.images)
     monkeypatch.setenv(cache.CACHE_ENV, "off")  # a fresh decode in memory gives the same
-    _assert_same(after.train, idx.load_mnist(root=tmp_path, verify=False).train)
+    _assert_arrays_close(after.train, idx.load_mnist(root=tmp_path, verify=False).train)
 
 
 def test_damaged_or_interrupted_entries_are_rebuilt(
@@ -155,13 +155,13 @@ def test_damaged_or_interrupted_entries_are_rebuilt(
     monkeypatch.setattr(cache, "_write", write)
     (cache_folder / f".{entry.name}.tmp-left-by-a-crash").mkdir()
     rebuilt = idx.load_mnist(root=tmp_path, verify=False)
-    _assert_same(rebuilt.train, reference[0])
+    _assert_arrays_close(rebuilt.train, reference[0])
     del rebuilt
     assert _temporary(cache_folder) == []
     # A damaged images file is detected and the entry decoded again.
     (entry / "images.npy").write_bytes(b"\x93NUMPY garbage")
     count = len(decodes)
-    _assert_same(idx.load_mnist(root=tmp_path, verify=False).test, reference[1])
+    _assert_arrays_close(idx.load_mnist(root=tmp_path, verify=False).test, reference[1])
     assert len(decodes) == count + 4
 
 
@@ -257,10 +257,10 @@ def test_groups_round_trip(cache_folder: Path, tmp_path: Path) -> None:
     got = cache.cached_splits("toy", "1", [source], {"k": 1}, lambda: (train, test))
     again = cache.cached_splits("toy", "1", [source], {"k": 1}, _must_not_decode)
     for split, expected in zip((got, again), ((train, test), (train, test)), strict=True):
-        _assert_same(split[0], expected[0])
-        _assert_same(split[1], expected[1])  # groups stay None where the split had none
+        _assert_arrays_close(split[0], expected[0])
+        _assert_arrays_close(split[1], expected[1])  # groups stay None where the split had none
     other_options = cache.cached_splits("toy", "1", [source], {"k": 2}, lambda: (test, train))
-    _assert_same(other_options[0], test)
+    _assert_arrays_close(other_options[0], test)
 
 
 def _must_not_decode() -> tuple[ImageSplit, ImageSplit]:

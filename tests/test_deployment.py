@@ -36,15 +36,17 @@ from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
 from tests.deploy_helpers import (
     REPO,
+    RUN_TIMEOUT,
     Federation,
+    assert_same_results,
     diagnostics,
     federation,
     free_port,
     free_port_block,
     netns_unavailable,
     read_rows,
+    rows_by_client,
     simulation,
-    stage_rows,
     wait_until,
 )
 from tests.inprocess import run_inprocess
@@ -62,34 +64,6 @@ EXPERIMENT = [
 COMPARED = [*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2"]
 """Two rounds, evaluated in the last: its L2 rows depend on the state kept from round 1."""
 
-ACC_TOLERANCE = 0.01
-"""Largest allowed |deployment - simulation| of any accuracy. One of a client's 120 test samples
-is 0.0083, so this admits no more than one differently classified sample per client; in practice
-the numbers are identical (same seeds, same partitions, one torch thread per client)."""
-
-LOSS_RTOL = 1e-3
-RUN_TIMEOUT = 300.0
-
-
-def _compared_fields(row: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items() if k.startswith(("acc", "loss", "train_loss"))}
-
-
-def assert_same_results(deployed: list[dict], simulated: list[dict]) -> None:
-    """Every L1/L2/G row of the simulation has a deployment twin within the tolerances."""
-    keyed = {(r["round"], r["stage"], r.get("client")): r for r in deployed}
-    compared = [r for r in simulated if r["stage"] in ("L1", "L2", "G")]
-    assert compared, "the simulation recorded no results"
-    for expected in compared:
-        key = (expected["round"], expected["stage"], expected.get("client"))
-        assert key in keyed, f"the deployment has no row for round/stage/client {key}"
-        got = _compared_fields(keyed[key])
-        for name, value in _compared_fields(expected).items():
-            tolerance = ACC_TOLERANCE if name.startswith("acc") else LOSS_RTOL * abs(value)
-            assert abs(got[name] - value) <= tolerance, (
-                f"{key} {name}: deployment {got[name]} vs simulation {value}"
-            )
-
 
 def assert_state_persisted(rows: list[dict]) -> None:
     """FLIU keeps each client's trained model in ``context.state`` on its SuperNode.
@@ -102,7 +76,7 @@ def assert_state_persisted(rows: list[dict]) -> None:
     :func:`assert_same_results` holds round 2 to the simulation, where state persists.)
     """
     global_loss = {r["round"]: r["loss"] for r in rows if r["stage"] == "G"}
-    l1 = stage_rows(rows, "L1")
+    l1 = rows_by_client(rows, "L1")
     assert l1, "no client was evaluated"
     for (round_, client), row in l1.items():
         assert abs(row["loss_global"] - global_loss[round_]) > 1e-6, (
@@ -213,10 +187,10 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
         (run_dir / "run.log").read_text(),
     )
     assert aggregated == [("2", "1"), ("3", "0")], "round 1 aggregated the 2 remaining clients"
-    assert {c for (rnd, c) in stage_rows(rows, "L2") if rnd == 2} == {0, 1, 2}, (
+    assert {c for (rnd, c) in rows_by_client(rows, "L2") if rnd == 2} == {0, 1, 2}, (
         "the restarted client trained in round 2"
     )
-    assert {c for (rnd, c) in stage_rows(rows, "L1") if rnd == 2} == {0, 1, 2}
+    assert {c for (rnd, c) in rows_by_client(rows, "L1") if rnd == 2} == {0, 1, 2}
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [(f["round"], f["client"]) for f in summary["failures"]] == [(1, 2)]
 
@@ -303,7 +277,7 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
         assert deployment.online_nodes() == 2
         status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(deployment)
-        assert {c for (_, c) in stage_rows(read_rows(run_dir), "L2")} == {0, 1}
+        assert {c for (_, c) in rows_by_client(read_rows(run_dir), "L2")} == {0, 1}
     finally:
         assert main(["down", "--dir", str(directory)]) == 0
     assert main(["status", "--dir", str(directory)]) == 1

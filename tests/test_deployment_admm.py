@@ -20,9 +20,15 @@ from flwr.app import RecordDict
 
 from pflower.client.app import client_fn
 from pflower.strategies.flame import DUAL, LOCAL_COPY, THETA
-from tests.deploy_helpers import diagnostics, federation, netns_unavailable, read_rows
+from tests.deploy_helpers import (
+    RUN_TIMEOUT,
+    assert_same_results,
+    diagnostics,
+    federation,
+    netns_unavailable,
+    read_rows,
+)
 from tests.inprocess import run_inprocess
-from tests.test_deployment import RUN_TIMEOUT, assert_same_results
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 

@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from tests.deploy_helpers import diagnostics, federation, netns_unavailable, read_rows
+from tests.deploy_helpers import (
+    ACC_TOLERANCE,
+    LOSS_RTOL,
+    RUN_TIMEOUT,
+    diagnostics,
+    federation,
+    netns_unavailable,
+    read_rows,
+)
 from tests.inprocess import run_inprocess
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
@@ -32,10 +40,6 @@ COMPARED = [
     "rounds=2",
     "progress=false",
 ]
-ACC_TOLERANCE = 0.01
-"""At most one differently classified test sample per client (see test_deployment.py)."""
-LOSS_RTOL = 1e-3
-RUN_TIMEOUT = 300.0
 
 
 def _fields(row: dict[str, Any]) -> dict[str, float]:

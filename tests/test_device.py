@@ -19,18 +19,13 @@ from pflower.config import Device
 from pflower.core.experiment import Experiment
 from pflower.core.training import model_device, resolve_device
 from pflower.registry import ConfigError
+from tests.helpers import (
+    comparable,
+    tiny,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=3",
-    "rounds=2",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-]
+BASE = tiny(clients=3)
 NO_CUDA = not torch.cuda.is_available()
 needs_no_cuda = pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
 

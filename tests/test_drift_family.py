@@ -14,24 +14,20 @@ import pytest
 import torch
 from flwr.common import NDArrays, ndarrays_to_parameters, parameters_to_ndarrays
 
-from pflower.core.checkpoint import PersistentClient
-from pflower.core.client import PersonalClient
 from pflower.core.state import ClientState
 from pflower.core.training import get_weights, set_weights, trainable_mask
 from pflower.models.zoo import build_model
 from pflower.strategies.control_variates import ReportedModel
+from tests.helpers import (
+    Recording,
+    comparable,
+    stage_rows,
+    tiny,
+    train_size,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable, stage_rows
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-    "train.lr=0.05",
-]
+BASE = tiny("train.lr=0.05", rounds=None)
 
 
 def small_cnn_size() -> int:
@@ -41,34 +37,6 @@ def small_cnn_size() -> int:
 
 def l2_rows(rows: list[dict], round_: int | None = None) -> list[dict]:
     return stage_rows(rows, "L2", round_)
-
-
-class Recording:
-    """A client_fn wrapper that keeps every client's fit input and output, per round."""
-
-    def __init__(self) -> None:
-        self.fits: dict[tuple[int, int], tuple[NDArrays, NDArrays, dict]] = {}
-        self.trained: dict[tuple[int, int], NDArrays] = {}
-
-    def __call__(self, context):
-        from pflower.client.app import client_fn
-
-        client = client_fn(context)
-        numpy_client = client.numpy_client  # type: ignore[attr-defined]
-        if isinstance(numpy_client, PersistentClient):  # the state-snapshot wrapper
-            numpy_client = numpy_client.client
-        assert isinstance(numpy_client, PersonalClient)
-        original = numpy_client.fit
-
-        def fit(parameters, config):
-            result = original(parameters, config)
-            key = (int(config["server-round"]), numpy_client.partition_id)
-            self.fits[key] = ([a.copy() for a in parameters], [a.copy() for a in result[0]], config)
-            self.trained[key] = get_weights(numpy_client.model)
-            return result
-
-        numpy_client.fit = fit
-        return client
 
 
 def hand_built(name: str, options: list[str], initial: NDArrays, mask, tmp_path: Path):
@@ -137,7 +105,7 @@ def test_scaffold_state_is_option_ii(tmp_path: Path) -> None:
                 ClientState(contexts[pid].state).get_arrays("scaffold_ci")[0]
             )  # shape check below
             assert n_train > 0
-            steps = -(-_train_size(contexts[pid]) // 32)
+            steps = -(-train_size(contexts[pid]) // 32)
             old = c_i.get(pid, [np.zeros_like(a) for a in c])
             new = [
                 o - s + (xa - ya) / (steps * lr)
@@ -163,14 +131,6 @@ def test_scaffold_state_is_option_ii(tmp_path: Path) -> None:
         expected = x + 0.5 * (np.mean([y[j] for y in ys], axis=0) - x)
         np.testing.assert_allclose(strategy.global_weights[j], expected, rtol=1e-5, atol=1e-6)
     assert rows
-
-
-def _train_size(context) -> int:
-    from pflower.compose import config_from_run_config
-    from pflower.core.experiment import Experiment
-
-    experiment = Experiment.of(config_from_run_config(context.run_config))
-    return len(experiment.client_data(int(context.node_config["partition-id"])).train)
 
 
 def test_scaffold_server_update_by_hand(tmp_path: Path) -> None:
@@ -488,7 +448,7 @@ def test_feddc_state_and_server_update(tmp_path: Path) -> None:
             for a, b in zip(g_sent, g_server, strict=True):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
             theta = uploaded[:size]
-            steps = -(-_train_size(contexts[pid]) // 32)
+            steps = -(-train_size(contexts[pid]) // 32)
             delta = [t - x for t, x in zip(theta, w, strict=True)]  # small_cnn: all trainable
             h[pid] = [a + d for a, d in zip(h[pid], delta, strict=True)]
             new_g = [

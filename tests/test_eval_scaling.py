@@ -24,18 +24,14 @@ from pflower.core.strategy import Phase, round_rng
 from pflower.core.training import evaluate, get_weights
 from pflower.registry import ConfigError
 from pflower.server.app import global_evaluator
+from tests.helpers import (
+    comparable,
+    stage_rows,
+    tiny,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable, stage_rows
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=2",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-]
+BASE = tiny()
 LIMIT = 100
 SHARED = "eval.client_global_test=subsample"
 

@@ -40,17 +40,12 @@ from pflower.registry import ConfigError
 from pflower.server.app import server_fn
 from pflower.server.loop import CheckpointingServer
 from tests.deploy_helpers import free_port
+from tests.helpers import (
+    tiny,
+)
 from tests.inprocess import InProcessProxy
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=2",
-    "train.local_epochs=1",
-    "progress=false",
-]
+BASE = tiny("progress=false", batch_size=None)
 
 
 def _server(overrides: list[str], run_dir: Path, present: list[int]) -> tuple[Server, Path]:

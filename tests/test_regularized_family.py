@@ -13,10 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.client import Client
-from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
+from flwr.common import NDArrays
 
-from pflower.client.app import client_fn
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
@@ -32,63 +30,19 @@ from pflower.strategies.flame import (
     moreau_term,
     upload_vector,
 )
+from tests.helpers import (
+    REGULARIZED_TINY,
+    StateLog,
+    assert_arrays_close,
+    stage_rows,
+)
 from tests.inprocess import run_inprocess
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-    "train.lr=0.05",
-    "train.momentum=0.5",
-]
+BASE = REGULARIZED_TINY
 CLIENTS = range(4)
 
 
 # ------------------------------------------------------------------------------ helpers
-class StateLog:
-    """Wraps client_fn to record, per (round, client), the model received, the given state keys
-    before and after fit, and the uploaded arrays."""
-
-    def __init__(self, keys: tuple[str, ...]) -> None:
-        self.keys = keys
-        self.received: dict[tuple[int, int], NDArrays] = {}
-        self.before: dict[tuple[int, int], dict[str, NDArrays | None]] = {}
-        self.after: dict[tuple[int, int], dict[str, NDArrays | None]] = {}
-        self.uploaded: dict[tuple[int, int], NDArrays] = {}
-
-    def make_client(self, context) -> Client:
-        client = client_fn(context)
-        pid = int(context.node_config["partition-id"])
-        original_fit = client.fit
-
-        def fit(ins: FitIns) -> FitRes:
-            key = (int(ins.config["server-round"]), pid)
-            state = ClientState(context.state)
-            self.received[key] = parameters_to_ndarrays(ins.parameters)
-            self.before[key] = {k: state.get_arrays(k) for k in self.keys}
-            res = original_fit(ins)
-            self.after[key] = {k: state.get_arrays(k) for k in self.keys}
-            self.uploaded[key] = parameters_to_ndarrays(res.parameters)
-            return res
-
-        client.fit = fit
-        return client
-
-
-def assert_close(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right, strict=True):
-        np.testing.assert_allclose(a, b, **tolerance)
-
-
-def rows_of(rows: list[dict], stage: str, round_: int | None = None) -> list[dict]:
-    return sorted(
-        (r for r in rows if r["stage"] == stage and (round_ is None or r["round"] == round_)),
-        key=lambda r: (r["round"], r.get("client", -1)),
-    )
 
 
 def accuracy_rows(rows: list[dict], stages: tuple[str, ...]) -> list[tuple]:
@@ -226,22 +180,24 @@ def test_flame_state_recomputes_from_what_was_stored_and_sent(tmp_path: Path) ->
                 start,
                 lambda model, w_k=w_k: moreau_term(anchor_tensors(model, w_k), 1.0, mu),
             )
-            assert_close(after[flame.THETA], theta, rtol=1e-5, atol=1e-6)
+            assert_arrays_close(after[flame.THETA], theta, rtol=1e-5, atol=1e-6)
             dual = before[flame.DUAL] or [np.zeros_like(a) for a in w_k]
             w_i = local_model_update(after[flame.THETA], w_k, dual, alpha_lambda, rho)
-            assert_close(after[flame.LOCAL_COPY], w_i, rtol=1e-6, atol=1e-7)
+            assert_arrays_close(after[flame.LOCAL_COPY], w_i, rtol=1e-6, atol=1e-7)
             dual = dual_update(dual, w_i, w_k, rho)
-            assert_close(after[flame.DUAL], dual, rtol=1e-6, atol=1e-7)
-            assert_close(log.uploaded[key], upload_vector(w_i, dual, rho), rtol=1e-6, atol=1e-6)
+            assert_arrays_close(after[flame.DUAL], dual, rtol=1e-6, atol=1e-7)
+            assert_arrays_close(
+                log.uploaded[key], upload_vector(w_i, dual, rho), rtol=1e-6, atol=1e-6
+            )
     for round_ in (2, 3):
         mean = admm_average([log.uploaded[round_ - 1, p] for p in CLIENTS])
-        assert_close(log.received[round_, 0], mean, rtol=1e-6, atol=1e-7)
+        assert_arrays_close(log.received[round_, 0], mean, rtol=1e-6, atol=1e-7)
     # Stage L1 evaluates θ_i (PM) and the aggregated model (GM).
     (strategy,) = strategies
     model = experiment.new_model()
     for pid in CLIENTS:
         data = experiment.client_data(pid)
-        (row,) = [r for r in rows_of(rows, "L1", 3) if r["client"] == pid]
+        (row,) = [r for r in stage_rows(rows, "L1", 3) if r["client"] == pid]
         set_weights(model, log.after[3, pid][flame.THETA])
         pm = evaluate(model, data.test, data.prepare, 512)
         set_weights(model, strategy.global_weights)
@@ -254,7 +210,7 @@ def test_flame_rho_equal_alpha_lambda_uploads_theta(tmp_path: Path) -> None:
     log = StateLog(FLAME_KEYS)
     run_inprocess([*FLAME, "rounds=2", "strategy.rho=0.25"], tmp_path, log.make_client)
     for key, uploaded in log.uploaded.items():
-        assert_close(uploaded, log.after[key][flame.THETA], rtol=0, atol=1e-6)
+        assert_arrays_close(uploaded, log.after[key][flame.THETA], rtol=0, atol=1e-6)
 
 
 @pytest.mark.slow
@@ -281,8 +237,10 @@ def test_flame_rho_to_zero_is_local_proximal_training(tmp_path: Path) -> None:
                 theta,
                 lambda model, anchor=theta: moreau_term(anchor_tensors(model, anchor), 1.0, 0.01),
             )
-            assert_close(log.after[round_, pid][flame.THETA], theta, rtol=1e-4, atol=1e-5)
-            assert_close(log.after[round_, pid][flame.LOCAL_COPY], theta, rtol=1e-4, atol=1e-5)
+            assert_arrays_close(log.after[round_, pid][flame.THETA], theta, rtol=1e-4, atol=1e-5)
+            assert_arrays_close(
+                log.after[round_, pid][flame.LOCAL_COPY], theta, rtol=1e-4, atol=1e-5
+            )
 
 
 def test_flame_partial_participation_averages_the_stale_cache(tmp_path: Path) -> None:
@@ -302,14 +260,14 @@ def test_flame_partial_participation_averages_the_stale_cache(tmp_path: Path) ->
         expected = admm_average([cache[pid] for pid in CLIENTS])
         if round_ == 1:
             sent = next(w for (r, _), w in log.received.items() if r == 2)
-            assert_close(sent, expected, rtol=1e-6, atol=1e-7)
-    assert_close(strategy.global_weights, expected, rtol=1e-6, atol=1e-7)
+            assert_arrays_close(sent, expected, rtol=1e-6, atol=1e-7)
+    assert_arrays_close(strategy.global_weights, expected, rtol=1e-6, atol=1e-7)
 
 
 # ------------------------------------------------------------------- PM / GM / HM selection
 def test_hybrid_model_is_the_better_of_pm_and_gm(tmp_path: Path) -> None:
     rows, _ = run_inprocess([*FLAME, "rounds=2"], tmp_path)
-    l1 = rows_of(rows, "L1")
+    l1 = stage_rows(rows, "L1")
     assert len(l1) == 2 * 4
     for row in l1:
         assert row["acc_pm"] == row["acc_local"]
@@ -321,12 +279,12 @@ def test_hybrid_model_is_the_better_of_pm_and_gm(tmp_path: Path) -> None:
     import json
 
     final = json.loads((tmp_path / "summary.json").read_text())["final"]["L1"]
-    frac = np.mean([r["hm_choice_pm"] for r in rows_of(rows, "L1", 2)])
+    frac = np.mean([r["hm_choice_pm"] for r in stage_rows(rows, "L1", 2)])
     assert final["hm_choice_pm_frac"] == pytest.approx(frac)
     assert final["acc_hm"]["mean"] >= max(final["acc_pm"]["mean"], final["acc_gm"]["mean"]) - 1e-12
     # Algorithms with one model report no hybrid metrics.
     plain, _ = run_inprocess([*BASE, "strategy=fedavg", "rounds=1"], tmp_path / "fedavg")
-    assert all("acc_hm" not in r for r in rows_of(plain, "L1"))
+    assert all("acc_hm" not in r for r in stage_rows(plain, "L1"))
 
 
 def test_hybrid_model_chosen_on_validation_split(tmp_path: Path) -> None:
@@ -343,7 +301,7 @@ def test_hybrid_model_chosen_on_validation_split(tmp_path: Path) -> None:
         pm = evaluate(model, data.val, data.prepare, 512).accuracy
         set_weights(model, strategies[0].global_weights)
         gm = evaluate(model, data.val, data.prepare, 512).accuracy
-        (row,) = [r for r in rows_of(rows, "L1", 2) if r["client"] == pid]
+        (row,) = [r for r in stage_rows(rows, "L1", 2) if r["client"] == pid]
         assert row["hm_choice_pm"] == float(pm >= gm)
         assert row["acc_hm"] == (row["acc_pm"] if pm >= gm else row["acc_gm"])
 
@@ -372,7 +330,7 @@ def test_ditto_lambda0_is_local_personal_and_fedavg_global(tmp_path: Path) -> No
     fedavg, _ = run_inprocess([*BASE, "strategy=fedavg", "rounds=3"], tmp_path / "fedavg")
     assert accuracy_rows(rows, ("L1", "L2")) == accuracy_rows(local, ("L1", "L2"))
     assert accuracy_rows(rows, ("G",)) == accuracy_rows(fedavg, ("G",))
-    assert len(rows_of(rows, "G")) == 4
+    assert len(stage_rows(rows, "G")) == 4
 
 
 @pytest.mark.slow
@@ -393,10 +351,10 @@ def test_ditto_state_is_the_proximal_personal_model(tmp_path: Path) -> None:
             start,
             lambda model, w_t=w_t: moreau_term(anchor_tensors(model, w_t), 0.5, 0.0),
         )
-        assert_close(log.after[round_, pid][ditto.PERSONAL], v, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(log.after[round_, pid][ditto.PERSONAL], v, rtol=1e-5, atol=1e-6)
         w = retrain(experiment, pid, round_, w_t, lambda model: None, lr=0.1)
-        assert_close(uploaded, w, rtol=1e-5, atol=1e-6)
-    for row in rows_of(rows, "L1"):
+        assert_arrays_close(uploaded, w, rtol=1e-5, atol=1e-6)
+    for row in stage_rows(rows, "L1"):
         assert row["acc_hm"] == max(row["acc_pm"], row["acc_gm"])
 
 
@@ -431,7 +389,7 @@ def test_pfedme_one_inner_step_with_unit_eta_lambda_is_fedavg(tmp_path: Path) ->
     assert accuracy_rows(rows, ("G", "L2")) == accuracy_rows(fedavg, ("G", "L2"))
     assert all(
         r["acc_gm"] == f["acc_local"]
-        for r, f in zip(rows_of(rows, "L1"), rows_of(fedavg, "L1"), strict=True)
+        for r, f in zip(stage_rows(rows, "L1"), stage_rows(fedavg, "L1"), strict=True)
     )
 
 
@@ -439,7 +397,7 @@ def test_pfedme_zero_inner_steps_leaves_the_global_model(tmp_path: Path) -> None
     """K = 0: θ̂ = w, so w_i = w^t and, with β = 1, the global model never moves."""
     overrides = [*PFEDME, "strategy.profile=original", "strategy.inner_steps=0"]
     rows, _ = run_inprocess(overrides, tmp_path)
-    stage_g = rows_of(rows, "G")
+    stage_g = stage_rows(rows, "G")
     assert len(stage_g) == 3
     assert {(r["acc"], r["loss"]) for r in stage_g} == {(stage_g[0]["acc"], stage_g[0]["loss"])}
 
@@ -461,12 +419,12 @@ def test_pfedme_state_is_the_persistent_personal_model(tmp_path: Path) -> None:
             start,
             lambda model, w_t=w_t: moreau_term(anchor_tensors(model, w_t), 0.5, 0.01),
         )
-        assert_close(log.after[round_, pid][pfedme.THETA], theta, rtol=1e-5, atol=1e-6)
-        assert_close(uploaded, pfedme.moreau_step(w_t, theta, 0.2), rtol=1e-5, atol=1e-6)
+        assert_arrays_close(log.after[round_, pid][pfedme.THETA], theta, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(uploaded, pfedme.moreau_step(w_t, theta, 0.2), rtol=1e-5, atol=1e-6)
     mean = [
         np.mean(layer, axis=0) for layer in zip(*(log.uploaded[1, p] for p in CLIENTS), strict=True)
     ]
-    assert_close(log.received[2, 0], mean, rtol=1e-6, atol=1e-7)
+    assert_arrays_close(log.received[2, 0], mean, rtol=1e-6, atol=1e-7)
 
 
 # ---------------------------------------------------------------------------------- APFL
@@ -501,7 +459,7 @@ def test_apfl_learns_alpha_and_mixes_the_stored_local_model(tmp_path: Path) -> N
         )
         data = experiment.client_data(pid)
         expected = evaluate(model, data.test, data.prepare, 512)
-        (row,) = [r for r in rows_of(rows, "L1", 2) if r["client"] == pid]
+        (row,) = [r for r in stage_rows(rows, "L1", 2) if r["client"] == pid]
         assert row["acc_pm"] == pytest.approx(expected.accuracy)
         assert row["loss_pm"] == pytest.approx(expected.loss, rel=1e-5)
 
@@ -513,9 +471,9 @@ def test_each_algorithm_learns_with_default_options(name: str, tmp_path: Path) -
     rows, _ = run_inprocess(
         [f"strategy={name}", "dataset=digits", "num_clients=4", "rounds=2"], tmp_path
     )
-    stage_g = rows_of(rows, "G")
+    stage_g = stage_rows(rows, "G")
     assert stage_g[-1]["acc"] > stage_g[0]["acc"] + 0.2
-    l1 = rows_of(rows, "L1", 2)
+    l1 = stage_rows(rows, "L1", 2)
     assert len(l1) == 4
     assert np.mean([r["acc_pm"] for r in l1]) > 0.5
     assert all(r["acc_hm"] >= max(r["acc_pm"], r["acc_gm"]) for r in l1)

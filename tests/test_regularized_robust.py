@@ -23,8 +23,13 @@ from pflower.robust.attacks import (
     poisoned_upload,
 )
 from pflower.strategies import flame
+from tests.helpers import REGULARIZED_TINY as BASE
+from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+    stage_rows,
+)
 from tests.inprocess import run_inprocess
-from tests.test_regularized_family import BASE, StateLog, assert_close, rows_of
 
 
 def test_malicious_ids_is_a_pure_function_of_seed_clients_fraction() -> None:
@@ -72,7 +77,7 @@ def test_attack_vectors() -> None:
     noise = poisoned_upload(AttackConfig(AttackKind.gaussian, 0.2, 0.5), received, 0, 2, 1)
     assert noise[0].std() == pytest.approx(0.5, rel=0.1) and noise[0].dtype == np.float32
     again = poisoned_upload(AttackConfig(AttackKind.gaussian, 0.2, 0.5), received, 0, 2, 1)
-    assert_close(noise, again, rtol=0, atol=0)  # redrawn per round, reproducible per seed
+    assert_arrays_close(noise, again, rtol=0, atol=0)  # redrawn per round, reproducible per seed
     other = poisoned_upload(AttackConfig(AttackKind.gaussian, 0.2, 0.5), received, 0, 3, 1)
     assert not np.array_equal(noise[0], other[0])
     labels = poisoned_labels(np.zeros(500, dtype=np.int64), 10, 0, 1)
@@ -114,17 +119,17 @@ def test_multi_krum_run_excludes_the_gaussian_attacker(tmp_path: Path) -> None:
         for p in range(4)
     ]
     expected = multi_krum(uploads, sizes, 1)
-    assert_close(log.received[2, 0], expected, rtol=1e-6, atol=1e-7)
+    assert_arrays_close(log.received[2, 0], expected, rtol=1e-6, atol=1e-7)
     benign = [p for p in range(4) if p != bad]
     benign_mean = [
         sum(sizes[p] * log.uploaded[1, p][i].astype(np.float64) for p in benign)
         / sum(sizes[p] for p in benign)
         for i in range(len(uploads[0]))
     ]
-    assert_close(expected, benign_mean, rtol=1e-5, atol=1e-6)
+    assert_arrays_close(expected, benign_mean, rtol=1e-5, atol=1e-6)
     for stage in ("L1", "L2"):
-        assert {r["client"] for r in rows_of(rows, stage)} == set(benign)
-    stage_g = rows_of(rows, "G")
+        assert {r["client"] for r in stage_rows(rows, stage)} == set(benign)
+    stage_g = stage_rows(rows, "G")
     assert stage_g[-1]["acc"] > stage_g[0]["acc"] + 0.2
 
 

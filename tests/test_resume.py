@@ -20,7 +20,6 @@ import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 import pytest
@@ -37,54 +36,17 @@ from pflower.core.checkpoint import (
     check_compatible,
     load_checkpoint,
 )
-from pflower.results.rundir import RunRecorder, read_rows
+from pflower.results.rundir import read_rows
 from pflower.server.app import build_strategy
+from tests.helpers import (
+    RESUME_TINY,
+    results,
+    stopped_in_round,
+    summary_without_clock,
+)
 from tests.inprocess import run_inprocess
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=6",
-    "checkpoint.every=2",
-]
-
-
-class Crash(Exception):
-    """Stands for the process dying in the middle of a round."""
-
-
-def stopped_in_round(
-    monkeypatch: pytest.MonkeyPatch, experiment: list[str], run_dir: Path, crash_round: int
-) -> None:
-    """Run ``experiment`` until it dies right after round ``crash_round``'s training was
-    aggregated (its clients have written that round's state; no checkpoint covers it)."""
-    original = RunRecorder.fit_done
-
-    def fit_done(self: RunRecorder, server_round: int) -> None:
-        original(self, server_round)
-        if server_round == crash_round:
-            raise Crash(f"killed in round {server_round}")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(RunRecorder, "fit_done", fit_done)
-        with pytest.raises(Crash):
-            run_inprocess(experiment, run_dir)
-
-
-def results(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
-    """Rows of rounds after ``after``, without wall-clock times."""
-    return [r for r in rows if r["round"] > after and r["stage"] != "time"]
-
-
-def summary_without_clock(run_dir: Path) -> dict[str, Any]:
-    summary = json.loads((run_dir / "summary.json").read_text())
-    summary.pop("wall_time_s")
-    config = summary.pop("config")
-    for key in ("output_dir", "checkpoint"):
-        config.pop(key)
-    return {**summary, "config": config}
+BASE = RESUME_TINY
 
 
 @pytest.mark.parametrize(

@@ -15,10 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.client import Client
-from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
+from flwr.common import NDArrays
 
-from pflower.client.app import client_fn
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
@@ -38,63 +36,15 @@ from pflower.strategies.diversifed import (
     unflatten,
 )
 from pflower.strategies.fedprox import proximal_term
+from tests.helpers import (
+    ADAM_TINY,
+    StateLog,
+    assert_arrays_close,
+    comparable,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=2",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-    "train.lr=0.01",
-    "train.optimizer=adam",
-]
-
-
-class StateLog:
-    """Wraps client_fn: per (round, client) the model received at fit, the stored state key
-    before and after fit, and the uploaded model."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key
-        self.received: dict[tuple[int, int], NDArrays] = {}
-        self.before: dict[tuple[int, int], NDArrays | None] = {}
-        self.after: dict[tuple[int, int], NDArrays | None] = {}
-        self.uploaded: dict[tuple[int, int], NDArrays] = {}
-        self.config: dict[tuple[int, int], dict] = {}
-        self.metrics: dict[tuple[int, int], dict] = {}
-
-    def make_client(self, context) -> Client:
-        client = client_fn(context)
-        pid = int(context.node_config["partition-id"])
-        original_fit = client.fit
-
-        def fit(ins: FitIns) -> FitRes:
-            key = (int(ins.config["server-round"]), pid)
-            state = ClientState(context.state)
-            self.received[key] = parameters_to_ndarrays(ins.parameters)
-            self.config[key] = dict(ins.config)
-            self.before[key] = state.get_arrays(self.key)
-            res = original_fit(ins)
-            self.after[key] = state.get_arrays(self.key)
-            self.uploaded[key] = parameters_to_ndarrays(res.parameters)
-            self.metrics[key] = dict(res.metrics)
-            return res
-
-        client.fit = fit
-        return client
-
-    def sampled(self, round_: int) -> list[int]:
-        return sorted(pid for r, pid in self.received if r == round_)
-
-
-def assert_same(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right, strict=True):
-        np.testing.assert_allclose(a, b, **tolerance)
+BASE = ADAM_TINY
 
 
 def model_distance_loss(
@@ -197,7 +147,7 @@ def test_client_model_store_keeps_copies_counts_bytes_and_round_trips() -> None:
     assert 2 in store and 1 not in store and store.get(1) is None
     assert store.round_of(2) == 1 and store.partition_ids == [2]
     restored = ClientModelStore.from_state(store.state())
-    assert_same(restored.get(2), store.get(2), rtol=0, atol=0)
+    assert_arrays_close(restored.get(2), store.get(2), rtol=0, atol=0)
     assert restored.round_of(2) == 1
 
 
@@ -259,19 +209,19 @@ def test_partial_participation_touches_only_sampled_clients(tmp_path: Path) -> N
         models = {pid: stored.get(pid, w0) for pid in range(4)}
         expected = expected_targets(models, sampled, mask, 0.5, 1.0)
         for pid in sampled:
-            assert_same(log.received[round_, pid], expected[pid], rtol=1e-5, atol=1e-6)
+            assert_arrays_close(log.received[round_, pid], expected[pid], rtol=1e-5, atol=1e-6)
             before = log.before[round_, pid]
             if pid in last_state:  # untouched since the client's last fit (also by evaluate)
-                assert_same(before, last_state[pid], rtol=0, atol=0)
+                assert_arrays_close(before, last_state[pid], rtol=0, atol=0)
             else:
                 assert before is None
-            assert_same(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
+            assert_arrays_close(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
         for pid in sampled:
             stored[pid] = log.uploaded[round_, pid]
             last_state[pid] = log.after[round_, pid]
     for pid in range(4):
         if pid in stored:
-            assert_same(strategy.client_models.get(pid), stored[pid], rtol=0, atol=0)
+            assert_arrays_close(strategy.client_models.get(pid), stored[pid], rtol=0, atol=0)
             last = max(r for r, p in log.received if p == pid)
             assert strategy.client_models.round_of(pid) == last
         else:
@@ -298,9 +248,9 @@ def test_state_round_three_recomputed_from_stored_model_and_target(tmp_path: Pat
     model = experiment.new_model()
     settings = experiment.train_settings(3)
     for pid in clients:
-        assert_same(log.received[3, pid], expected[pid], rtol=1e-5, atol=1e-6)
-        assert_same(log.before[3, pid], log.uploaded[2, pid], rtol=0, atol=0)
-        assert_same(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
+        assert_arrays_close(log.received[3, pid], expected[pid], rtol=1e-5, atol=1e-6)
+        assert_arrays_close(log.before[3, pid], log.uploaded[2, pid], rtol=0, atol=0)
+        assert_arrays_close(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
         data = experiment.client_data(pid)
         set_weights(model, log.before[3, pid])
         seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
@@ -313,7 +263,7 @@ def test_state_round_three_recomputed_from_stored_model_and_target(tmp_path: Pat
             torch.Generator().manual_seed(int(seed)),
             prox,
         )
-        assert_same(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
+        assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
         stored = ClientState(contexts[pid].state).get_arrays(PERSONAL)
         set_weights(model, stored)
         result = evaluate(model, data.test, data.prepare, 512)

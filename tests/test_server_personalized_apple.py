@@ -26,8 +26,12 @@ from pflower.strategies.apple import (
     relationship_gradient,
     relationship_weights,
 )
+from tests.helpers import ADAM_TINY as BASE
+from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+)
 from tests.inprocess import run_inprocess
-from tests.test_server_personalized import BASE, StateLog, assert_same
 
 APPLE = [*BASE, "strategy=apple", "train.optimizer=sgd", "train.lr=0.05"]
 
@@ -81,7 +85,9 @@ def test_apple_state_round_two(tmp_path: Path, upload: AppleUpload) -> None:
         assert len(received) == 4 * per_model
         for j in range(4):  # every core is client j's latest upload (Θ^0 in round 1)
             expected = initial if round_ == 1 else log.uploaded[1, j]
-            assert_same(received[j * per_model : (j + 1) * per_model], expected, rtol=0, atol=0)
+            assert_arrays_close(
+                received[j * per_model : (j + 1) * per_model], expected, rtol=0, atol=0
+            )
         before = log.before[round_, pid]
         assert (before is None) == (round_ == 1)
         p = torch.full((4,), 0.25, dtype=torch.float64)

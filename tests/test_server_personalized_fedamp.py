@@ -16,9 +16,13 @@ from pflower.core.training import get_weights, set_weights, train
 from pflower.strategies.diversifed import flatten, mix, pairwise_distances, unflatten
 from pflower.strategies.fedamp import PERSONAL, attention_weights
 from pflower.strategies.fedprox import proximal_term
+from tests.helpers import ADAM_TINY as BASE
+from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+    comparable,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable
-from tests.test_server_personalized import BASE, StateLog, assert_same
 
 MODELS = np.array([[0.0, 0.0, 1.0], [1.0, 2.0, 0.0], [-1.0, 0.5, 0.5], [3.0, -1.0, 2.0]])
 
@@ -90,9 +94,9 @@ def test_fedamp_state_round_three_and_guard_log(tmp_path: Path) -> None:
     settings = experiment.train_settings(3)
     for pid in range(4):
         expected = unflatten(targets[pid], log.uploaded[2, pid], mask)
-        assert_same(log.received[3, pid], expected, rtol=1e-5, atol=1e-6)
-        assert_same(log.before[3, pid], log.uploaded[2, pid], rtol=0, atol=0)
-        assert_same(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
+        assert_arrays_close(log.received[3, pid], expected, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(log.before[3, pid], log.uploaded[2, pid], rtol=0, atol=0)
+        assert_arrays_close(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
         data = experiment.client_data(pid)
         set_weights(model, log.before[3, pid])
         seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
@@ -100,7 +104,7 @@ def test_fedamp_state_round_three_and_guard_log(tmp_path: Path) -> None:
         generator = torch.Generator().manual_seed(int(seed))
         train(model, data.train, data.prepare, settings, generator, prox)
         # a stiff pull (λ/α_K = 1.2) amplifies float summation order a little under Adam
-        assert_same(get_weights(model), log.after[3, pid], rtol=1e-4, atol=3e-5)
+        assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-4, atol=3e-5)
 
 
 def test_fedamp_learns(tmp_path: Path) -> None:

@@ -14,8 +14,12 @@ from pflower.strategies.fedcac import (
     critical_mask,
     overlaps,
 )
+from tests.helpers import ADAM_TINY as BASE
+from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+)
 from tests.inprocess import run_inprocess
-from tests.test_server_personalized import BASE, StateLog, assert_same
 
 
 def test_critical_mask_marks_the_most_sensitive_half() -> None:
@@ -63,20 +67,20 @@ def test_fedcac_state_round_two(tmp_path: Path) -> None:
     for pid in range(4):
         # round 1: both halves are Θ^0; the mask is computed from Θ^0 and the trained model
         received = log.received[1, pid]
-        assert_same(received[:size], received[size:], rtol=0, atol=0)
+        assert_arrays_close(received[:size], received[size:], rtol=0, atol=0)
         trained = log.uploaded[1, pid][:size]
         expected = [
             critical_mask(s, t, tau_c)
             for s, t, m in zip(received[:size], trained, mask, strict=True)
             if m
         ]
-        assert_same(log.after[1, pid], expected, rtol=0, atol=0)
-        assert_same(masks[pid], expected, rtol=0, atol=0)
+        assert_arrays_close(log.after[1, pid], expected, rtol=0, atol=0)
+        assert_arrays_close(masks[pid], expected, rtol=0, atol=0)
         # round 2: global = FedAvg of round 1, customized = mean over the collaborators
         message = log.received[2, pid]
-        assert_same(message[:size], glob, rtol=1e-6, atol=1e-7)
+        assert_arrays_close(message[:size], glob, rtol=1e-6, atol=1e-7)
         custom = [np.mean([models[m][k] for m in groups[pid]], axis=0) for k in range(size)]
-        assert_same(message[size:], custom, rtol=1e-6, atol=1e-7)
+        assert_arrays_close(message[size:], custom, rtol=1e-6, atol=1e-7)
         assert log.before[2, pid] is not None
         start = [
             m_ * c + (1 - m_) * g
@@ -84,7 +88,7 @@ def test_fedcac_state_round_two(tmp_path: Path) -> None:
         ]
         trained2 = log.uploaded[2, pid][:size]
         expected2 = [critical_mask(s, t, tau_c) for s, t in zip(start, trained2, strict=True)]
-        assert_same(log.after[2, pid], expected2, rtol=0, atol=0)
+        assert_arrays_close(log.after[2, pid], expected2, rtol=0, atol=0)
     assert any(len(g) > 1 for g in groups), "no collaboration: the test is vacuous"
     g_rows = [r for r in rows if r["stage"] == "G"]
     assert len(g_rows) == 3

@@ -21,9 +21,13 @@ from pflower.strategies.fedfomo import (
     fomo_weights,
     hold_out,
 )
+from tests.helpers import ADAM_TINY as BASE
+from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+    comparable,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable
-from tests.test_server_personalized import BASE, StateLog, assert_same
 
 FOMO = [*BASE, "split.val_fraction=0.2", "strategy=fedfomo"]
 
@@ -76,9 +80,9 @@ def test_fedfomo_state_round_three(tmp_path: Path) -> None:
         ids = [int(n) for n in str(log.config[3, pid]["fomo-ids"]).split(",")]
         assert len(ids) == 2 and pid not in ids
         received = [a for n in ids for a in log.uploaded[2, n]]
-        assert_same(log.received[3, pid], received, rtol=0, atol=0)
+        assert_arrays_close(log.received[3, pid], received, rtol=0, atol=0)
         old = log.before[3, pid]
-        assert_same(old, log.uploaded[2, pid], rtol=0, atol=0)
+        assert_arrays_close(old, log.uploaded[2, pid], rtol=0, atol=0)
         data = experiment.client_data(pid)
         losses = []
         for weights in [old, *(log.uploaded[2, n] for n in ids)]:
@@ -109,8 +113,8 @@ def test_fedfomo_state_round_three(tmp_path: Path) -> None:
         set_weights(model, start)
         seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
         train(model, data.train, data.prepare, settings, torch.Generator().manual_seed(int(seed)))
-        assert_same(get_weights(model), log.after[3, pid], rtol=1e-4, atol=2e-5)
-        assert_same(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
+        assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-4, atol=2e-5)
+        assert_arrays_close(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
         (l1,) = [r for r in rows if r["stage"] == "L1" and r["round"] == 3 and r["client"] == pid]
         set_weights(model, log.after[3, pid])
         assert l1["acc_local"] == pytest.approx(
@@ -138,6 +142,6 @@ def test_holdout_moves_a_seeded_fifth_of_the_train_share() -> None:
     held = hold_out(data, 0.2, 0)
     assert len(held.val) == round(0.2 * len(data.train))
     assert len(held.train) + len(held.val) == len(data.train)
-    assert_same(
+    assert_arrays_close(
         [hold_out(data, 0.2, 0).val.images.numpy()], [held.val.images.numpy()], rtol=0, atol=0
     )

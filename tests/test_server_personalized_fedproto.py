@@ -23,8 +23,12 @@ from pflower.strategies.fedproto import (
     aggregate_prototypes,
     prototype_scores,
 )
+from tests.helpers import ADAM_TINY as BASE
+from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+)
 from tests.inprocess import run_inprocess
-from tests.test_server_personalized import BASE, StateLog, assert_same
 
 
 def test_server_averages_prototypes_by_counts_or_uniformly() -> None:
@@ -75,8 +79,10 @@ def test_only_prototypes_cross_the_wire_and_equal_class_means(tmp_path: Path) ->
             np.testing.assert_allclose(protos[cls], expected, rtol=1e-5, atol=1e-6)
     expected = aggregate_prototypes([log.uploaded[1, p] for p in range(4)])
     for pid in range(4):
-        assert_same(log.received[2, pid], expected, rtol=0, atol=0)
-    assert_same(strategy.prototypes, aggregate_prototypes([log.uploaded[2, p] for p in range(4)]))
+        assert_arrays_close(log.received[2, pid], expected, rtol=0, atol=0)
+    assert_arrays_close(
+        strategy.prototypes, aggregate_prototypes([log.uploaded[2, p] for p in range(4)])
+    )
     assert not [r for r in rows if r["stage"] == "G"]
 
 
@@ -94,7 +100,7 @@ def test_fedproto_state_round_two(tmp_path: Path) -> None:
     protos = protos.float()
     present = counts > 0
     for pid in range(4):
-        assert_same(log.before[2, pid], log.after[1, pid], rtol=0, atol=0)
+        assert_arrays_close(log.before[2, pid], log.after[1, pid], rtol=0, atol=0)
         data = experiment.client_data(pid)
         set_weights(model, log.before[2, pid])
         model.train()
@@ -117,7 +123,7 @@ def test_fedproto_state_round_two(tmp_path: Path) -> None:
             loss = loss + lam * ((features - target) ** 2).mean()
             loss.backward()
             optimizer.step()
-        assert_same(get_weights(model), log.after[2, pid], rtol=1e-4, atol=2e-5)
+        assert_arrays_close(get_weights(model), log.after[2, pid], rtol=1e-4, atol=2e-5)
     # stage L1 of round 2 uses the prototypes aggregated from round 2's uploads
     round2 = aggregate_prototypes([log.uploaded[2, p] for p in range(4)])
     classifier = NearestPrototype(

@@ -14,8 +14,10 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.helpers import (
+    comparable,
+)
 from tests.inprocess import run_inprocess
-from tests.test_core import comparable
 
 
 def _run_pflower_and_watch(

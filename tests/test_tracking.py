@@ -27,17 +27,12 @@ from pflower.results.tracking import (
     param_text,
     round_metrics,
 )
+from tests.helpers import (
+    tiny,
+)
 from tests.inprocess import run_inprocess
 
-BASE = [
-    "dataset=digits",
-    "model=small_cnn",
-    "partition=pathological",
-    "num_clients=3",
-    "rounds=2",
-    "train.local_epochs=1",
-    "train.batch_size=32",
-]
+BASE = tiny(clients=3)
 IDENTIFIERS = {"round", "stage", "client", "num_test"}
 
 

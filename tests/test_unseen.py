@@ -21,17 +21,12 @@ from pflower.core.strategy import unseen_clients
 from pflower.core.training import evaluate, set_weights
 from pflower.registry import ConfigError
 from pflower.results.rundir import U
+from tests.helpers import (
+    tiny,
+)
 from tests.inprocess import run_inprocess
 
-BASE = [
-    "dataset=digits",
-    "partition=pathological",
-    "model=small_cnn",
-    "num_clients=4",
-    "rounds=2",
-    "train.batch_size=32",
-    "eval.l2_clients=trained",  # every client that trains measures L2: L2 rows = trainers
-]
+BASE = tiny("eval.l2_clients=trained", epochs=None)  # every client that trains measures L2
 NEEDS = {"fedmpr": ["strategy.dropout=0", "strategy.noise_sigma=0"]}  # FedMPR's extras need ResNet
 
 

@@ -1,0 +1,207 @@
+"""Helpers shared by the test modules: tiny experiments, row selection, array comparisons and
+client wrappers that record what crosses the wire.
+
+Test modules import from here (or from :mod:`tests.deploy_helpers` / :mod:`tests.inprocess`),
+never from each other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.client import Client
+from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
+
+from pflower.client.app import client_fn
+from pflower.core.checkpoint import PersistentClient
+from pflower.core.client import PersonalClient
+from pflower.core.state import ClientState
+from pflower.core.training import get_weights
+from pflower.results.rundir import RunRecorder
+from tests.inprocess import run_inprocess
+
+TINY_DIGITS = ("dataset=digits", "partition=pathological", "model=small_cnn")
+"""The smallest real experiment: scikit-learn's 8x8 digits, 2 classes per client, a small CNN."""
+
+
+def tiny(
+    *extra: str,
+    clients: int = 4,
+    rounds: int | None = 2,
+    epochs: int | None = 1,
+    batch_size: int | None = 32,
+) -> list[str]:
+    """Overrides of a tiny digits experiment; ``None`` leaves that key at its default."""
+    overrides = [*TINY_DIGITS, f"num_clients={clients}"]
+    if rounds is not None:
+        overrides.append(f"rounds={rounds}")
+    if epochs is not None:
+        overrides.append(f"train.local_epochs={epochs}")
+    if batch_size is not None:
+        overrides.append(f"train.batch_size={batch_size}")
+    return [*overrides, *extra]
+
+
+ADAM_TINY = tiny("train.lr=0.01", "train.optimizer=adam")
+"""The server-personalized algorithms' tiny experiment (Adam, as their papers train)."""
+
+REGULARIZED_TINY = tiny("train.lr=0.05", "train.momentum=0.5", rounds=None)
+"""The regularized family's tiny experiment; each test sets its rounds."""
+
+RESUME_TINY = tiny("checkpoint.every=2", rounds=6, epochs=None, batch_size=None)
+"""Six rounds checkpointed every two: a run to kill and resume."""
+
+
+def stage_rows(rows: list[dict], stage: str, round_: int | None = None) -> list[dict]:
+    """Rows of ``stage`` (optionally of one round), sorted by round and client."""
+    return sorted(
+        (r for r in rows if r["stage"] == stage and (round_ is None or r["round"] == round_)),
+        key=lambda r: (r["round"], r.get("client", -1)),
+    )
+
+
+def comparable(rows: list[dict]) -> list[tuple]:
+    """The L1/L2/G results of ``rows`` as tuples, for exact run-to-run comparisons."""
+    keys = (
+        "round",
+        "stage",
+        "client",
+        "acc_local",
+        "loss_local",
+        "acc_global",
+        "loss_global",
+        "acc",
+        "loss",
+    )
+    return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in ("L1", "L2", "G")]
+
+
+def assert_arrays_close(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
+    """Two lists of arrays of the same length, pairwise equal within ``np.testing`` tolerances."""
+    assert len(left) == len(right)
+    for a, b in zip(left, right, strict=True):
+        np.testing.assert_allclose(a, b, **tolerance)
+
+
+class StateLog:
+    """Wraps ``client_fn``: per (round, client) the model received at fit, the config and
+    metrics, the uploaded arrays, and the client's stored state before and after fit.
+
+    ``keys`` is one state key (``before``/``after`` then hold its arrays) or a tuple of keys
+    (``before``/``after`` then hold a dict of them).
+    """
+
+    def __init__(self, keys: str | Sequence[str]) -> None:
+        self.keys = keys
+        self.received: dict[tuple[int, int], NDArrays] = {}
+        self.before: dict[tuple[int, int], Any] = {}
+        self.after: dict[tuple[int, int], Any] = {}
+        self.uploaded: dict[tuple[int, int], NDArrays] = {}
+        self.config: dict[tuple[int, int], dict] = {}
+        self.metrics: dict[tuple[int, int], dict] = {}
+
+    def _stored(self, state: ClientState) -> Any:
+        if isinstance(self.keys, str):
+            return state.get_arrays(self.keys)
+        return {k: state.get_arrays(k) for k in self.keys}
+
+    def make_client(self, context) -> Client:
+        client = client_fn(context)
+        pid = int(context.node_config["partition-id"])
+        original_fit = client.fit
+
+        def fit(ins: FitIns) -> FitRes:
+            key = (int(ins.config["server-round"]), pid)
+            state = ClientState(context.state)
+            self.received[key] = parameters_to_ndarrays(ins.parameters)
+            self.config[key] = dict(ins.config)
+            self.before[key] = self._stored(state)
+            res = original_fit(ins)
+            self.after[key] = self._stored(state)
+            self.uploaded[key] = parameters_to_ndarrays(res.parameters)
+            self.metrics[key] = dict(res.metrics)
+            return res
+
+        client.fit = fit  # type: ignore[method-assign]
+        return client
+
+    def sampled(self, round_: int) -> list[int]:
+        """The clients that trained in ``round_``."""
+        return sorted(pid for r, pid in self.received if r == round_)
+
+
+class Recording:
+    """A client_fn wrapper that keeps every client's fit input and output, per round."""
+
+    def __init__(self) -> None:
+        self.fits: dict[tuple[int, int], tuple[NDArrays, NDArrays, dict]] = {}
+        self.trained: dict[tuple[int, int], NDArrays] = {}
+
+    def __call__(self, context):
+        from pflower.client.app import client_fn
+
+        client = client_fn(context)
+        numpy_client = client.numpy_client  # type: ignore[attr-defined]
+        if isinstance(numpy_client, PersistentClient):  # the state-snapshot wrapper
+            numpy_client = numpy_client.client
+        assert isinstance(numpy_client, PersonalClient)
+        original = numpy_client.fit
+
+        def fit(parameters, config):
+            result = original(parameters, config)
+            key = (int(config["server-round"]), numpy_client.partition_id)
+            self.fits[key] = ([a.copy() for a in parameters], [a.copy() for a in result[0]], config)
+            self.trained[key] = get_weights(numpy_client.model)
+            return result
+
+        numpy_client.fit = fit
+        return client
+
+
+def train_size(context) -> int:
+    from pflower.compose import config_from_run_config
+    from pflower.core.experiment import Experiment
+
+    experiment = Experiment.of(config_from_run_config(context.run_config))
+    return len(experiment.client_data(int(context.node_config["partition-id"])).train)
+
+
+class Crash(Exception):
+    """Stands for the process dying in the middle of a round."""
+
+
+def stopped_in_round(
+    monkeypatch: pytest.MonkeyPatch, experiment: list[str], run_dir: Path, crash_round: int
+) -> None:
+    """Run ``experiment`` until it dies right after round ``crash_round``'s training was
+    aggregated (its clients have written that round's state; no checkpoint covers it)."""
+    original = RunRecorder.fit_done
+
+    def fit_done(self: RunRecorder, server_round: int) -> None:
+        original(self, server_round)
+        if server_round == crash_round:
+            raise Crash(f"killed in round {server_round}")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(RunRecorder, "fit_done", fit_done)
+        with pytest.raises(Crash):
+            run_inprocess(experiment, run_dir)
+
+
+def results(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
+    """Rows of rounds after ``after``, without wall-clock times."""
+    return [r for r in rows if r["round"] > after and r["stage"] != "time"]
+
+
+def summary_without_clock(run_dir: Path) -> dict[str, Any]:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    summary.pop("wall_time_s")
+    config = summary.pop("config")
+    for key in ("output_dir", "checkpoint"):
+        config.pop(key)
+    return {**summary, "config": config}
