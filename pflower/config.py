@@ -90,6 +90,17 @@ class Optimizer(StrEnum):
     adam = "adam"
 
 
+class Amp(StrEnum):
+    """Mixed precision of the shared training and evaluation loops (``train.amp``)."""
+
+    off = "off"
+    """float32 throughout (the default: results bit-identical to runs without the option)."""
+    bf16 = "bf16"
+    """``torch.autocast`` to bfloat16 (no loss scaling needed)."""
+    fp16 = "fp16"
+    """``torch.autocast`` to float16, with a ``GradScaler`` on CUDA."""
+
+
 class Device(StrEnum):
     """Where models train and evaluate (``train.device``)."""
 
@@ -116,6 +127,13 @@ class TrainConfig:
         weight_decay: L2 weight decay of the optimizer.
         threads: torch threads per client worker.
         device: ``auto`` (CUDA where present), ``cpu`` or ``cuda`` (see :class:`Device`).
+        amp: mixed precision of the shared loops, ``off``, ``bf16`` or ``fp16`` (:class:`Amp`).
+        channels_last: models and image batches in channels-last memory format (faster
+            convolutions on GPUs with tensor cores).
+        data_on_device: a client's data copied to the model's device once per message instead
+            of every batch, when it fits in the device's free memory (a no-op on the CPU).
+        The last three are opt-in speed options of ``pflower.core.training``'s loops (algorithms
+        with loops of their own ignore them); with their defaults results are unchanged.
     """
 
     local_epochs: int = tunable(
@@ -140,6 +158,9 @@ class TrainConfig:
     weight_decay: float = 0.0
     threads: int = 1
     device: Device = Device.auto
+    amp: Amp = Amp.off
+    channels_last: bool = False
+    data_on_device: bool = False
 
     def __post_init__(self) -> None:
         require(self.lr > 0, f"train.lr must be > 0, got {self.lr!r}")

@@ -219,6 +219,9 @@ class Experiment:
             lr=train.lr_at(server_round),
             momentum=train.momentum,
             weight_decay=train.weight_decay,
+            amp=str(train.amp),
+            channels_last=train.channels_last,
+            data_on_device=train.data_on_device,
         )
 
 

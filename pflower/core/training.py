@@ -12,6 +12,8 @@ cross the wire as numpy arrays on the CPU (:func:`get_weights`, :func:`set_weigh
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -29,6 +31,15 @@ Prepare = Callable[[torch.Tensor], torch.Tensor]
 Regularizer = Callable[[nn.Module], torch.Tensor]
 """An extra loss term of the model's parameters (e.g. FedProx's proximal term)."""
 
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+"""``train.amp`` -> the dtype ``torch.autocast`` runs the model's forward pass in."""
+
+DEVICE_MEMORY_SHARE = 0.5
+"""``train.data_on_device`` copies a client's split to the device only if it takes at most this
+share of the device's free memory (the rest is for the model, activations and other clients)."""
+
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -41,6 +52,9 @@ class TrainSettings:
     lr: float
     momentum: float = 0.0
     weight_decay: float = 0.0
+    amp: str = "off"
+    channels_last: bool = False
+    data_on_device: bool = False
 
     def make_optimizer(self, parameters: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         """A fresh optimizer (its state is reset every round, as in the papers)."""
@@ -49,6 +63,44 @@ class TrainSettings:
         return torch.optim.SGD(
             parameters, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay
         )
+
+
+def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManager[object]:
+    """The mixed-precision context of ``train.amp`` on ``device``: nothing for ``off``, else
+    ``torch.autocast`` to bfloat16 (``bf16``) or float16 (``fp16``)."""
+    if amp == "off":
+        return contextlib.nullcontext()
+    if amp not in AMP_DTYPES:
+        raise ConfigError(f"train.amp must be off, bf16 or fp16, got {amp!r}")
+    return torch.autocast(device_type=device.type, dtype=AMP_DTYPES[amp])
+
+
+def to_memory_format(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A batch in channels-last memory format if ``train.channels_last`` (4-d batches only)."""
+    if channels_last and images.dim() == 4:
+        return images.contiguous(memory_format=torch.channels_last)
+    return images
+
+
+def on_device(data: ImageSplit, device: torch.device) -> ImageSplit:
+    """``data`` copied to ``device`` once (``train.data_on_device``), so that batches are indexed
+    there with no host-to-device copy each; ``data`` itself on the CPU, or where the copy would
+    take more than :data:`DEVICE_MEMORY_SHARE` of the device's free memory (then logged)."""
+    if device.type == "cpu" or data.images.device == device:
+        return data
+    needed = data.images.nbytes + data.labels.nbytes
+    if device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        if needed > DEVICE_MEMORY_SHARE * free:
+            log.warning(
+                "train.data_on_device: %d MB of data do not fit in half the %d MB free on %s; "
+                "batches are copied one by one",
+                needed >> 20,
+                free >> 20,
+                device,
+            )
+            return data
+    return ImageSplit(data.images.to(device), data.labels.to(device), None)
 
 
 @dataclass(frozen=True)
@@ -80,6 +132,23 @@ def resolve_device(choice: str) -> torch.device:
     if choice not in ("auto", "cuda"):
         raise ConfigError(f"train.device must be auto, cpu or cuda, got {choice!r}")
     return torch.device("cuda" if available else "cpu")
+
+
+def import_first_step_modules() -> None:
+    """Import what torch's first optimizer imports, so that no training step waits for it.
+
+    torch imports ``torch._dynamo`` (about 900 modules with sympy and parts of
+    ``torch.distributed``: 2.5-3 s on a 2-core machine) the first time an optimizer is built
+    and stepped: ``Optimizer.add_param_group`` and ``zero_grad`` are wrapped in
+    ``torch._disable_dynamo`` and ``step`` in ``_use_grad_for_differentiable``, which import it
+    on their first call whatever the ``foreach``/``fused`` flags. A process that forks
+    training processes calls this once before forking (the fork backend's driver, the
+    deployment's fork server), so every child starts with it imported; a process that trains
+    itself pays the same either way (``benchmarks/results/coldstart.md``).
+    """
+    parameter = torch.zeros(1, requires_grad=True)
+    optimizer = torch.optim.SGD([parameter], lr=0.0)
+    optimizer.zero_grad(set_to_none=True)
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -158,11 +227,20 @@ def train(
     """Train ``model`` in place with cross-entropy; returns the mean training loss.
 
     Batches go to the model's device; the loss is summed there in float64 (the same sum as Python
-    floats on the CPU) and read once, so a GPU is not synchronized every step.
+    floats on the CPU) and read once, so a GPU is not synchronized every step. The opt-in speed
+    options of ``settings`` (``amp``, ``channels_last``, ``data_on_device``) apply to the forward
+    pass and the batches; the regularizer and the optimizer step stay in float32.
     """
     model.train()
     device = model_device(model)
+    if settings.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if settings.data_on_device:
+        data = on_device(data, device)
     optimizer = settings.make_optimizer(model.parameters())
+    scaler = (
+        torch.amp.GradScaler("cuda") if settings.amp == "fp16" and device.type == "cuda" else None
+    )
     criterion = nn.CrossEntropyLoss()
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     batches = 0
@@ -170,14 +248,22 @@ def train(
         len(data), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         optimizer.zero_grad(set_to_none=True)
+        index = index.to(data.images.device)
         images = prepare(data.images[index]).to(device, non_blocking=True)
+        images = to_memory_format(images, settings.channels_last)
         labels = data.labels[index].to(device, non_blocking=True)
-        loss = criterion(model(images), labels)
+        with autocast(device, settings.amp):
+            loss = criterion(model(images), labels)
         total_loss += loss.detach().to(torch.float64)
         if regularizer is not None:
             loss = loss + regularizer(model)
-        loss.backward()
-        optimizer.step()
+        if scaler is None:
+            loss.backward()
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
         if after_step is not None:
             after_step(model)
         batches += 1
@@ -185,17 +271,30 @@ def train(
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ImageSplit, prepare: Prepare, batch_size: int) -> EvalResult:
+def evaluate(
+    model: nn.Module,
+    data: ImageSplit,
+    prepare: Prepare,
+    batch_size: int,
+    settings: TrainSettings | None = None,
+) -> EvalResult:
     """Mean cross-entropy and accuracy of ``model`` on ``data`` (eval mode, no gradients), on the
-    model's device."""
+    model's device; with ``settings``, under its speed options (as :func:`train`)."""
     if len(data) == 0:
         return EvalResult(loss=float("nan"), accuracy=float("nan"), num_examples=0)
     model.eval()
     device = model_device(model)
+    amp, channels_last = "off", False
+    if settings is not None:
+        amp, channels_last = settings.amp, settings.channels_last
+        if settings.data_on_device:
+            data = on_device(data, device)
     loss_sum, correct = 0.0, 0
     for start in range(0, len(data), batch_size):
         images = prepare(data.images[start : start + batch_size]).to(device, non_blocking=True)
-        logits = model(images)
+        images = to_memory_format(images, channels_last)
+        with autocast(device, amp):
+            logits = model(images).float()
         labels = data.labels[start : start + batch_size].to(device, non_blocking=True)
         loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
         correct += int((logits.argmax(dim=1) == labels).sum())

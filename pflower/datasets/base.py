@@ -99,8 +99,8 @@ class ImageDataset:
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
         """Turn a batch of stored images into normalized float32 model input."""
-        mean = torch.tensor(self.mean, dtype=torch.float32).view(1, -1, 1, 1)
-        std = torch.tensor(self.std, dtype=torch.float32).view(1, -1, 1, 1)
+        mean = torch.tensor(self.mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
+        std = torch.tensor(self.std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
         return (images.float() / self.scale - mean) / std
 
 
