@@ -6,6 +6,8 @@
   histograms and write a heatmap PNG, without training.
 - ``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds
   (:mod:`pflower.reporting.report`); it takes paths, not Hydra overrides.
+- ``pflower tune [methods] --suite cpu``: tune methods on validation with the same Optuna budget
+  and run the chosen values with new seeds on test (:mod:`pflower.tuning.cli`).
 - ``pflower resume <run_dir> [rounds=N]``: continue a run from its last checkpoint (or extend
   it to N rounds); see :data:`RESUME_HELP`.
 
@@ -207,6 +209,10 @@ def main() -> None:
         from pflower.reporting.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "tune":
+        from pflower.tuning.cli import main as tune_main
+
+        sys.exit(tune_main(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "resume":
         sys.exit(resume(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "deploy":

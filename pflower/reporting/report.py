@@ -1,5 +1,8 @@
 """``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds.
 
+``pflower report --leaderboard <suite folder>`` renders a ``pflower tune`` suite's tuned
+leaderboard instead (:mod:`pflower.reporting.leaderboard`).
+
 Reads every run directory at or below the given paths, groups runs that differ only in ``seed``
 (:mod:`pflower.reporting.groups`), and writes into ``--out``:
 
@@ -53,6 +56,12 @@ def _parser() -> argparse.ArgumentParser:
         help="client stage shown in the plots (default L1, the deployable model)",
     )
     parser.add_argument("--title", default="pflower report", help="the report's heading")
+    parser.add_argument(
+        "--leaderboard",
+        action="store_true",
+        help="the path is a `pflower tune` suite folder: render its tuned leaderboard "
+        "(pflower.reporting.leaderboard) into leaderboard.md/.csv there",
+    )
     return parser
 
 
@@ -116,6 +125,14 @@ def write_report(
 def main(argv: Sequence[str]) -> int:
     """Command line entry (``pflower report ...``); returns the exit code."""
     args = _parser().parse_args(list(argv))
+    if args.leaderboard:
+        from pflower.reporting.leaderboard import write_leaderboard
+
+        for path in args.paths:
+            written = write_leaderboard(path)
+            print(written.read_text())
+            print(f"leaderboard written to {written} (+ leaderboard.csv)")
+        return 0
     out_dir = args.out or (args.paths[0] if len(args.paths) == 1 else Path("report"))
     try:
         report_path = write_report(args.paths, out_dir, args.eps, args.stage, args.title)

@@ -1,0 +1,304 @@
+"""``pflower report --leaderboard <folder>``: the tuned comparison of a ``pflower tune`` suite.
+
+For every setting of the folder (``<root>/<setting>/``), one row per method with final runs:
+
+- **rank**, with ties: a method's rank is 1 + the number of methods whose final-round accuracy is
+  higher *beyond the seeds' noise*, i.e. with a two-sided Welch t-test p < 0.05 over the final
+  seeds (unequal variances; two zero-variance samples differ when their means differ). Methods
+  no other method beats significantly share rank 1, and so on: a rank is a statement about
+  the evidence, not about the order of the means;
+- final-round and last-10%-of-rounds stage-L1 Acc(L) (the deployable models on the clients' test
+  shares), mean ± std (ddof=1) over the seeds, and the number of seeds;
+- the chosen hyperparameters (``chosen/<method>.yaml``), the validation objective they reached
+  and the trials spent (complete / pruned / failed);
+- seconds per round (median time between the ends of successive rounds' training phases;
+  the run's wall time over its rounds where a run has fewer than two) and MB per client-round
+  (array megabytes down and up per training client, from the ``bytes_down``/``bytes_up`` of the
+  stage-L2 rows).
+
+The page records the code fingerprint(s) of the final runs and of the code rendering it, the
+date, the machine(s) and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is
+written to ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import yaml
+from scipy import stats
+
+from pflower.core.algorithm import ALGORITHMS
+from pflower.provenance import code_version
+
+ALPHA = 0.05
+"""Significance level of the Welch t-tests that separate ranks."""
+
+
+@dataclass
+class Entry:
+    """One method on one setting."""
+
+    method: str
+    final: list[float] = field(default_factory=list)
+    last10: list[float] = field(default_factory=list)
+    seconds_per_round: list[float] = field(default_factory=list)
+    mb_per_client_round: list[float] = field(default_factory=list)
+    chosen: Mapping[str, Any] = field(default_factory=dict)
+    codes: set[str] = field(default_factory=set)
+    rank: int = 0
+
+    @property
+    def label(self) -> str:
+        algorithm = ALGORITHMS.get(self.method)
+        return algorithm.options.display_name if algorithm else self.method
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def _rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    rows = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return rows
+
+
+def seconds_per_round(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> float:
+    """Median time between successive rounds' end of training; wall time / rounds otherwise."""
+    times = sorted(
+        (int(r["round"]), float(r["fit_done_unix_s"])) for r in rows if r.get("stage") == "time"
+    )
+    gaps = [b[1] - a[1] for a, b in pairwise(times) if b[0] == a[0] + 1]
+    if gaps:
+        return float(statistics.median(gaps))
+    rounds = max(1, int(summary.get("final_round") or summary.get("rounds") or 1))
+    return float(summary.get("wall_time_s") or math.nan) / rounds
+
+
+def mb_per_client_round(rows: Sequence[Mapping[str, Any]]) -> float:
+    """Mean over training clients and rounds of (bytes down + bytes up) / 1e6."""
+    sizes = [
+        (float(r.get("bytes_down", 0)) + float(r.get("bytes_up", 0))) / 1e6
+        for r in rows
+        if r.get("stage") == "L2" and ("bytes_down" in r or "bytes_up" in r)
+    ]
+    return float(sum(sizes) / len(sizes)) if sizes else math.nan
+
+
+def load_setting(setting_dir: Path) -> list[Entry]:
+    """Every method of a setting folder with completed final runs."""
+    entries = []
+    final_root = setting_dir / "final"
+    methods = sorted(p.name for p in final_root.iterdir()) if final_root.is_dir() else []
+    for method in methods:
+        entry = Entry(method)
+        chosen_path = setting_dir / "chosen" / f"{method}.yaml"
+        if chosen_path.exists():
+            entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
+        for run_dir in sorted((final_root / method).glob("seed_*")):
+            summary = _load_json(run_dir / "summary.json")
+            if not summary or summary.get("status") != "completed":
+                continue
+            rows = _rows(run_dir)
+            entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
+            entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
+            entry.seconds_per_round.append(seconds_per_round(rows, summary))
+            entry.mb_per_client_round.append(mb_per_client_round(rows))
+            entry.codes.add(str((summary.get("code") or {}).get("fingerprint")))
+        if entry.final:
+            entries.append(entry)
+    rank_with_ties(entries)
+    return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final)))
+
+
+def significantly_better(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:
+    """Is sample ``a``'s mean above ``b``'s beyond the noise (two-sided Welch t-test)?"""
+    mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
+    if mean_a <= mean_b or len(a) < 2 or len(b) < 2:
+        return False
+    if statistics.stdev(a) == 0 and statistics.stdev(b) == 0:
+        return True
+    p_value = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    return math.isfinite(p_value) and p_value < alpha
+
+
+def rank_with_ties(entries: Sequence[Entry]) -> None:
+    """rank = 1 + the number of methods significantly better (see the module docstring)."""
+    for entry in entries:
+        entry.rank = 1 + sum(
+            significantly_better(other.final, entry.final)
+            for other in entries
+            if other is not entry
+        )
+
+
+def _mean_std(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
+    if not values:
+        return "-"
+    mean = statistics.fmean(values) * scale
+    std = statistics.stdev(values) * scale if len(values) > 1 else 0.0
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def _number(values: Sequence[float], digits: int) -> str:
+    finite = [v for v in values if math.isfinite(v)]
+    return f"{statistics.fmean(finite):.{digits}f}" if finite else "-"
+
+
+def _chosen(chosen: Mapping[str, Any]) -> str:
+    params = chosen.get("params") or {}
+    if not params:
+        return "defaults" if chosen else "-"
+    parts = []
+    for key, value in params.items():
+        shown = f"{value:.3g}" if isinstance(value, float) else str(value)
+        parts.append(f"{key.split('.', 1)[-1]}={shown}")
+    return ", ".join(parts)
+
+
+def _trials(chosen: Mapping[str, Any]) -> str:
+    budget = chosen.get("budget") or {}
+    if not budget:
+        return "-"
+    done = [f"{budget.get(k, 0)} {k}" for k in ("complete", "pruned", "fail") if budget.get(k)]
+    return f"{budget.get('trials', '?')} ({', '.join(done)})"
+
+
+def table(entries: Sequence[Entry]) -> list[list[str]]:
+    header = [
+        "rank",
+        "method",
+        "final Acc(L) %",
+        "last-10% Acc(L) %",
+        "seeds",
+        "chosen hyperparameters",
+        "val objective %",
+        "trials",
+        "s / round",
+        "MB / client-round",
+    ]
+    body = [header]
+    for e in entries:
+        value = e.chosen.get("value")
+        body.append(
+            [
+                str(e.rank),
+                e.label,
+                _mean_std(e.final),
+                _mean_std(e.last10),
+                str(len(e.final)),
+                _chosen(e.chosen),
+                "-" if value is None else f"{100 * float(value):.2f}",
+                _trials(e.chosen),
+                _number(e.seconds_per_round, 2),
+                _number(e.mb_per_client_round, 3),
+            ]
+        )
+    return body
+
+
+def _markdown_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += [
+        "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows[1:]
+    ]
+    return lines
+
+
+def _commands(root: Path) -> list[dict[str, Any]]:
+    path = root / "commands.log"
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        try:
+            entries.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return entries
+
+
+def render(root: Path) -> tuple[str, list[list[str]]]:
+    """The leaderboard page (markdown) and its CSV rows."""
+    suite = (
+        yaml.safe_load((root / "suite.yaml").read_text()) if (root / "suite.yaml").exists() else {}
+    )
+    settings = sorted(p for p in root.iterdir() if p.is_dir() and (p / "final").is_dir())
+    name = suite.get("name", root.name)
+    lines = [f"# pflower leaderboard: suite {name}", ""]
+    lines += [
+        "Every method was tuned on the clients' validation shares with the same budget "
+        f"({suite.get('trials', '?')} Optuna TPE trials per method and setting, tuning seed "
+        f"{suite.get('tune_seed', '?')}, shared knobs "
+        f"{', '.join('train.' + k for k in suite.get('train_knobs', []))}), then run with the "
+        f"chosen values and new seeds {suite.get('final_seeds', '?')} on test. Accuracy is "
+        "stage L1 Acc(L), the clients' deployable models on their own test shares, mean ± std "
+        "over seeds; never the best round. Ranks are tied unless a Welch t-test over the final "
+        f"seeds separates them (two-sided, p < {ALPHA}).",
+        "",
+    ]
+    if suite.get("budget"):
+        lines += [f"Budget: {suite['budget']}", ""]
+    csv_rows: list[list[str]] = []
+    codes: set[str] = set()
+    for setting_dir in settings:
+        entries = load_setting(setting_dir)
+        overrides = (suite.get("settings") or {}).get(setting_dir.name, [])
+        lines += [f"## {setting_dir.name}", ""]
+        if overrides:
+            lines += [f"Setting: `{' '.join(overrides)}`", ""]
+        rows = table(entries)
+        lines += [*_markdown_table(rows), ""]
+        csv_rows += [["setting", *rows[0]]] if not csv_rows else []
+        csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
+        for entry in entries:
+            codes |= entry.codes
+    now = code_version()
+    commands = _commands(root)
+    machines = sorted({c.get("machine", "?") for c in commands})
+    lines += [
+        "## Provenance",
+        "",
+        f"- rendered {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} by "
+        f"pflower {now['fingerprint']} (commit {now.get('commit')}, "
+        f"{'uncommitted changes' if now.get('dirty') else 'clean'})",
+        f"- code fingerprint(s) of the final runs: {', '.join(sorted(codes)) or '-'}",
+        f"- machine(s): {'; '.join(machines) or '-'}",
+        "- commands:",
+        "",
+        "```",
+        *(f"# {c.get('date')} in {c.get('cwd')}\n{c.get('command')}" for c in commands),
+        f"pflower report --leaderboard {root}",
+        "```",
+        "",
+    ]
+    return "\n".join(lines), csv_rows
+
+
+def write_leaderboard(root: Path) -> Path:
+    """Write ``leaderboard.md`` and ``leaderboard.csv`` into ``root``; returns the markdown."""
+    text, rows = render(root)
+    (root / "leaderboard.md").write_text(text)
+    with (root / "leaderboard.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows(rows)
+    return root / "leaderboard.md"

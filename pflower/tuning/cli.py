@@ -1,0 +1,190 @@
+"""``pflower tune``: tune methods on validation with the same budget, then run them on test.
+
+::
+
+    pflower tune --show fedprox [--suite cpu]          # the search space, with its sources
+    pflower tune fedavg fedprox --suite cpu --setting fmnist_dir01 --workers 2
+    pflower tune --suite cpu                           # the whole suite (resumes; accumulates)
+    pflower tune --suite cpu rounds=3 --trials 2       # overrides (key=value) go to every run
+    pflower tune --overrides tuning/cpu/fmnist_dir01/chosen/fedprox.yaml
+    pflower report --leaderboard tuning/cpu
+
+For each setting and method it runs (or resumes) the Optuna study (:mod:`.search`), writes the
+chosen values to ``<out>/<setting>/chosen/<method>.yaml`` and runs them with the suite's final
+seeds on test (``--no-final`` skips that). Every invocation is appended to
+``<out>/commands.log``, which the leaderboard shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from pflower.config import TrainConfig
+from pflower.registry import ConfigError
+from pflower.searchspace import declared_space, format_value
+from pflower.tuning.suite import Setting, Suite, load_suite
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pflower tune",
+        description="Tune methods on the clients' validation shares with Optuna (the same "
+        "number of trials for each), then run the chosen values with new seeds on test.",
+    )
+    parser.add_argument(
+        "items", nargs="*", help="methods (default: the suite's) and key=value overrides"
+    )
+    parser.add_argument("--suite", default="cpu", help="conf/suite/<name>.yaml or a path")
+    parser.add_argument("--setting", action="append", help="only these settings (repeatable)")
+    parser.add_argument("--trials", type=int, help="trials per method (default: the suite's)")
+    parser.add_argument("--final-seeds", help="comma-separated seeds (default: the suite's)")
+    parser.add_argument("--workers", type=int, default=1, help="trials run at once (default 1)")
+    parser.add_argument("--out", type=Path, help="results folder (default tuning/<suite>)")
+    parser.add_argument("--timeout", type=float, help="seconds one run may take")
+    parser.add_argument("--no-final", action="store_true", help="tune only; no final runs")
+    parser.add_argument("--show", metavar="METHOD", help="print METHOD's search space and exit")
+    parser.add_argument("--overrides", type=Path, help="print a chosen file's overrides")
+    return parser
+
+
+def show(method: str, suite: Suite | None) -> str:
+    """The method's search space as a table: key, range, default, source."""
+    from pflower.core.algorithm import get_algorithm
+
+    options = get_algorithm(method).options
+    if suite is not None:
+        space = suite.space_for(method)
+        title = f"search space of {method} in suite {suite.name} ({suite.trials} trials)"
+    else:
+        space = {**declared_space(TrainConfig, "train"), **declared_space(options, "strategy")}
+        title = f"search space of {method} (shared train knobs: the suite picks which are tuned)"
+    defaults = {f"strategy.{k}": v for k, v in vars(options(name=method)).items()}
+    defaults.update({f"train.{k}": v for k, v in vars(TrainConfig()).items()})
+    lines = [title]
+    width = max([len(k) for k in space] + [3])
+    for key, param in space.items():
+        default = format_value(defaults.get(key))
+        lines.append(
+            f"  {key:<{width}}  {param.describe():<36} default {default:<8} {param.source}"
+        )
+    if not declared_space(options, "strategy"):
+        lines.append(f"  ({method} declares no tunable option of its own)")
+    return "\n".join(lines)
+
+
+def _record_invocation(out: Path, argv: Sequence[str]) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    entry = {
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": "pflower tune " + shlex.join(argv),
+        "cwd": os.getcwd(),
+        "machine": machine(),
+    }
+    with (out / "commands.log").open("a") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+def machine() -> str:
+    """This machine in words: host, OS, CPU count and the GPU where torch sees one."""
+    words = f"{platform.node()}, {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            words += f", {torch.cuda.get_device_name(0)}"
+    except ImportError:  # pragma: no cover - torch is a dependency
+        pass
+    return words
+
+
+def _rounds(setting: Setting, method: str) -> int:
+    from pflower.compose import compose_config
+
+    cfg = compose_config([*setting.overrides, f"strategy={method}"], check_scheme=False)
+    return int(cfg.rounds)
+
+
+def run_suite(
+    suite: Suite,
+    methods: Sequence[str],
+    settings: Sequence[Setting],
+    out: Path,
+    workers: int,
+    final: bool,
+    timeout_s: float | None,
+) -> None:
+    """Tune every method on every setting, write the chosen values, run the final seeds."""
+    from pflower.tuning.search import Layout, final_runs, tune, write_chosen
+
+    layout = Layout(out)
+    (out / "suite.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": suite.name,
+                "source": suite.source,
+                "budget": suite.budget,
+                "trials": suite.trials,
+                "tune_seed": suite.tune_seed,
+                "final_seeds": list(suite.final_seeds),
+                "val_fraction": suite.val_fraction,
+                "train_knobs": list(suite.train_knobs),
+                "settings": {s.name: list(s.overrides) for s in suite.settings},
+                "methods": list(suite.methods),
+            },
+            sort_keys=False,
+        )
+    )
+    for setting in settings:
+        for method in methods:
+            rounds = _rounds(setting, method)
+            print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
+            study = tune(suite, setting, method, layout, rounds, workers, timeout_s)
+            chosen = write_chosen(study, suite, setting, method, layout)
+            print(f"[{setting.name}] {method} chose {' '.join(chosen['overrides'][1:]) or '-'}")
+            if final:
+                final_runs(suite, setting, method, layout, workers, timeout_s)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    try:
+        if args.overrides is not None:
+            data = yaml.safe_load(args.overrides.read_text())
+            print(" ".join(shlex.quote(o) for o in data["overrides"]))
+            return 0
+        if args.show is not None:
+            explicit = any(a == "--suite" or a.startswith("--suite=") for a in argv)
+            print(show(args.show, load_suite(args.suite) if explicit else None))
+            return 0
+        suite = load_suite(args.suite)
+        methods = [i for i in args.items if "=" not in i] or list(suite.methods)
+        extra = tuple(i for i in args.items if "=" in i)
+        if args.trials is not None:
+            suite = replace(suite, trials=args.trials)
+        if args.final_seeds is not None:
+            seeds = tuple(int(s) for s in args.final_seeds.split(","))
+            suite = replace(suite, final_seeds=seeds)
+        settings = [suite.setting(n) for n in args.setting] if args.setting else suite.settings
+        settings = [replace(s, overrides=(*s.overrides, *extra)) for s in settings]
+        suite = replace(suite, settings=tuple(settings))
+        from pflower.tuning.suite import check_suite
+
+        check_suite(replace(suite, methods=tuple(methods)))
+    except ConfigError as error:
+        print(f"configuration error: {error}", file=sys.stderr)
+        return 2
+    out = args.out or Path("tuning") / suite.name
+    _record_invocation(out, argv)
+    run_suite(suite, methods, settings, out, args.workers, not args.no_final, args.timeout)
+    return 0

@@ -1,0 +1,525 @@
+"""The search: Optuna studies over a method's declared space, every trial a normal pflower run.
+
+For one setting of a suite and one method, :func:`tune` runs ``suite.trials`` trials of Optuna's
+TPE sampler (seeded with ``suite.tune_seed``; ``constant_liar`` when trials run in parallel).
+Each trial is ``python -m pflower <setting overrides> strategy=<method> <sampled values>
+seed=<tune_seed> split.val_fraction=<v> split.evaluate_on=val`` in its own process, so the run is
+composed from the same ``conf/`` tree as any other and evaluates every stage on the clients'
+validation shares: no test sample is read (:mod:`pflower.datasets.federation`, step 6). While it
+runs, the mean stage-L1 Acc(L) of each finished round (the deployable model on validation) is
+reported to Optuna's median pruner, which may stop it early. The objective is the run's
+``last10`` stage-L1 Acc(L) mean: the clients' mean validation accuracy of their deployable
+models, averaged over the last 10% of rounds.
+
+The study lives in ``<out>/<setting>/study.db`` (Optuna's SQLite storage, one study per method)
+and resumes where it stopped: finished trials count, a trial that was running when its
+``pflower tune`` was stopped is failed by Optuna's heartbeat check and retried with the same
+values (``RetryFailedTrialCallback``), and a method's budget counts finished trials
+(complete, pruned, or failed by its own run) until it reaches ``suite.trials``, the same for every
+method. ``workers`` trials run at once (threads of this process, each driving one trial
+process); several ``pflower tune`` processes on one machine may share a study (a file lock keeps
+the count exact).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pflower.searchspace import Param, format_value
+from pflower.tuning.suite import Setting, Suite
+
+OBJECTIVE = "last-10% mean of stage-L1 Acc(L) on the clients' validation shares"
+HEARTBEAT_S = 20
+GRACE_S = 90
+POLL_S = 2.0
+
+
+# ----------------------------------------------------------------------------------- layout
+@dataclass(frozen=True)
+class Layout:
+    """Where a suite's results live: ``<root>/<setting>/...``."""
+
+    root: Path
+
+    def setting_dir(self, setting: str) -> Path:
+        return self.root / setting
+
+    def storage_url(self, setting: str) -> str:
+        return f"sqlite:///{(self.setting_dir(setting) / 'study.db').resolve()}"
+
+    def trial_dir(self, setting: str, method: str, number: int) -> Path:
+        return self.setting_dir(setting) / "trials" / method / f"{number:03d}"
+
+    def chosen_file(self, setting: str, method: str) -> Path:
+        return self.setting_dir(setting) / "chosen" / f"{method}.yaml"
+
+    def final_dir(self, setting: str, method: str, seed: int) -> Path:
+        return self.setting_dir(setting) / "final" / method / f"seed_{seed}"
+
+    def lock_file(self, setting: str) -> Path:
+        return self.setting_dir(setting) / ".study.lock"
+
+
+# ---------------------------------------------------------------------------------- commands
+def run_command(overrides: Sequence[str], run_dir: Path) -> list[str]:
+    """The command of one pflower run writing into ``run_dir``."""
+    return [
+        sys.executable,
+        "-m",
+        "pflower",
+        *overrides,
+        f"output_dir={run_dir}",
+        f"hydra.run.dir={run_dir}",
+        "progress=false",
+    ]
+
+
+def trial_overrides(
+    suite: Suite, setting: Setting, method: str, values: Mapping[str, Any]
+) -> list[str]:
+    """A tuning run: the setting, the method, the tuning seed, validation only, the values."""
+    return [
+        *setting.overrides,
+        f"strategy={method}",
+        f"seed={suite.tune_seed}",
+        f"split.val_fraction={suite.val_fraction}",
+        "split.evaluate_on=val",
+        *(f"{key}={format_value(value)}" for key, value in values.items()),
+    ]
+
+
+def final_overrides(suite: Suite, setting: Setting, chosen: Sequence[str], seed: int) -> list[str]:
+    """A final run: the setting, the chosen values, a new seed, scored on test. The validation
+    share is still carved out, so the clients train on exactly the data they were tuned on."""
+    return [
+        *setting.overrides,
+        *chosen,
+        f"seed={seed}",
+        f"split.val_fraction={suite.val_fraction}",
+        "split.evaluate_on=test",
+    ]
+
+
+# ------------------------------------------------------------------------------ run results
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` written so far (a partly written last line is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def round_means(rows: Sequence[Mapping[str, Any]], stage: str = "L1") -> dict[int, float]:
+    """Per round, the unweighted mean over clients of ``acc_local`` at ``stage``."""
+    by_round: dict[int, list[float]] = {}
+    for row in rows:
+        if row.get("stage") == stage and "acc_local" in row and row.get("round", 0) > 0:
+            by_round.setdefault(int(row["round"]), []).append(float(row["acc_local"]))
+    return {r: sum(v) / len(v) for r, v in sorted(by_round.items())}
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return summary
+
+
+def objective_of(summary: Mapping[str, Any]) -> float:
+    """The tuning objective from a completed run's ``summary.json`` (see :data:`OBJECTIVE`)."""
+    return float(summary["last10"]["L1"]["acc_local"]["mean"])
+
+
+class TrialFailed(RuntimeError):
+    """The trial's run did not complete (its reason is the message)."""
+
+
+class Pruned(RuntimeError):
+    """The pruner stopped the trial's run."""
+
+
+def run_pflower(
+    command: Sequence[str],
+    run_dir: Path,
+    on_round: Callable[[int, float], bool] | None = None,
+    heartbeat: Callable[[], None] | None = None,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run one pflower process and return its ``summary.json``.
+
+    ``on_round(round, mean L1 Acc(L))`` is called once per finished round while it runs and
+    returning True stops it (raises :class:`Pruned`). The process and its children (a process
+    group of their own) are stopped on pruning, timeout or interruption.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = (run_dir / "tune_stdout.log").open("w")
+    process = subprocess.Popen(
+        list(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    reported: set[int] = set()
+    started = last_beat = time.monotonic()
+    try:
+        while process.poll() is None:
+            time.sleep(POLL_S)
+            if heartbeat and time.monotonic() - last_beat > HEARTBEAT_S / 2:
+                heartbeat()
+                last_beat = time.monotonic()
+            if timeout_s and time.monotonic() - started > timeout_s:
+                raise TrialFailed(f"the run took longer than {timeout_s:.0f} s")
+            if on_round is None:
+                continue
+            means = round_means(read_rows(run_dir))
+            for server_round in sorted(means)[:-1]:  # the last round may still be evaluating
+                if server_round not in reported:
+                    reported.add(server_round)
+                    if on_round(server_round, means[server_round]):
+                        raise Pruned(f"pruned after round {server_round}")
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+    summary = read_summary(run_dir)
+    if process.returncode != 0 or summary is None or summary.get("status") != "completed":
+        reason = (summary or {}).get("error") or f"exit code {process.returncode}"
+        raise TrialFailed(f"{reason} (see {run_dir / 'tune_stdout.log'})")
+    return summary
+
+
+# ------------------------------------------------------------------------------------ study
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock across the processes of this machine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _retry_callback() -> tuple[str, Any]:
+    """Optuna's callback that re-enqueues a heartbeat-stale trial, and the storage keyword that
+    takes it (renamed in Optuna 4.9)."""
+    import optuna
+
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+        callback = optuna.storages.RetryHeartbeatStaleTrialCallback
+        return "heartbeat_stale_trial_callback", callback
+    return "failed_trial_callback", optuna.storages.RetryFailedTrialCallback
+
+
+def _storage(url: str) -> Any:
+    import optuna
+
+    keyword, callback = _retry_callback()
+    return optuna.storages.RDBStorage(
+        url,
+        engine_kwargs={"connect_args": {"timeout": 120}},
+        heartbeat_interval=HEARTBEAT_S,
+        grace_period=GRACE_S,
+        **{keyword: callback(max_retry=3)},
+    )
+
+
+def quiet_optuna() -> None:
+    """Silence Optuna's notes on the experimental heartbeat API this module relies on (and its
+    hint that heartbeats are meant for ``Study.optimize``: here ask/tell records them)."""
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+
+
+def open_study(
+    layout: Layout, setting: str, method: str, seed: int, parallel: bool, pruner: Any = None
+) -> Any:
+    """The method's study in the setting's SQLite storage, created or resumed."""
+    import optuna
+
+    quiet_optuna()
+    layout.setting_dir(setting).mkdir(parents=True, exist_ok=True)
+    sampler = optuna.samplers.TPESampler(seed=seed, constant_liar=parallel)
+    return optuna.create_study(
+        study_name=method,
+        storage=_storage(layout.storage_url(setting)),
+        sampler=sampler,
+        pruner=pruner,
+        direction="maximize",
+        load_if_exists=True,
+    )
+
+
+def retried_numbers(trials: Sequence[Any]) -> set[int]:
+    """Trials failed for staleness (their run was interrupted) and re-enqueued by Optuna."""
+    _, callback = _retry_callback()
+    numbers = {callback.retried_trial_number(t) for t in trials}
+    return {n for n in numbers if n is not None}
+
+
+def budget_counts(study: Any) -> tuple[int, int]:
+    """(finished trials that count toward the budget, running trials)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    interrupted = retried_numbers(trials)
+    finished = sum(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+        and t.number not in interrupted
+        for t in trials
+    )
+    running = sum(t.state == TrialState.RUNNING for t in trials)
+    return finished, running
+
+
+def _median_pruner(suite: Suite, rounds: int) -> Any:
+    import optuna
+
+    startup = int(suite.pruner.get("startup_trials", max(3, suite.trials // 4)))
+    warmup = int(float(suite.pruner.get("warmup_fraction", 0.3)) * rounds)
+    if not suite.pruner.get("enabled", True):
+        return optuna.pruners.NopPruner()
+    return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
+
+
+def _one_trial(
+    study: Any,
+    space: Mapping[str, Param],
+    suite: Suite,
+    setting: Setting,
+    method: str,
+    layout: Layout,
+    timeout_s: float | None,
+    log: Callable[[str], None],
+) -> None:
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    trial = study.ask()
+    storage = study._storage  # the RDBStorage: Optuna records heartbeats only in optimize()
+    storage.record_heartbeat(trial._trial_id)  # from now on a dead driver leaves a stale trial
+    values = {key: param.suggest(trial, key) for key, param in space.items()}
+    run_dir = layout.trial_dir(setting.name, method, trial.number)
+    command = run_command(trial_overrides(suite, setting, method, values), run_dir)
+    trial.set_user_attr("command", " ".join(command[2:]))
+    trial.set_user_attr("run_dir", str(run_dir))
+
+    def on_round(server_round: int, value: float) -> bool:
+        trial.report(value, server_round)
+        return bool(trial.should_prune())
+
+    try:
+        _run_and_tell(study, trial, command, run_dir, on_round, timeout_s, values, log)
+    except UpdateFinishedTrialError:
+        log(
+            f"{setting.name} {method} trial {trial.number} was failed as stale while it ran "
+            "(its heartbeat came late, e.g. on a loaded machine); Optuna retries its values"
+        )
+
+
+def _run_and_tell(
+    study: Any,
+    trial: Any,
+    command: Sequence[str],
+    run_dir: Path,
+    on_round: Callable[[int, float], bool],
+    timeout_s: float | None,
+    values: Mapping[str, Any],
+    log: Callable[[str], None],
+) -> None:
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    name = f"{Path(run_dir).parents[2].name} {Path(run_dir).parent.name} trial {trial.number}"
+    try:
+        summary = run_pflower(
+            command,
+            run_dir,
+            on_round,
+            heartbeat=lambda: storage.record_heartbeat(trial._trial_id),
+            timeout_s=timeout_s,
+        )
+    except Pruned as stop:
+        study.tell(trial, state=TrialState.PRUNED)
+        log(f"{name}: {stop}")
+        return
+    except TrialFailed as error:
+        trial.set_user_attr("error", str(error)[:2000])
+        study.tell(trial, state=TrialState.FAIL)
+        log(f"{name} failed: {error}")
+        return
+    except BaseException:
+        # interrupted: leave the trial RUNNING; Optuna's heartbeat check fails and retries it
+        raise
+    value = objective_of(summary)
+    trial.set_user_attr("wall_time_s", summary.get("wall_time_s"))
+    study.tell(trial, value)
+    shown = ", ".join(f"{k}={format_value(v)}" for k, v in values.items())
+    log(f"{name}: {value:.4f}  {shown}")
+
+
+def tune(
+    suite: Suite,
+    setting: Setting,
+    method: str,
+    layout: Layout,
+    rounds: int,
+    workers: int = 1,
+    timeout_s: float | None = None,
+    log: Callable[[str], None] = print,
+) -> Any:
+    """Run (or resume) the method's study until ``suite.trials`` trials have finished."""
+    from optuna.storages import fail_stale_trials
+
+    space = suite.space_for(method, setting)
+    pruner = _median_pruner(suite, rounds)
+    lock = layout.lock_file(setting.name)
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        study = open_study(
+            layout, setting.name, method, suite.tune_seed + index, workers > 1, pruner
+        )
+        while not errors:
+            with file_lock(lock):
+                fail_stale_trials(study)
+                finished, running = budget_counts(study)
+                if finished >= suite.trials:
+                    return
+                start = finished + running < suite.trials
+            if not start:
+                time.sleep(POLL_S * 5)  # others' trials are running; wait for them
+                continue
+            try:
+                _one_trial(study, space, suite, setting, method, layout, timeout_s, log)
+            except BaseException as error:
+                errors.append(error)
+                raise
+
+    with file_lock(lock):  # create the study once before the workers open it
+        open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
+    if workers == 1:
+        worker(0)
+    else:
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+    return open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
+
+
+# ---------------------------------------------------------------------------------- chosen
+def write_chosen(
+    study: Any, suite: Suite, setting: Setting, method: str, layout: Layout
+) -> dict[str, Any]:
+    """Write ``chosen/<method>.yaml``: the best trial's values as Hydra overrides."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    states = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    if complete:
+        best = max(complete, key=lambda t: t.value)
+        params = dict(best.params)
+        value, number = float(best.value), best.number
+    else:  # every trial failed or was pruned: fall back to the declared defaults
+        params, value, number = {}, None, None
+    overrides = [f"strategy={method}", *(f"{k}={format_value(v)}" for k, v in params.items())]
+    chosen = {
+        "method": method,
+        "setting": setting.name,
+        "suite": suite.name,
+        "objective": OBJECTIVE,
+        "value": value,
+        "best_trial": number,
+        "budget": {"trials": suite.trials, **{k: v for k, v in states.items() if v}},
+        "space": {k: p.describe() for k, p in suite.space_for(method, setting).items()},
+        "params": {k: v for k, v in params.items()},
+        "overrides": overrides,
+    }
+    path = layout.chosen_file(setting.name, method)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = (
+        f"# pflower tune: the values chosen for {method} on {setting.name} (suite {suite.name}).\n"
+        "# Use them as Hydra overrides: pflower <setting overrides> $(pflower tune --overrides "
+        f"{path.name})\n"
+    )
+    path.write_text(header + yaml.safe_dump(chosen, sort_keys=False, allow_unicode=True))
+    return chosen
+
+
+def read_chosen(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(path.read_text())
+    return data
+
+
+# ----------------------------------------------------------------------------------- finals
+def final_runs(
+    suite: Suite,
+    setting: Setting,
+    method: str,
+    layout: Layout,
+    workers: int = 1,
+    timeout_s: float | None = None,
+    log: Callable[[str], None] = print,
+) -> list[Path]:
+    """Run the chosen values with every final seed on test; completed runs are kept."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    chosen = read_chosen(layout.chosen_file(setting.name, method))
+    todo = []
+    for seed in suite.final_seeds:
+        run_dir = layout.final_dir(setting.name, method, seed)
+        summary = read_summary(run_dir)
+        if summary and summary.get("status") == "completed":
+            continue
+        todo.append((seed, run_dir))
+
+    def run(item: tuple[int, Path]) -> Path:
+        seed, run_dir = item
+        command = run_command(final_overrides(suite, setting, chosen["overrides"], seed), run_dir)
+        try:
+            summary = run_pflower(command, run_dir, timeout_s=timeout_s)
+            acc = summary["final"]["L1"]["acc_local"]["mean"]
+            log(f"{setting.name} {method} final seed {seed}: L1 Acc(L) {acc:.4f}")
+        except TrialFailed as error:
+            log(f"{setting.name} {method} final seed {seed} failed: {error}")
+        return run_dir
+
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        list(pool.map(run, todo))
+    return [layout.final_dir(setting.name, method, seed) for seed in suite.final_seeds]

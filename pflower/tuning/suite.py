@@ -1,0 +1,168 @@
+"""A benchmark suite: the settings, the methods and the tuning budget, read from ``conf/suite``.
+
+A suite file (``conf/suite/cpu.yaml``, or any path) holds::
+
+    name: cpu
+    budget: "..."              # what it costs, in words (trials, rounds, seeds, hours)
+    trials: 12                 # trials per method and setting (the same for every method)
+    tune_seed: 0               # the seed of every tuning run
+    final_seeds: [1, 2, 3]     # the final runs' seeds (new: none may be the tuning seed)
+    val_fraction: 0.2          # each client's validation share (split.val_fraction)
+    train_knobs: [lr]          # the shared train.* options searched for every method
+    space: {train.lr: {low: 1e-4, high: 1e-2}}   # narrower ranges for this suite (optional)
+    pruner: {startup_trials: 4, warmup_fraction: 0.3}   # Optuna's median pruner (optional)
+    methods: [fedavg, fedprox, ...]
+    settings:
+      - name: fmnist_dir01
+        overrides: [+experiment=diversifed_table2_cpu, rounds=50]
+        space: {train.lr: {low: 1e-4, high: 1e-2}}   # per setting (optional)
+        train_knobs: [lr]                              # per setting (optional)
+
+Every run of a setting is ``pflower <overrides> strategy=<method> ...``: composed from the same
+``conf/`` tree as any other run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+import pflower.strategies  # noqa: F401  (importing registers every algorithm)
+from pflower.config import TrainConfig, conf_dir
+from pflower.core.algorithm import ALGORITHMS, get_algorithm
+from pflower.registry import ConfigError
+from pflower.searchspace import Param, declared_space
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One comparison setting: a name and the Hydra overrides that compose it."""
+
+    name: str
+    overrides: tuple[str, ...]
+    space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    train_knobs: tuple[str, ...] | None = None
+    """The shared ``train.*`` knobs tuned here (None: the suite's)."""
+
+
+@dataclass(frozen=True)
+class Suite:
+    """A suite file, validated (see the module docstring)."""
+
+    name: str
+    methods: tuple[str, ...]
+    settings: tuple[Setting, ...]
+    trials: int = 12
+    tune_seed: int = 0
+    final_seeds: tuple[int, ...] = (1, 2, 3)
+    val_fraction: float = 0.2
+    train_knobs: tuple[str, ...] = ("lr",)
+    space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    pruner: Mapping[str, Any] = field(default_factory=dict)
+    budget: str = ""
+    source: str = ""
+
+    def setting(self, name: str) -> Setting:
+        for setting in self.settings:
+            if setting.name == name:
+                return setting
+        names = ", ".join(s.name for s in self.settings)
+        raise ConfigError(f"suite {self.name!r} has no setting {name!r}; it has {names}")
+
+    def space_for(self, method: str, setting: Setting | None = None) -> dict[str, Param]:
+        """The search space of ``method`` here: the suite's shared ``train.*`` knobs, then the
+        method's own declared options, with the suite's and the setting's narrower ranges."""
+        shared = declared_space(TrainConfig, "train")
+        knobs = (
+            self.train_knobs
+            if setting is None or setting.train_knobs is None
+            else (setting.train_knobs)
+        )
+        space = {f"train.{knob}": shared[f"train.{knob}"] for knob in knobs}
+        space.update(declared_space(get_algorithm(method).options, "strategy"))
+        for changes in (self.space, setting.space if setting else {}):
+            for key, change in changes.items():
+                if key in space:
+                    space[key] = space[key].with_bounds(change)
+        return space
+
+
+def _tuple(value: Any, what: str) -> tuple[Any, ...]:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise ConfigError(f"suite key {what} must be a list, got {value!r}")
+    return tuple(value)
+
+
+def resolve_suite_path(name_or_path: str) -> Path:
+    """``cpu`` -> ``conf/suite/cpu.yaml``; a path is taken as it is."""
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = conf_dir() / "suite" / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    known = sorted(p.stem for p in (conf_dir() / "suite").glob("*.yaml"))
+    raise ConfigError(f"no suite {name_or_path!r}: give a YAML path or one of {', '.join(known)}")
+
+
+def load_suite(name_or_path: str) -> Suite:
+    """Read and check a suite file (unknown keys, methods or shared knobs fail with the fix)."""
+    path = resolve_suite_path(name_or_path)
+    data = yaml.safe_load(path.read_text()) or {}
+    allowed = {f for f in Suite.__dataclass_fields__ if f != "source"}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ConfigError(f"{path}: unknown keys {unknown}; allowed: {sorted(allowed)}")
+    settings = tuple(
+        Setting(
+            str(s["name"]),
+            tuple(str(o) for o in _tuple(s.get("overrides", []), "overrides")),
+            dict(s.get("space") or {}),
+            None if s.get("train_knobs") is None else tuple(s["train_knobs"]),
+        )
+        for s in data.get("settings", [])
+    )
+    if not settings:
+        raise ConfigError(f"{path}: a suite needs at least one entry under settings")
+    suite = Suite(
+        name=str(data.get("name", path.stem)),
+        methods=tuple(str(m) for m in _tuple(data.get("methods", []), "methods")),
+        settings=settings,
+        trials=int(data.get("trials", 12)),
+        tune_seed=int(data.get("tune_seed", 0)),
+        final_seeds=tuple(int(s) for s in _tuple(data.get("final_seeds", [1, 2, 3]), "seeds")),
+        val_fraction=float(data.get("val_fraction", 0.2)),
+        train_knobs=tuple(str(k) for k in _tuple(data.get("train_knobs", ["lr"]), "knobs")),
+        space=dict(data.get("space") or {}),
+        pruner=dict(data.get("pruner") or {}),
+        budget=str(data.get("budget", "")),
+        source=str(path),
+    )
+    check_suite(suite)
+    return suite
+
+
+def check_suite(suite: Suite) -> None:
+    """Reject what would make the comparison unfair or impossible, before anything runs."""
+    unknown = sorted(set(suite.methods) - set(ALGORITHMS))
+    if unknown:
+        raise ConfigError(f"suite {suite.name}: unknown methods {unknown}")
+    shared = declared_space(TrainConfig, "train")
+    knobs = [*suite.train_knobs, *(k for s in suite.settings for k in s.train_knobs or ())]
+    bad = sorted({k for k in knobs if f"train.{k}" not in shared})
+    if bad:
+        names = ", ".join(k.removeprefix("train.") for k in shared)
+        raise ConfigError(
+            f"suite {suite.name}: train_knobs {bad} are not tunable; tunable: {names}"
+        )
+    if suite.tune_seed in suite.final_seeds:
+        raise ConfigError(
+            f"suite {suite.name}: final_seeds {list(suite.final_seeds)} must be new seeds, "
+            f"not the tuning seed {suite.tune_seed}"
+        )
+    if suite.trials < 1 or not 0.0 < suite.val_fraction < 1.0:
+        raise ConfigError(f"suite {suite.name}: need trials >= 1 and 0 < val_fraction < 1")

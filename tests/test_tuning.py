@@ -1,0 +1,256 @@
+"""``pflower tune`` (pflower.tuning) and ``pflower report --leaderboard``.
+
+- a tuning trial reads no test sample: its run, driven in-process, has the federation's pool
+  replaced by a sentinel that raises when any client-test or global-test sample is read (and the
+  same run scored on test does raise, so the sentinel is live);
+- a study resumes: a trial left running by a stopped ``pflower tune`` is failed by Optuna's
+  heartbeat check and retried with the same values, finished trials count, and a second
+  invocation with the budget spent runs nothing; 2 workers run trials at the same time;
+- the leaderboard ranks with ties by Welch t-tests and shows the chosen values and provenance.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import pflower.core.experiment as experiment_module
+from pflower.compose import compose_config
+from pflower.datasets.base import ImageSplit
+from pflower.reporting.leaderboard import load_setting, render, significantly_better
+from pflower.tuning import search
+from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
+from pflower.tuning.suite import Setting, load_suite
+from tests.inprocess import run_inprocess
+
+TINY = ["dataset=digits", "num_clients=4", "rounds=2", "train.local_epochs=1"]
+
+SUITE = """\
+name: tiny
+budget: 2 trials per method, digits, 4 clients, 2 rounds
+trials: 2
+tune_seed: 0
+final_seeds: [1, 2]
+val_fraction: 0.25
+train_knobs: [lr]
+pruner: {enabled: false}
+methods: [fedprox]
+settings:
+  - name: digits
+    overrides: [dataset=digits, num_clients=4, rounds=2, train.local_epochs=1]
+"""
+
+
+class ReadOfATestSample(AssertionError):
+    """A test sample was read."""
+
+
+class SentinelPool(ImageSplit):
+    """The federation's pool, raising when a subset touches a forbidden (test) index."""
+
+    forbidden: np.ndarray = np.zeros(0, dtype=np.int64)
+
+    def subset(self, indices: np.ndarray) -> ImageSplit:
+        touched = np.intersect1d(np.asarray(indices), self.forbidden)
+        if len(touched):
+            raise ReadOfATestSample(
+                f"{len(touched)} test samples read, e.g. pool index {touched[0]}"
+            )
+        return super().subset(indices)
+
+
+def _guard_test_samples(monkeypatch: pytest.MonkeyPatch, overrides: list[str]) -> None:
+    """Every federation built from now on has a pool that refuses the test samples of the
+    ``evaluate_on=test`` federation of ``overrides`` (client test shares and global test)."""
+    test_cfg = compose_config([*overrides, "split.evaluate_on=test"])
+    real = experiment_module.Experiment(test_cfg).federation
+    forbidden = np.unique(np.concatenate([*(c.test for c in real.clients), real.global_test]))
+    assert len(forbidden) > 0
+    build = experiment_module.build_federation
+
+    def guarded(*args, **kwargs):
+        federation = build(*args, **kwargs)
+        pool = SentinelPool(federation.pool.images, federation.pool.labels, federation.pool.groups)
+        object.__setattr__(pool, "forbidden", forbidden)
+        return dataclasses.replace(federation, pool=pool)
+
+    monkeypatch.setattr(experiment_module, "build_federation", guarded)
+    monkeypatch.setattr(experiment_module, "_EXPERIMENTS", {})
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto"])
+def test_no_trial_reads_a_test_sample(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str
+) -> None:
+    suite = load_suite(_suite_file(tmp_path))
+    setting = suite.settings[0]
+    overrides = trial_overrides(suite, setting, method, {"train.lr": 0.05})
+    assert "split.evaluate_on=val" in overrides and "split.val_fraction=0.25" in overrides
+    _guard_test_samples(monkeypatch, overrides)
+    rows, _ = run_inprocess(overrides, tmp_path / "trial")
+    assert any(r["stage"] == "L1" for r in rows)
+    # the sentinel is live: the same run scored on test reads test samples and is stopped
+    with pytest.raises(ReadOfATestSample):
+        run_inprocess([*overrides, "split.evaluate_on=test"], tmp_path / "on_test")
+
+
+def _suite_file(tmp_path: Path) -> str:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SUITE)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    suite = load_suite(_suite_file(tmp_path))
+    setting: Setting = suite.settings[0]
+    layout = Layout(tmp_path / "out")
+    # heartbeats every ~0.5 s, stale after 4 s: the test waits seconds, not minutes
+    monkeypatch.setattr(search, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(search, "POLL_S", 0.25)
+    monkeypatch.setattr(search, "GRACE_S", 4)
+    # a pflower tune that was stopped while its trial ran: a RUNNING trial with a heartbeat
+    study = open_study(layout, setting.name, "fedprox", 0, parallel=True)
+    stale = study.ask()
+    stale_values = {k: p.suggest(stale, k) for k, p in suite.space_for("fedprox").items()}
+    study._storage.record_heartbeat(stale._trial_id)
+    import time
+
+    time.sleep(5)
+    lines: list[str] = []
+    study = search.tune(suite, setting, "fedprox", layout, rounds=2, workers=2, log=lines.append)
+    from optuna.trial import TrialState
+
+    trials = study.get_trials()
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert budget_counts(study) == (2, 0), lines
+    assert len(complete) == 2, lines
+    assert trials[0].state == TrialState.FAIL  # the interrupted one, retried with its values
+    assert any(t.params == stale_values for t in complete)
+    first, second = complete
+    assert first.datetime_start < second.datetime_complete
+    assert second.datetime_start < first.datetime_complete, "the 2 workers did not overlap"
+    for trial in complete:
+        config = yaml.safe_load((Path(trial.user_attrs["run_dir"]) / "config.yaml").read_text())
+        assert config["split"]["evaluate_on"] == "val" and config["seed"] == 0
+    # a second invocation with the budget spent runs nothing and chooses the same values
+    again = search.tune(suite, setting, "fedprox", layout, rounds=2, workers=2)
+    assert len(again.get_trials()) == len(trials)
+    chosen = search.write_chosen(again, suite, setting, "fedprox", layout)
+    best = max(complete, key=lambda t: t.value)
+    assert chosen["params"] == best.params and chosen["overrides"][0] == "strategy=fedprox"
+    printed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pflower",
+            "tune",
+            "--overrides",
+            str(layout.chosen_file("digits", "fedprox")),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert printed == chosen["overrides"]
+
+
+def test_show_prints_the_space_with_its_sources() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "pflower", "tune", "--show", "fedprox", "--suite", "cpu"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "strategy.mu" in out and "log-uniform [0.0001, 1]" in out and "FedProx" in out
+    assert "train.lr" in out
+
+
+def test_suites_cover_every_method_with_new_final_seeds() -> None:
+    from pflower.core.algorithm import ALGORITHMS
+
+    for name in ("cpu", "paper"):
+        suite = load_suite(name)
+        assert set(suite.methods) == set(ALGORITHMS)
+        assert suite.tune_seed not in suite.final_seeds and len(suite.final_seeds) >= 3
+        assert suite.budget
+        for setting in suite.settings:  # every setting composes with every method
+            compose_config(
+                [
+                    *setting.overrides,
+                    "strategy=fedavg",
+                    "split.val_fraction=0.2",
+                    "split.evaluate_on=val",
+                ],
+                check_scheme=False,
+            )
+
+
+# ---------------------------------------------------------------------------- leaderboard
+def _fake_run(run_dir: Path, final: float, last10: float) -> None:
+    run_dir.mkdir(parents=True)
+    summary = {
+        "status": "completed",
+        "rounds": 2,
+        "final_round": 2,
+        "wall_time_s": 4.0,
+        "final": {"L1": {"acc_local": {"mean": final}}},
+        "last10": {"L1": {"acc_local": {"mean": last10}}},
+        "code": {"fingerprint": "abc123"},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    rows = [
+        {"round": 1, "stage": "time", "fit_done_unix_s": 10.0},
+        {"round": 2, "stage": "time", "fit_done_unix_s": 13.0},
+        {"round": 1, "stage": "L2", "client": 0, "bytes_down": 1_000_000, "bytes_up": 500_000},
+    ]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+
+
+def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> None:
+    root = tmp_path / "suite"
+    accuracies = {
+        "fedavg": [0.90, 0.91, 0.92],
+        "fedprox": [0.905, 0.915, 0.90],  # within fedavg's noise: tied
+        "local": [0.50, 0.51, 0.52],  # beaten by both
+    }
+    for method, values in accuracies.items():
+        for seed, value in enumerate(values, start=1):
+            _fake_run(root / "digits" / "final" / method / f"seed_{seed}", value, value - 0.01)
+    chosen = root / "digits" / "chosen"
+    chosen.mkdir(parents=True)
+    (chosen / "fedprox.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "params": {"strategy.mu": 0.01, "train.lr": 0.05},
+                "value": 0.8,
+                "budget": {"trials": 3, "complete": 2, "pruned": 1},
+            }
+        )
+    )
+    (root / "suite.yaml").write_text(yaml.safe_dump({"name": "tiny", "trials": 3}))
+    (root / "commands.log").write_text(
+        json.dumps({"date": "2026-01-01", "command": "pflower tune --suite tiny", "machine": "box"})
+        + "\n"
+    )
+    entries = {e.method: e for e in load_setting(root / "digits")}
+    assert entries["fedavg"].rank == entries["fedprox"].rank == 1
+    assert entries["local"].rank == 3
+    assert entries["fedavg"].seconds_per_round == [3.0] * 3
+    assert entries["fedavg"].mb_per_client_round == [1.5] * 3
+    text, rows = render(root)
+    assert "| 1 | FedProx | 90.67 ± 0.76 |" in text
+    assert "mu=0.01, lr=0.05" in text and "3 (2 complete, 1 pruned)" in text
+    assert "pflower tune --suite tiny" in text and "abc123" in text and "box" in text
+    assert rows[0][0] == "setting" and len(rows) == 4
+    assert significantly_better([0.9, 0.9], [0.8, 0.8])
+    assert not significantly_better([0.9], [0.8, 0.81])
