@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import hydra
@@ -117,10 +118,22 @@ def _partition(cfg: DictConfig) -> None:
     console.print(f"client index lists (partition=from_file) written to {indices}")
 
 
-def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
-    def guarded(cfg: DictConfig) -> None:
+@dataclass(frozen=True)
+class GuardedTask:
+    """Hydra's task function: runs ``task`` and turns a configuration or dataset error into its
+    message and exit code 2.
+
+    A module-level class rather than a closure, so that launchers which send the task function
+    to other processes (``hydra/launcher=joblib``: loky pickles it with cloudpickle) pickle it by
+    reference. A closure is pickled by value together with the globals it uses, among them this
+    module's rich ``console``, whose lock cannot be pickled ("cannot pickle '_thread.RLock'").
+    """
+
+    task: Callable[[DictConfig], None]
+
+    def __call__(self, cfg: DictConfig) -> None:
         try:
-            task(cfg)
+            self.task(cfg)
         except ConfigError as error:
             console.print(f"[red]configuration error:[/] {escape(str(error))}")
             sys.exit(2)
@@ -128,7 +141,11 @@ def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
             console.print(f"[red]dataset error:[/] {escape(str(error))}")
             sys.exit(2)
 
-    return hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)(guarded)
+
+def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+    main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
+    entry: Callable[[], None] = main(GuardedTask(task))
+    return entry
 
 
 SUBCOMMANDS: dict[str, Callable[[DictConfig], None]] = {"partition": _partition}

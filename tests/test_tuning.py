@@ -254,3 +254,43 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert rows[0][0] == "setting" and len(rows) == 4
     assert significantly_better([0.9, 0.9], [0.8, 0.8])
     assert not significantly_better([0.9], [0.8, 0.81])
+
+
+# ------------------------------------------------------------------ Hydra's joblib launcher
+def test_the_hydra_task_function_pickles_by_reference() -> None:
+    """loky sends the task function to its workers with cloudpickle: a closure went by value
+    with the CLI's rich console (an RLock) and failed; the module-level task pickles."""
+    import cloudpickle
+
+    from pflower.cli import GuardedTask, _simulate
+
+    task = cloudpickle.loads(cloudpickle.dumps(GuardedTask(_simulate)))
+    assert task.task is _simulate
+
+
+@pytest.mark.slow
+def test_joblib_launcher_runs_two_jobs_in_parallel(tmp_path: Path) -> None:
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    sweep = tmp_path / "sweep"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pflower",
+            "-m",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            *TINY,
+            "rounds=1",
+            "seed=0,1",
+            "progress=false",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    for job in ("0", "1"):
+        summary = json.loads((sweep / job / "summary.json").read_text())
+        assert summary["status"] == "completed"
