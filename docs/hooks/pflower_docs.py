@@ -1,0 +1,444 @@
+"""MkDocs hook: the pages that are generated from the code, so that they cannot drift from it.
+
+- ``algorithms/<module>.md``: one page per algorithm module of :mod:`pflower.strategies` (every
+  module that registers an algorithm), made of the module's docstring and, per registered
+  algorithm, a table of its options generated from its options dataclass: key, type, default,
+  allowed values (enum members and the conditions its ``__post_init__`` checks with
+  ``require``), the tuning range declared in the field's metadata where there is one, and the
+  help text from the class's ``Attributes:`` docstring section.
+- ``reference/api/<package>.md``: one mkdocstrings page per subpackage of :mod:`pflower`.
+- ``benchmarks/recorded/*.md`` and ``deployment/docker.md``: the recorded benchmark notes
+  (``benchmarks/results/*.md``) and ``docker/README.md``, which live beside their code.
+
+The navigation in ``mkdocs.yml`` names these with placeholders that this hook expands:
+``algorithms/*`` (every generated algorithm page), ``reference/api/*``, ``benchmarks/recorded/*``,
+and ``guide/*`` (every page under ``docs/guide/``), so a new algorithm module or a new guide page
+appears without editing the navigation.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import enum
+import importlib
+import inspect
+import pkgutil
+import re
+import sys
+import textwrap
+import typing
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+_GENERATED: dict[str, str] = {}
+ALGORITHM_MODULES: set[str] = set()
+
+
+# --------------------------------------------------------------------------------------------
+# docstrings -> Markdown
+
+
+def rst_to_markdown(text: str) -> str:
+    """The reStructuredText of pflower's docstrings as Markdown (roles, literals, ``::`` blocks,
+    lists that follow a paragraph)."""
+    text = inspect.cleandoc(text)
+    text = re.sub(r":(?:class|func|meth|mod|attr|data|obj|exc):`~?([^`]+)`", _role, text)
+    text = re.sub(r"``([^`]+)``", r"`\1`", text)
+    out: list[str] = []
+    lines = text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.rstrip().endswith("::"):
+            head = line.rstrip()[:-2].rstrip()
+            if head:
+                out.append(head + ":")
+            out.append("")
+            i += 1
+            block: list[str] = []
+            while i < len(lines) and (not lines[i].strip() or lines[i].startswith((" ", "\t"))):
+                block.append(lines[i])
+                i += 1
+            while block and not block[-1].strip():
+                block.pop()
+            out.append("```text")
+            out.extend(textwrap.dedent("\n".join(block)).strip("\n").splitlines())
+            out.append("```")
+            out.append("")
+            continue
+        is_item = bool(re.match(r"\s*([-*]|\d+\.) ", line))
+        previous = out[-1] if out else ""
+        if (
+            is_item
+            and previous.strip()
+            and not re.match(r"\s*([-*]|\d+\.) ", previous)
+            and not previous.startswith((" ", "\t"))
+        ):
+            out.append("")
+        out.append(line)
+        i += 1
+    return "\n".join(out).strip() + "\n"
+
+
+def _role(match: re.Match[str]) -> str:
+    target = match.group(1)
+    shown = target.rsplit(".", 1)[-1] if match.group(0).split("`")[1].startswith("~") else target
+    return f"``{shown}``"
+
+
+def attribute_help(cls: type) -> dict[str, str]:
+    """Field name -> help text, from the ``Attributes:`` sections of ``cls`` and its bases."""
+    helps: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        doc = klass.__dict__.get("__doc__") or ""
+        helps.update(_parse_attributes(doc))
+    return helps
+
+
+def _parse_attributes(doc: str) -> dict[str, str]:
+    doc = inspect.cleandoc(doc)
+    match = re.search(r"Attributes:[ \t]*\n(.*)", doc, flags=re.S)
+    if not match:
+        return {}
+    helps: dict[str, str] = {}
+    current: str | None = None
+    lines = match.group(1).splitlines()
+    base_indent: int | None = None
+    for line in lines:
+        if not line.strip():
+            current = None
+            continue
+        indent = len(line) - len(line.lstrip())
+        entry = re.match(r"\s*([A-Za-z_][A-Za-z0-9_]*)\s*(?:\([^)]*\))?:\s*(.*)", line)
+        if entry and (base_indent is None or indent <= base_indent):
+            base_indent = indent
+            current = entry.group(1)
+            helps[current] = entry.group(2).strip()
+        elif (
+            current is not None and base_indent is not None and (indent > base_indent or not entry)
+        ):
+            helps[current] += " " + line.strip()
+        else:
+            current = None
+    return {k: v.strip() for k, v in helps.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# options dataclass -> table
+
+
+def post_init_conditions(cls: type) -> dict[str, list[str]]:
+    """Field name -> the conditions ``__post_init__`` checks with ``require(...)`` on it (of
+    ``cls`` and its bases), as source text without ``self.``."""
+    found: dict[str, list[str]] = {}
+    for klass in cls.__mro__:
+        method = klass.__dict__.get("__post_init__")
+        if method is None:
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(method))
+        except (OSError, TypeError):
+            continue
+        for node in ast.walk(ast.parse(source)):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "require"):
+                continue
+            if not node.args:
+                continue
+            condition = node.args[0]
+            names = {
+                n.attr
+                for n in ast.walk(condition)
+                if isinstance(n, ast.Attribute)
+                and isinstance(n.value, ast.Name)
+                and n.value.id == "self"
+            }
+            text = ast.unparse(condition).replace("self.", "")
+            for name in names:
+                if text not in found.setdefault(name, []):
+                    found[name].append(text)
+    return found
+
+
+def _type_name(annotation: Any) -> str:
+    if isinstance(annotation, type):
+        return annotation.__name__
+    text = str(annotation).replace("typing.", "")
+    return re.sub(r"\b(?:[a-z_]+\.)+([A-Za-z_]+)", r"\1", text).replace("NoneType", "None")
+
+
+def _default(field: dataclasses.Field[Any]) -> str:
+    if field.default is not dataclasses.MISSING:
+        value = field.default
+    elif field.default_factory is not dataclasses.MISSING:
+        value = field.default_factory()
+    else:
+        return "(required)"
+    if isinstance(value, enum.Enum):
+        value = value.value
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _tunable(metadata: Any) -> str:
+    """The tuning range a field's metadata declares, whatever its exact keys."""
+    if not metadata:
+        return ""
+    parts = []
+    for key, value in metadata.items():
+        if hasattr(value, "__dict__") and not isinstance(value, type):
+            value = ", ".join(f"{k}={v!r}" for k, v in vars(value).items())
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            value = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(value).items())
+        parts.append(f"{key}: {value}")
+    return "; ".join(parts)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def options_rows(cls: type) -> list[dict[str, str]]:
+    """One row per option of the options dataclass ``cls`` (the ``name`` key excluded)."""
+    hints = typing.get_type_hints(cls)
+    helps = attribute_help(cls)
+    conditions = post_init_conditions(cls)
+    rows = []
+    for field in dataclasses.fields(cls):
+        if field.name == "name":
+            continue
+        annotation = hints.get(field.name, field.type)
+        allowed: list[str] = []
+        if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+            allowed.append(" \\| ".join(f"`{m.value}`" for m in annotation))
+        allowed.extend(f"`{c}`" for c in conditions.get(field.name, []))
+        rows.append(
+            {
+                "key": f"`strategy.{field.name}`",
+                "type": f"`{_type_name(annotation)}`",
+                "default": f"`{_default(field)}`",
+                "allowed": "; ".join(allowed) or "-",
+                "tunable": _cell(_tunable(field.metadata)) or "-",
+                "help": _cell(rst_to_markdown(helps.get(field.name, "")).strip()) or "-",
+            }
+        )
+    return rows
+
+
+def options_table(cls: type) -> str:
+    """The Markdown table of :func:`options_rows`."""
+    head = "| key | type | default | allowed | tunable range | help |\n|---|---|---|---|---|---|\n"
+    body = "".join(
+        f"| {r['key']} | {r['type']} | {r['default']} | {r['allowed']} | {r['tunable']} | "
+        f"{r['help']} |\n"
+        for r in options_rows(cls)
+    )
+    return head + body
+
+
+# --------------------------------------------------------------------------------------------
+# pages
+
+
+def algorithm_pages() -> dict[str, tuple[str, str]]:
+    """``algorithms/<module>.md`` -> (title, Markdown) for every algorithm module."""
+    import pflower.strategies  # noqa: F401  (registers every algorithm)
+    from pflower.core.algorithm import ALGORITHMS
+
+    by_module: dict[str, list[Any]] = {}
+    for algorithm in ALGORITHMS.values():
+        by_module.setdefault(algorithm.options.__module__, []).append(algorithm)
+    pages = {}
+    for module_name in sorted(by_module):
+        module = importlib.import_module(module_name)
+        short = module_name.rsplit(".", 1)[-1]
+        algorithms = by_module[module_name]
+        first = algorithms[0].options
+        title = getattr(first, "display_name", short)
+        parts = [f"# {title}\n"]
+        names = ", ".join(f"`strategy={a.name}`" for a in algorithms)
+        parts.append(
+            f"*Generated from `{module_name}` (its docstring and options dataclasses). "
+            f"Select with {names}.*\n"
+        )
+        parts.append(rst_to_markdown(module.__doc__ or "(no module docstring)"))
+        for algorithm in algorithms:
+            options = algorithm.options
+            parts.append(f"\n## Options of `strategy={algorithm.name}`\n")
+            parts.append(
+                f"`{options.__name__}` ({getattr(options, 'display_name', algorithm.name)}); "
+                f"server half `{algorithm.strategy.__name__}`, client half "
+                f"`{algorithm.client.__name__}`.\n"
+            )
+            parts.append(options_table(options))
+        presets = sorted(
+            p.stem
+            for p in (ROOT / "conf" / "strategy").glob("*.yaml")
+            if any(
+                re.search(rf"\b{re.escape(a.name)}\b", line)
+                for line in p.read_text().splitlines()
+                if "strategy" in line or line.lstrip().startswith("-")
+                for a in algorithms
+            )
+        )
+        if presets:
+            parts.append(
+                "\n## Presets\n\n"
+                + "".join(f"- `strategy={p}` (`conf/strategy/{p}.yaml`)\n" for p in presets)
+            )
+        parts.append(
+            f"\n## API\n\n::: {module_name}\n    options:\n      show_root_heading: false\n"
+            "      show_docstring_description: false\n      heading_level: 3\n"
+        )
+        pages[f"algorithms/{short}.md"] = (title, "\n".join(parts))
+        ALGORITHM_MODULES.add(module_name)
+    return pages
+
+
+API_PACKAGES = (
+    "pflower.config",
+    "pflower.registry",
+    "pflower.core",
+    "pflower.strategies",
+    "pflower.datasets",
+    "pflower.models",
+    "pflower.results",
+    "pflower.reporting",
+    "pflower.robust",
+    "pflower.server",
+    "pflower.client",
+    "pflower.deploy",
+    "pflower.runtime",
+)
+
+
+def api_pages(skip: set[str]) -> dict[str, tuple[str, str]]:
+    """``reference/api/<package>.md`` -> (title, Markdown) for every documented package, leaving
+    out the modules in ``skip`` (the algorithm modules, documented on their own pages)."""
+    pages = {}
+    for package in API_PACKAGES:
+        path = ROOT / Path(*package.split("."))
+        if path.is_dir():
+            modules = [package] + [
+                f"{package}.{m.name}"
+                for m in pkgutil.iter_modules([str(path)])
+                if not m.name.startswith("_") and f"{package}.{m.name}" not in skip
+            ]
+        elif path.with_suffix(".py").is_file():
+            modules = [package]
+        else:
+            continue
+        body = [f"# `{package}`\n"]
+        for module in modules:
+            body.append(
+                f"::: {module}\n    options:\n      show_submodules: false\n"
+                "      heading_level: 2\n"
+            )
+        pages[f"reference/api/{package.removeprefix('pflower.')}.md"] = (package, "\n".join(body))
+    return pages
+
+
+def _unlink(text: str) -> str:
+    """Relative links of a page copied from outside docs/ become code spans (their targets are
+    repository files, not site pages)."""
+
+    def rep(match: re.Match[str]) -> str:
+        label, target = match.group(1), match.group(2)
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            return match.group(0)
+        return f"{label} (`{target}`)" if label.strip("`") != target else f"`{target}`"
+
+    return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)]+)\)", rep, text)
+
+
+def home_page() -> tuple[str, str]:
+    """The site's home page: the README, its links turned into site links (``docs/X`` -> ``X``,
+    an algorithm module -> its generated page, other repository files -> code spans)."""
+    text = (ROOT / "README.md").read_text()
+
+    def rep(match: re.Match[str]) -> str:
+        bang, label, target = match.group(1), match.group(2), match.group(3)
+        if target.startswith(("http://", "https://", "#", "mailto:")):
+            return match.group(0)
+        if target.startswith("docs/"):
+            return f"{bang}[{label}]({target[len('docs/') :]})"
+        module = re.fullmatch(r"pflower/strategies/(\w+)\.py", target)
+        if module and (ROOT / target).is_file():
+            return f"[{label}](algorithms/{module.group(1)}.md)"
+        return f"{label} (`{target}`)"
+
+    return "pflower", re.sub(r"(!?)\[([^\]]+)\]\(([^)]+)\)", rep, text)
+
+
+def copied_pages() -> dict[str, tuple[str, str]]:
+    """Markdown files kept beside their code, shown in the site."""
+    pages = {"index.md": home_page()}
+    for source in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
+        text = source.read_text()
+        title_match = re.search(r"^# (.+)$", text, flags=re.M)
+        title = title_match.group(1) if title_match else source.stem
+        note = f"*Copied from `benchmarks/results/{source.name}` when the site is built.*\n\n"
+        pages[f"benchmarks/recorded/{source.name}"] = (title, note + _unlink(text))
+    docker = ROOT / "docker" / "README.md"
+    if docker.is_file():
+        note = "*Copied from `docker/README.md` when the site is built.*\n\n"
+        pages["deployment/docker.md"] = ("Docker", note + _unlink(docker.read_text()))
+    return pages
+
+
+# --------------------------------------------------------------------------------------------
+# mkdocs events
+
+
+def _expand(nav: Any, docs_dir: Path) -> Any:
+    if isinstance(nav, list):
+        out = []
+        for item in nav:
+            if isinstance(item, str) and item.endswith("/*"):
+                out.extend(_glob(item[:-2], docs_dir))
+            else:
+                expanded = _expand(item, docs_dir)
+                if expanded not in ([], {}):
+                    out.append(expanded)
+        return out
+    if isinstance(nav, dict):
+        result = {k: _expand(v, docs_dir) for k, v in nav.items()}
+        return {k: v for k, v in result.items() if v != []}
+    return nav
+
+
+def _glob(prefix: str, docs_dir: Path) -> list[Any]:
+    entries: dict[str, str] = {}
+    for uri, (title, _) in _GENERATED.items():
+        if uri.startswith(prefix + "/") and "/" not in uri[len(prefix) + 1 :]:
+            entries[uri] = title
+    for path in sorted((docs_dir / prefix).glob("*.md")):
+        uri = f"{prefix}/{path.name}"
+        if uri.endswith("/index.md"):
+            continue
+        match = re.search(r"^# (.+)$", path.read_text(), flags=re.M)
+        entries[uri] = match.group(1).strip() if match else path.stem
+    return [{title: uri} for uri, title in sorted(entries.items(), key=lambda kv: kv[1].lower())]
+
+
+def on_config(config: Any) -> Any:
+    _GENERATED.clear()
+    _GENERATED.update(algorithm_pages())
+    _GENERATED.update(api_pages(ALGORITHM_MODULES))
+    _GENERATED.update(copied_pages())
+    config["nav"] = _expand(config["nav"], Path(config["docs_dir"]))
+    return config
+
+
+def on_files(files: Any, config: Any) -> Any:
+    from mkdocs.structure.files import File
+
+    for uri, (_, content) in _GENERATED.items():
+        existing = files.get_file_from_path(uri)
+        if existing is not None:
+            files.remove(existing)
+        files.append(File.generated(config, uri, content=content))
+    return files
