@@ -33,6 +33,7 @@ from rich.markup import escape
 
 from pflower.compose import compose_config, validate
 from pflower.config import ExperimentConfig, conf_dir
+from pflower.console import plain_flower_console_unless_tty
 from pflower.datasets.base import DatasetNotFoundError
 from pflower.datasets.sources import CorruptDatasetError
 from pflower.registry import ConfigError
@@ -226,6 +227,7 @@ def main() -> None:
         from pflower.reporting.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    plain_flower_console_unless_tty()
     if len(sys.argv) > 1 and sys.argv[1] == "tune":
         from pflower.tuning.cli import main as tune_main
 

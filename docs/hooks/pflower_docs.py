@@ -184,16 +184,21 @@ def _default(field: dataclasses.Field[Any]) -> str:
 
 
 def _tunable(metadata: Any) -> str:
-    """The tuning range a field's metadata declares, whatever its exact keys."""
+    """The tuning range a field's metadata declares (:func:`pflower.searchspace.tunable` stores
+    a ``Param`` with ``describe()`` and ``source``); other metadata is shown as it is."""
     if not metadata:
         return ""
     parts = []
     for key, value in metadata.items():
-        if hasattr(value, "__dict__") and not isinstance(value, type):
-            value = ", ".join(f"{k}={v!r}" for k, v in vars(value).items())
+        if hasattr(value, "describe"):
+            text = value.describe()
+            source = getattr(value, "source", "")
+            parts.append(f"{text} ({source})" if source else text)
         elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            value = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(value).items())
-        parts.append(f"{key}: {value}")
+            items = dataclasses.asdict(value).items()
+            parts.append(f"{key}: " + ", ".join(f"{k}={v!r}" for k, v in items))
+        else:
+            parts.append(f"{key}: {value}")
     return "; ".join(parts)
 
 
@@ -378,8 +383,8 @@ def copied_pages() -> dict[str, tuple[str, str]]:
     pages = {"index.md": home_page()}
     for source in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
         text = source.read_text()
-        title_match = re.search(r"^# (.+)$", text, flags=re.M)
-        title = title_match.group(1) if title_match else source.stem
+        title = "Notes and history" if source.stem == "README" else source.stem.replace("_", " ")
+        title = title[0].upper() + title[1:]
         note = f"*Copied from `benchmarks/results/{source.name}` when the site is built.*\n\n"
         pages[f"benchmarks/recorded/{source.name}"] = (title, note + _unlink(text))
     docker = ROOT / "docker" / "README.md"

@@ -13,6 +13,7 @@ from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config, warm_config
 from pflower.config import StateStore
+from pflower.console import plain_flower_console_unless_tty
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.experiment import Experiment
@@ -31,6 +32,7 @@ class _QuietActorShutdown(logging.Filter):
 
 
 logging.getLogger("flwr").addFilter(_QuietActorShutdown())
+plain_flower_console_unless_tty()
 
 
 def client_fn(context: Context) -> Client:

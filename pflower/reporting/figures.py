@@ -1,4 +1,7 @@
-"""The report's figures, one pair per section, one panel per partition:
+"""The report's figures, one pair per section, one panel per partition. Every figure has a title
+(the section and stage; :func:`pflower.reporting.report` passes the report's title), every
+method its own colour and marker, axes labelled with their units, and its legend outside the
+panels:
 
 - accuracy per round by method: the client-mean Acc(L) (top) and Acc(G) (bottom) at one stage,
   mean over seeds with a ±1 std band over seeds;
@@ -23,13 +26,19 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from pflower.reporting.robustness import Panels
 from pflower.reporting.stats import final_client_values, model_points, round_curve
 from pflower.reporting.tables import Section
 
-_CURVES = (("acc_local", "Acc(L)"), ("acc_global", "Acc(G)"))
+_CURVES = (
+    ("acc_local", "Acc(L), own test split"),
+    ("acc_global", "Acc(G), global test set"),
+)
+_METHOD_MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "*", "h", "p")
+_LINESTYLES = ("-", "--", "-.", ":")
 
 
 def _colors(methods: Sequence[str]) -> dict[str, str]:
@@ -37,10 +46,43 @@ def _colors(methods: Sequence[str]) -> dict[str, str]:
     return {m: matplotlib.colors.to_hex(palette[i % len(palette)]) for i, m in enumerate(methods)}
 
 
-def accuracy_per_round(section: Section, stage: str, path: Path) -> Path:
+def _method_styles(methods: Sequence[str]) -> dict[str, dict[str, str]]:
+    """A marker and a line style per method, so that methods differ beyond their colour."""
+    return {
+        m: {
+            "marker": _METHOD_MARKERS[i % len(_METHOD_MARKERS)],
+            "linestyle": _LINESTYLES[(i // 2) % len(_LINESTYLES)],
+        }
+        for i, m in enumerate(methods)
+    }
+
+
+def _legend_outside(fig: plt.Figure, axes: Sequence[plt.Axes]) -> None:
+    """One legend for the figure, right of the panels (the first label of each name wins)."""
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        fig.legend(
+            list(handles.values()),
+            list(handles),
+            loc="center left",
+            bbox_to_anchor=(1.0, 0.5),
+            fontsize=8,
+            frameon=False,
+        )
+
+
+def _title(fig: plt.Figure, text: str, title: str) -> None:
+    fig.suptitle(f"{title}: {text}" if title else text, fontsize=11)
+
+
+def accuracy_per_round(section: Section, stage: str, path: Path, title: str = "") -> Path:
     """Client-mean accuracy per evaluated round, by method, with std bands over seeds."""
     partitions = section.partitions
     colors = _colors(section.methods)
+    styles = _method_styles(section.methods)
     fig, axes = plt.subplots(
         len(_CURVES), len(partitions), figsize=(4.2 * len(partitions), 6.5), squeeze=False
     )
@@ -55,21 +97,28 @@ def accuracy_per_round(section: Section, stage: str, path: Path) -> Path:
                     continue
                 color = colors[experiment.method]
                 ax.plot(
-                    rounds, means, marker="o", markersize=3, color=color, label=experiment.method
+                    rounds,
+                    means,
+                    markersize=4,
+                    markevery=max(1, len(rounds) // 15),
+                    color=color,
+                    label=experiment.method,
+                    **styles[experiment.method],
                 )
                 ax.fill_between(rounds, means - stds, means + stds, color=color, alpha=0.15)
             ax.set_title(f"{partition}: {stage} {name}", fontsize=10)
-            ax.set_ylim(0, 1)
+            ax.set_ylim(0, 1.03)
             ax.grid(alpha=0.3)
             ax.set_xlabel("round")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        if axes[0][column].lines:
-            axes[0][column].legend(fontsize=7)
-    axes[0][0].set_ylabel("client mean (±1 std over seeds)")
+    for row in range(len(_CURVES)):
+        axes[row][0].set_ylabel("client-mean accuracy\n(fraction; band ±1 std over seeds)")
+    _legend_outside(fig, axes.flat)
+    _title(fig, f"accuracy per round at stage {stage}, mean over seeds", title)
     return _save(fig, path)
 
 
-def client_distribution(section: Section, stage: str, path: Path) -> Path:
+def client_distribution(section: Section, stage: str, path: Path, title: str = "") -> Path:
     """Final-round per-client Acc(L) at ``stage`` by method, pooled over seeds."""
     partitions = section.partitions
     colors = _colors(section.methods)
@@ -82,7 +131,14 @@ def client_distribution(section: Section, stage: str, path: Path) -> Path:
                 data.append(values)
                 labels.append(experiment.method)
         if data:
-            ax.boxplot(data, tick_labels=labels, showmeans=True)
+            ax.boxplot(
+                data,
+                tick_labels=labels,
+                showmeans=True,
+                showfliers=False,  # every client is drawn as a dot
+                medianprops={"color": "black"},
+                meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black"},
+            )
             for position, (values, label) in enumerate(zip(data, labels, strict=True), start=1):
                 jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
                 ax.scatter(
@@ -90,15 +146,38 @@ def client_distribution(section: Section, stage: str, path: Path) -> Path:
                 )
             ax.tick_params(axis="x", labelrotation=45, labelsize=8)
         ax.set_title(f"{partition}: final {stage} Acc(L) per client", fontsize=10)
-        ax.set_ylim(0, 1.02)
+        ax.set_ylim(0, 1.03)
         ax.grid(alpha=0.3, axis="y")
+    axes[0][0].set_ylabel("Acc(L), own test split (fraction)")
+    fig.legend(
+        handles=[
+            Line2D(
+                [], [], color="grey", marker="o", linestyle="none", alpha=0.6, label="one client"
+            ),
+            Line2D([], [], color="black", label="median"),
+            Line2D(
+                [],
+                [],
+                marker="D",
+                markerfacecolor="white",
+                markeredgecolor="black",
+                linestyle="none",
+                label="mean",
+            ),
+        ],
+        loc="center left",
+        bbox_to_anchor=(1.0, 0.5),
+        fontsize=8,
+        frameon=False,
+    )
+    _title(fig, f"final per-client Acc(L) at stage {stage}, clients of all seeds", title)
     return _save(fig, path)
 
 
 _MARKERS = {"": "o", "PM": "o", "GM": "s", "HM": "^"}
 
 
-def fairness(section: Section, stage: str, path: Path) -> Path:
+def fairness(section: Section, stage: str, path: Path, title: str = "") -> Path:
     """Final-round Acc(L) against loss variance over clients, per method and model type."""
     partitions = section.partitions
     colors = _colors(section.methods)
@@ -120,15 +199,15 @@ def fairness(section: Section, stage: str, path: Path) -> Path:
                     label=f"{method} {model}".strip(),
                 )
         ax.set_title(f"{partition}: final {stage}, Acc(L) vs loss variance", fontsize=10)
-        ax.set_xlabel("variance over clients of the local test loss")
+        ax.set_xlabel("variance over clients of the local test loss (nats²)")
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("client-mean Acc(L) (±1 std over seeds)")
+    axes[0][0].set_ylabel("client-mean Acc(L) (fraction; ±1 std over seeds)")
+    _legend_outside(fig, axes.flat)
+    _title(fig, f"fairness at stage {stage} (marker: o PM or single model, s GM, ^ HM)", title)
     return _save(fig, path)
 
 
-def robustness(panels: Panels, stage: str, path: Path) -> Path | None:
+def robustness(panels: Panels, stage: str, path: Path, title: str = "") -> Path | None:
     """Benign clients' final-round Acc(L) at ``stage`` against ``attack.fraction`` (malicious
     clients are never scored), one panel per attack and partition, mean over seeds with ±1 std
     bars; None when there is no panel (:func:`~pflower.reporting.robustness.robustness_panels`)."""
@@ -151,17 +230,18 @@ def robustness(panels: Panels, stage: str, path: Path) -> Path | None:
                 label=line.label,
             )
         ax.set_title(f"{partition}: attack {attack}, final {stage}", fontsize=10)
-        ax.set_xlabel("share of malicious clients")
-        ax.set_ylim(0, 1)
+        ax.set_xlabel("share of malicious clients (fraction)")
+        ax.set_ylim(0, 1.03)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    axes[0][0].set_ylabel("benign clients' mean Acc(L) (±1 std over seeds)")
+    axes[0][0].set_ylabel("benign clients' mean Acc(L)\n(fraction; ±1 std over seeds)")
+    _legend_outside(fig, axes.flat)
+    _title(fig, f"robustness at stage {stage} (dashed: robust aggregation)", title)
     return _save(fig, path)
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path

@@ -65,22 +65,39 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _figures(section: Section, index: int, stage: str, out_dir: Path) -> list[Path]:
+def _figure_title(section: Section, title: str) -> str:
+    """The figures' title: the report's, the dataset(s) and the section (its varying keys)."""
+    datasets = sorted(
+        {
+            str(e.runs[0].config.get("dataset", {}).get("name", "?"))
+            for e in section.experiments
+            if e.runs
+        }
+    )
+    parts = [title, ", ".join(datasets), section.label]
+    return " / ".join(p for p in parts if p)
+
+
+def _figures(section: Section, index: int, stage: str, out_dir: Path, title: str) -> list[Path]:
     """The section's three figures, named after its position so that file names stay short."""
     suffix = f"_{index}" if index else ""
+    heading = _figure_title(section, title)
+    plots = out_dir / "plots"
     written = [
-        accuracy_per_round(section, stage, out_dir / "plots" / f"accuracy_rounds{suffix}.png"),
-        client_distribution(section, stage, out_dir / "plots" / f"client_accuracy{suffix}.png"),
-        fairness(section, stage, out_dir / "plots" / f"fairness{suffix}.png"),
+        accuracy_per_round(section, stage, plots / f"accuracy_rounds{suffix}.png", heading),
+        client_distribution(section, stage, plots / f"client_accuracy{suffix}.png", heading),
+        fairness(section, stage, plots / f"fairness{suffix}.png", heading),
     ]
     return [path.relative_to(out_dir) for path in written]
 
 
-def _robustness_study(report_sections: Sequence[Section], stage: str, out_dir: Path) -> list[str]:
+def _robustness_study(
+    report_sections: Sequence[Section], stage: str, out_dir: Path, title: str = ""
+) -> list[str]:
     """The robustness study's figure and table (markdown lines), none without attacked runs at
     two or more shares of malicious clients."""
     panels = robustness_panels(report_sections, stage)
-    figure = robustness(panels, stage, out_dir / "plots" / "robustness.png")
+    figure = robustness(panels, stage, out_dir / "plots" / "robustness.png", title)
     if figure is None:
         return []
     return [
@@ -109,11 +126,13 @@ def write_report(
     report_sections = sections(experiments, eps)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures = {
-        section.label: _figures(section, index if len(report_sections) > 1 else 0, stage, out_dir)
+        section.label: _figures(
+            section, index if len(report_sections) > 1 else 0, stage, out_dir, title
+        )
         for index, section in enumerate(report_sections, start=1)
         if section.has_results
     }
-    across = _robustness_study(report_sections, stage, out_dir)
+    across = _robustness_study(report_sections, stage, out_dir, title)
     text = markdown(title, experiments, report_sections, paths, figures, eps, across)
     report_path = out_dir / "report.md"
     report_path.write_text(text, encoding="utf-8")

@@ -27,6 +27,10 @@ from pflower.results.statistics import summarize_stage
 LAST10 = " last10"
 """Suffix of a metric key averaged over the last 10% of rounds."""
 
+ACC_SUM_COLUMN = "Acc(L)+Acc(G) (sum, 0-200)"
+"""The table heading of FLIU's Acc = Acc(L) + Acc(G) (key ``<stage> Acc``): a sum of two
+percentages, so that values above 100 cannot be misread as an accuracy."""
+
 MODEL_TYPES = ("PM", "GM", "HM")
 """The personalized, global and hybrid model of clients that hold both (FLAME paper, Sec. IV-D)."""
 
@@ -60,7 +64,8 @@ def metrics(eps: float) -> list[Metric]:
     columns = []
     for stage in CLIENT_STAGES:
         for name in ("Acc(L)", "Acc(G)", "Acc"):
-            final = Metric(f"{stage} {name}", stage, name, "percent")
+            column = ACC_SUM_COLUMN if name == "Acc" else name
+            final = Metric(f"{stage} {name}", stage, column, "percent")
             columns += [final, final.last10()]
     final = Metric("G Acc(G)", "G", "Acc(G)", "percent")
     columns += [final, final.last10()]

@@ -385,9 +385,9 @@ class RunRecorder(Recorder):
         write_summary(self.run_dir, self.cfg, self.rows, "completed", None, self._elapsed())
         self.tracker.close(self.rows, completed=True)
         self._close()
-        from pflower.results.plots import plot_run  # matplotlib only when a run ends
+        from pflower.results.plots import plot_run, run_title  # matplotlib only when a run ends
 
-        plot_run(self.rows, self.rounds, CLIENT_STAGES, self.run_dir / "plots")
+        plot_run(self.rows, self.rounds, CLIENT_STAGES, self.run_dir / "plots", run_title(self.cfg))
         if self.console:
             self.console.print(f"[green]results written to {self.run_dir}")
 

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config
 from pflower.config import overrides_from_run_config
+from pflower.console import plain_flower_console_unless_tty
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import (
     CHECKPOINT_FILE,
@@ -122,4 +123,5 @@ def server_fn(context: Context) -> ServerAppComponents:
     )
 
 
+plain_flower_console_unless_tty()
 app = ServerApp(server_fn=server_fn)

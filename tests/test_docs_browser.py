@@ -1,0 +1,175 @@
+"""The documentation site in a real browser: build it (``mkdocs build --strict``), serve it on
+127.0.0.1 (a free port), and open it with headless Chromium.
+
+- the home page renders with the site's title and the README's sections;
+- an algorithm page (FLIU, generated from its module) renders its options table;
+- the search (Material's client-side search, a web worker over ``search/search_index.json``)
+  finds a page: the test drives Chromium over its DevTools protocol, opens ``/?q=<word>`` and
+  waits for a search hit.
+
+Screenshots of the three go to the test's temporary folder and are copied to
+``$PFLOWER_DOCS_SHOTS`` (default ``/tmp/docs_shots``). Skipped, saying why, where Chromium is
+missing (``.ci/run`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = next(
+    (p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None
+)
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="Chromium is not installed (apt-get install chromium)"
+    ),
+]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    out = tmp_path_factory.mktemp("docs")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    started = time.monotonic()
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-5000:]
+    (out / "build_seconds.txt").write_text(f"{time.monotonic() - started:.1f}\n")
+    handler = functools.partial(_QuietHandler, directory=str(out / "site"))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", out
+    finally:
+        server.shutdown()
+        server.server_close()
+        shots = Path(os.environ.get("PFLOWER_DOCS_SHOTS", "/tmp/docs_shots"))
+        shots.mkdir(parents=True, exist_ok=True)
+        for png in out.glob("*.png"):
+            shutil.copy(png, shots / png.name)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def _chromium(*args: str, cwd: Path) -> str:
+    assert CHROMIUM is not None
+    result = subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={cwd / 'profile'}", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def _open(url: str, out: Path, shot: str) -> str:
+    """The page's DOM after load, and a screenshot of it as ``out/shot``."""
+    _chromium("--window-size=1280,1600", f"--screenshot={out / shot}", url, cwd=out)
+    assert (out / shot).stat().st_size > 10_000
+    return _chromium("--virtual-time-budget=5000", "--dump-dom", url, cwd=out)
+
+
+def test_home_page_renders(site: tuple[str, Path]) -> None:
+    url, out = site
+    dom = _open(url + "/", out, "home.png")
+    assert "<title>pflower</title>" in dom
+    assert "Install, run, test" in dom and "Reproductions" in dom
+    assert 'href="algorithms/fliu/"' in dom  # README's module links became site links
+
+
+def test_algorithm_page_renders_its_options_table(site: tuple[str, Path]) -> None:
+    url, out = site
+    dom = _open(url + "/algorithms/fliu/", out, "algorithm_fliu.png")
+    assert "<title>FLIU - pflower</title>" in dom
+    assert "Options of <code>strategy=fliu</code>" in dom
+    assert "<code>strategy.gamma</code>" in dom and "<th>allowed</th>" in dom
+
+
+def test_search_finds_a_page(site: tuple[str, Path]) -> None:
+    websockets_sync = pytest.importorskip("websockets.sync.client")
+    url, out = site
+    assert CHROMIUM is not None
+    browser = subprocess.Popen(
+        [
+            CHROMIUM,
+            *FLAGS,
+            "--window-size=1280,900",
+            "--remote-debugging-port=0",
+            f"--user-data-dir={out / 'cdp-profile'}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        port_file = out / "cdp-profile" / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert time.monotonic() < deadline, "Chromium did not open its DevTools port"
+            time.sleep(0.2)
+        port = port_file.read_text().split()[0]
+        targets = json.load(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=30))
+        page = next(t for t in targets if t["type"] == "page")
+        with websockets_sync.connect(page["webSocketDebuggerUrl"], max_size=None) as ws:
+            calls = iter(range(1, 10_000))
+
+            def call(method: str, **params: object) -> dict:
+                ident = next(calls)
+                ws.send(json.dumps({"id": ident, "method": method, "params": params}))
+                while True:
+                    message = json.loads(ws.recv(timeout=60))
+                    if message.get("id") == ident:
+                        assert "error" not in message, message
+                        return message["result"]
+
+            call("Page.enable")
+            call("Page.navigate", url=url + "/?q=proximal")
+            hits: list[str] = []
+            deadline = time.monotonic() + 90
+            while not hits and time.monotonic() < deadline:
+                time.sleep(0.5)
+                result = call(
+                    "Runtime.evaluate",
+                    expression="JSON.stringify([...document.querySelectorAll("
+                    "'.md-search-result__item')].map(e => e.textContent.trim().slice(0, 80)))",
+                    returnByValue=True,
+                )
+                hits = json.loads(result["result"].get("value") or "[]")
+            shot = call("Page.captureScreenshot", format="png")
+            (out / "search.png").write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        browser.terminate()
+        browser.wait(timeout=30)
+    assert hits, "the search for 'proximal' showed no result"
+    assert any("FedProx" in hit or "proximal" in hit.lower() for hit in hits), hits
