@@ -153,6 +153,8 @@ class AppleUpload(StrEnum):
 class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
     """Sends every sampled client all N stored core models."""
 
+    checkpointed = ("initial_weights",)
+
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 

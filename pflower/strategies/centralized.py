@@ -44,7 +44,7 @@ class CentralizedStrategy(PersonalizedStrategy["CentralizedOptions"]):
     def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:
         """One trainer: the sampled client with the lowest partition id (every client can reach
         the union of the training data, so which one trains does not matter)."""
-        return [min(sampled, key=lambda proxy: self._partition_of[proxy.cid])]
+        return [min(sampled, key=lambda proxy: self.partition(proxy))]
 
 
 class CentralizedClient(PersonalClient["CentralizedOptions"]):

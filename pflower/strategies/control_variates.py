@@ -150,6 +150,8 @@ class ModelAndVariateStrategy(PersonalizedStrategy[OptionsT]):
     parameter; the same message for every client, built once per round); evaluate sends the
     model alone. The uploads start with the client's model."""
 
+    derived = ("_message",)  # the round's message, rebuilt when the round changes
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         require_sgd(self.settings.train.optimizer)

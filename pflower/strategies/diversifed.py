@@ -252,6 +252,8 @@ class ModelMixingStrategy(PersonalizedStrategy[OptionsT]):
     stage G evaluates the mean of the stored models. The neighbor set follows
     ``options.neighbors`` (this round's participants, or every client's latest upload)."""
 
+    checkpointed = ("initial_weights", "last_mixing")
+
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 

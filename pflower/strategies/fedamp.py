@@ -85,6 +85,8 @@ def alpha_at(options: FedAMPOptions, server_round: int) -> float:
 class FedAMPStrategy(ModelMixingStrategy["FedAMPOptions"]):
     """The server's attentive message passing from the stored client models."""
 
+    checkpointed = ("guard_events",)
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.guard_events: list[tuple[int, int, float]] = []

@@ -84,6 +84,8 @@ def collaborators(overlap: np.ndarray, server_round: int, beta: float) -> list[l
 class FedCACStrategy(PersonalizedStrategy["FedCACOptions"]):
     """Global FedAvg model plus one customized model per client from its collaborators."""
 
+    checkpointed = ("last_collaborators",)
+
     keeps_client_models: ClassVar[bool] = True
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]

@@ -85,6 +85,8 @@ CORRECTION = "feddc_correction"
 class FedDCStrategy(ClientAverageScoring, ModelAndVariateStrategy["FedDCOptions"]):
     """Keeps G (sent after w) and every client's latest h_i; w = mean θ_i + mean h_i."""
 
+    checkpointed = ("client_average", "client_drifts", "global_correction")
+
     variate_attribute: ClassVar[str] = "global_correction"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]

@@ -73,6 +73,8 @@ LINEAR_TERM = "feddyn_grad"
 class FedDynStrategy(ClientAverageScoring, PersonalizedStrategy["FedDynOptions"]):
     """Averages the client models and subtracts h/α (Alg. 2, server side)."""
 
+    checkpointed = ("client_average", "server_h")
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.server_h: NDArrays | None = None

@@ -111,6 +111,8 @@ def hold_out(data: ClientData, fraction: float, seed: int) -> ClientData:
 class FedFomoStrategy(PersonalizedStrategy["FedFomoOptions"]):
     """Sends each client the M stored models it has the most affinity with; learns P."""
 
+    checkpointed = ("affinity", "chosen")
+
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 

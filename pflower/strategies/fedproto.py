@@ -142,6 +142,8 @@ def class_prototypes(
 class FedProtoStrategy(PersonalizedStrategy["FedProtoOptions"]):
     """Averages the clients' class prototypes; sends the global prototypes to every client."""
 
+    checkpointed = ("prototypes",)
+
     has_global_model: ClassVar[bool] = False
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]

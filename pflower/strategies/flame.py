@@ -139,6 +139,8 @@ class AdmmCadence(StrEnum):
 class FLAMEStrategy(PersonalizedStrategy["FLAMEOptions"]):
     """Averages the cached z_i of all m clients (stale for clients not selected this round)."""
 
+    checkpointed = ("uploads", "_initial")
+
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
         super().__init__(*args, **kwargs)
         self.uploads: dict[int, NDArrays] = {}

@@ -92,6 +92,8 @@ class ScaffoldStrategy(ModelAndVariateStrategy["ScaffoldOptions"]):
     """Keeps the server control variate c; sends (x, c) (Alg. 1 line 5); applies Alg. 1 lines
     16-17."""
 
+    checkpointed = ("server_control",)
+
     variate_attribute: ClassVar[str] = "server_control"
 
     def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
