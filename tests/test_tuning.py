@@ -294,3 +294,30 @@ def test_joblib_launcher_runs_two_jobs_in_parallel(tmp_path: Path) -> None:
     for job in ("0", "1"):
         summary = json.loads((sweep / job / "summary.json").read_text())
         assert summary["status"] == "completed"
+
+
+@pytest.mark.slow
+def test_trials_run_as_ray_tasks(tmp_path: Path) -> None:
+    """``pflower tune --ray``: each trial is one Ray task (a fresh local Ray instance here)."""
+    import tempfile
+
+    import ray
+
+    suite = load_suite(_suite_file(tmp_path))
+    setting = dataclasses.replace(suite.settings[0], overrides=(*TINY, "rounds=1"))
+    layout = Layout(tmp_path / "out")
+    temp = tempfile.mkdtemp(prefix="pftune", dir="/tmp")  # Ray's sockets need a short path
+    ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=temp)
+    try:
+        study = search.tune(
+            suite, setting, "fedprox", layout, rounds=1, workers=2, runner=search.RayRunner()
+        )
+    finally:
+        ray.shutdown()
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(states=(TrialState.COMPLETE,))
+    assert len(complete) == 2
+    for trial in complete:
+        log = (Path(trial.user_attrs["run_dir"]) / "tune_stdout.log").read_text()
+        assert "pflower" in log

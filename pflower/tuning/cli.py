@@ -7,6 +7,7 @@
     pflower tune --suite cpu                           # the whole suite (resumes; accumulates)
     pflower tune --suite cpu rounds=3 --trials 2       # overrides (key=value) go to every run
     pflower tune --overrides tuning/cpu/fmnist_dir01/chosen/fedprox.yaml
+    pflower tune --suite cpu --ray auto --workers 16     # one Ray task per run on a cluster
     pflower report --leaderboard tuning/cpu
 
 For each setting and method it runs (or resumes) the Optuna study (:mod:`.search`), writes the
@@ -33,6 +34,7 @@ import yaml
 from pflower.config import TrainConfig
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value
+from pflower.tuning.search import Runner
 from pflower.tuning.suite import Setting, Suite, load_suite
 
 
@@ -52,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--workers", type=int, default=1, help="trials run at once (default 1)")
     parser.add_argument("--out", type=Path, help="results folder (default tuning/<suite>)")
     parser.add_argument("--timeout", type=float, help="seconds one run may take")
+    parser.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run every trial and final run as a Ray task on this running cluster ('auto': "
+        "the local node's); --workers tasks at a time; run folders must be shared",
+    )
+    parser.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per Ray task")
     parser.add_argument("--no-final", action="store_true", help="tune only; no final runs")
     parser.add_argument("--show", metavar="METHOD", help="print METHOD's search space and exit")
     parser.add_argument("--overrides", type=Path, help="print a chosen file's overrides")
@@ -123,6 +132,7 @@ def run_suite(
     workers: int,
     final: bool,
     timeout_s: float | None,
+    runner: Runner | None = None,
 ) -> None:
     """Tune every method on every setting, write the chosen values, run the final seeds."""
     from pflower.tuning.search import Layout, final_runs, tune, write_chosen
@@ -149,15 +159,15 @@ def run_suite(
         for method in methods:
             rounds = _rounds(setting, method)
             print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
-            study = tune(suite, setting, method, layout, rounds, workers, timeout_s)
+            study = tune(suite, setting, method, layout, rounds, workers, timeout_s, print, runner)
             chosen = write_chosen(study, suite, setting, method, layout)
             print(f"[{setting.name}] {method} chose {' '.join(chosen['overrides'][1:]) or '-'}")
             if final:
-                final_runs(suite, setting, method, layout, workers, timeout_s)
+                final_runs(suite, setting, method, layout, workers, timeout_s, print, runner)
 
 
 def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
+    args = _parser().parse_intermixed_args(list(argv))
     try:
         if args.overrides is not None:
             data = yaml.safe_load(args.overrides.read_text())
@@ -186,5 +196,13 @@ def main(argv: Sequence[str]) -> int:
         return 2
     out = args.out or Path("tuning") / suite.name
     _record_invocation(out, argv)
-    run_suite(suite, methods, settings, out, args.workers, not args.no_final, args.timeout)
+    runner = None
+    if args.ray:
+        import ray
+
+        from pflower.tuning.search import RayRunner
+
+        ray.init(address=args.ray)
+        runner = RayRunner(args.ray_cpus)
+    run_suite(suite, methods, settings, out, args.workers, not args.no_final, args.timeout, runner)
     return 0

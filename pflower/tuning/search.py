@@ -35,7 +35,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -214,6 +214,72 @@ def run_pflower(
     return summary
 
 
+class Runner(Protocol):
+    """How one pflower run is executed: :func:`run_pflower` (a local process) or
+    :class:`RayRunner` (a Ray task on a cluster)."""
+
+    def __call__(
+        self,
+        command: Sequence[str],
+        run_dir: Path,
+        on_round: Callable[[int, float], bool] | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]: ...
+
+
+def _run_on_worker(command: Sequence[str], run_dir: str, timeout_s: float | None) -> dict[str, Any]:
+    """The body of a Ray task: the run as a process of the worker's node (with its Python)."""
+    return run_pflower([sys.executable, *command[1:]], Path(run_dir), timeout_s=timeout_s)
+
+
+@dataclass(frozen=True)
+class RayRunner:
+    """Runs every trial (and final run) as one Ray task on a running Ray cluster.
+
+    The driver (``pflower tune --ray auto``) keeps the study and the heartbeats; each task runs
+    ``python -m pflower ...`` on whichever node Ray picks, reserving ``num_cpus``. Run folders
+    must be on a filesystem every node and the driver see (the driver reads ``metrics.jsonl``
+    for the pruner and ``summary.json`` for the objective). A pruned run's task is cancelled,
+    which stops its process group.
+    """
+
+    num_cpus: float = 1.0
+
+    def __call__(
+        self,
+        command: Sequence[str],
+        run_dir: Path,
+        on_round: Callable[[int, float], bool] | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        import ray
+
+        task = ray.remote(num_cpus=self.num_cpus, max_retries=0)(_run_on_worker)
+        ref = task.remote(list(command), str(run_dir), timeout_s)
+        reported: set[int] = set()
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=POLL_S)
+                if heartbeat:
+                    heartbeat()
+                if ready:
+                    summary: dict[str, Any] = ray.get(ref)  # a TrialFailed re-raises here
+                    return summary
+                if on_round is None:
+                    continue
+                means = round_means(read_rows(run_dir))
+                for server_round in sorted(means)[:-1]:
+                    if server_round not in reported:
+                        reported.add(server_round)
+                        if on_round(server_round, means[server_round]):
+                            raise Pruned(f"pruned after round {server_round}")
+        except BaseException:
+            ray.cancel(ref)  # KeyboardInterrupt in the task: run_pflower stops its processes
+            raise
+
+
 # ------------------------------------------------------------------------------------ study
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
@@ -323,6 +389,7 @@ def _one_trial(
     layout: Layout,
     timeout_s: float | None,
     log: Callable[[str], None],
+    runner: Runner,
 ) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
 
@@ -340,7 +407,7 @@ def _one_trial(
         return bool(trial.should_prune())
 
     try:
-        _run_and_tell(study, trial, command, run_dir, on_round, timeout_s, values, log)
+        _run_and_tell(study, trial, command, run_dir, on_round, timeout_s, values, log, runner)
     except UpdateFinishedTrialError:
         log(
             f"{setting.name} {method} trial {trial.number} was failed as stale while it ran "
@@ -357,13 +424,14 @@ def _run_and_tell(
     timeout_s: float | None,
     values: Mapping[str, Any],
     log: Callable[[str], None],
+    runner: Runner,
 ) -> None:
     from optuna.trial import TrialState
 
     storage = study._storage
     name = f"{Path(run_dir).parents[2].name} {Path(run_dir).parent.name} trial {trial.number}"
     try:
-        summary = run_pflower(
+        summary = runner(
             command,
             run_dir,
             on_round,
@@ -398,8 +466,11 @@ def tune(
     workers: int = 1,
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
+    runner: Runner | None = None,
 ) -> Any:
-    """Run (or resume) the method's study until ``suite.trials`` trials have finished."""
+    """Run (or resume) the method's study until ``suite.trials`` trials have finished
+    (``runner``: how a run is executed, default :func:`run_pflower`; :class:`RayRunner`)."""
+    runner = runner or run_pflower
     from optuna.storages import fail_stale_trials
 
     space = suite.space_for(method, setting)
@@ -422,7 +493,7 @@ def tune(
                 time.sleep(POLL_S * 5)  # others' trials are running; wait for them
                 continue
             try:
-                _one_trial(study, space, suite, setting, method, layout, timeout_s, log)
+                _one_trial(study, space, suite, setting, method, layout, timeout_s, log, runner)
             except BaseException as error:
                 errors.append(error)
                 raise
@@ -496,8 +567,10 @@ def final_runs(
     workers: int = 1,
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
+    runner: Runner | None = None,
 ) -> list[Path]:
     """Run the chosen values with every final seed on test; completed runs are kept."""
+    execute = runner or run_pflower
     from concurrent.futures import ThreadPoolExecutor
 
     chosen = read_chosen(layout.chosen_file(setting.name, method))
@@ -513,7 +586,7 @@ def final_runs(
         seed, run_dir = item
         command = run_command(final_overrides(suite, setting, chosen["overrides"], seed), run_dir)
         try:
-            summary = run_pflower(command, run_dir, timeout_s=timeout_s)
+            summary = execute(command, run_dir, timeout_s=timeout_s)
             acc = summary["final"]["L1"]["acc_local"]["mean"]
             log(f"{setting.name} {method} final seed {seed}: L1 Acc(L) {acc:.4f}")
         except TrialFailed as error:
