@@ -22,7 +22,7 @@ Breakdown of where a deployment's round goes:
 - ``clientapp_cold_start_s``: a fresh Python process that imports Flower's ClientApp runtime and
   pflower's ClientApp (``import flwr.supernode.cli.flwr_clientapp, pflower.client.app``), the
   price of every message a plain SuperNode handles;
-- ``fork_start_s``: the same through pflower's fork server (:mod:`pflower.deploy.forkserver`): the
+- ``fork_start_s``: the same through pflower's fork server (:mod:`pflower.runtime.forkserver`): the
   ``flwr-clientapp`` stand-in connects, the server forks a child that has everything imported
   already, the child imports pflower's ClientApp (a no-op) and exits, the stand-in exits;
 - ``forked_task_s``: how long the forked children of the fast deployment's ClientApp tasks ran
@@ -150,7 +150,7 @@ def messages_per_round(logs: list[Path]) -> float:
 
 def task_times(logs: list[Path]) -> list[float]:
     """How long each ClientApp task's forked child ran (the fork server's log lines)."""
-    from pflower.deploy.forkserver import TASK_LOG_PREFIX
+    from pflower.runtime.forkserver import TASK_LOG_PREFIX
 
     pattern = re.compile(re.escape(TASK_LOG_PREFIX) + r" \d+ ran ([0-9.]+) s")
     return [
@@ -234,11 +234,11 @@ def fork_start(repeats: int = 3) -> float:
     """Median wall time of a task through the fork server: connect, fork, import pflower's
     ClientApp in the child (imported in the server already), exit; the server's own imports
     happen before and are not timed."""
-    from pflower.deploy.forkserver import ForkServerProcess
+    from pflower.runtime.forkserver import ForkServerProcess
 
     with tempfile.TemporaryDirectory(prefix="pff-") as tmp:
         server = ForkServerProcess.start(
-            Path(tmp), target="pflower.deploy.forkserver:import_clientapp_probe"
+            Path(tmp), target="pflower.runtime.forkserver:import_clientapp_probe"
         )
         try:
             server.wait_ready(timeout=300)

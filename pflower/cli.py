@@ -18,7 +18,6 @@ starts.
 
 from __future__ import annotations
 
-import logging
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,11 +48,9 @@ def _task_overrides() -> list[str]:
 def _quiet_flower_console(progress: bool) -> None:
     """Flower logs to its own console handler (and to run.log); Hydra's root handler would
     print every line twice. With the live view on, the console shows only Flower's warnings."""
-    from flwr.supercore.logger import LOGGER_NAME, update_console_handler
+    from pflower.runtime.logs import quiet_flower_console
 
-    logging.getLogger(LOGGER_NAME).propagate = False
-    if progress:
-        update_console_handler(level=logging.WARNING)
+    quiet_flower_console(progress)
 
 
 def _preflight(cfg: DictConfig, settings: ExperimentConfig) -> None:

@@ -429,7 +429,8 @@ class BackendConfig:
 
     Attributes:
         name: the engine's workers: ``fork`` (the default: processes forked from the driver with
-            the experiment built, :mod:`pflower.forkbackend`) or ``ray`` (Flower's Ray actors).
+            the experiment built, :mod:`pflower.runtime.forkbackend`) or ``ray`` (Flower's Ray
+            actors).
         num_cpus_per_client: CPUs per ClientApp worker (Ray reserves them per actor; ``fork``
             starts as many workers as the machine has CPUs for this many each).
         num_gpus_per_client: Ray GPUs (fractional allowed) per ClientApp actor (``ray`` only;

@@ -42,10 +42,11 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
-from pflower.core.packing import is_packed, packed_arrays_mod
 from pflower.deploy import launcher
-from pflower.deploy.forkclient import SOCKET_VARIABLE
-from pflower.deploy.forkserver import (
+from pflower.deploy.topology import launcher_command
+from pflower.runtime import launcher as runtime_launcher
+from pflower.runtime.forkclient import SOCKET_VARIABLE
+from pflower.runtime.forkserver import (
     APP_DIGEST_FILE,
     INSTALLED_FAB_MARK,
     ForkServerProcess,
@@ -55,8 +56,8 @@ from pflower.deploy.forkserver import (
     shim_script,
     wait_status,
 )
-from pflower.deploy.topology import launcher_command
-from pflower.server.polling import (
+from pflower.runtime.packing import is_packed, packed_arrays_mod
+from pflower.runtime.polling import (
     PromptClientManager,
     PromptGrid,
     fit_at_once,
@@ -111,7 +112,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerProce
     modules.mkdir()
     (modules / "probe.py").write_text(textwrap.dedent(PROBE))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("PYTHONPATH", str(modules))
+        patch.setenv(
+            "PYTHONPATH", os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")])
+        )
         started = ForkServerProcess.start(
             root / "server",
             target="probe:main",
@@ -262,7 +265,7 @@ def test_supernode_sleeps_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
 
     assert start_client_internal.time is time, "Flower's SuperNode loop no longer uses time.sleep"
     monkeypatch.setattr(start_client_internal, "time", time)
-    launcher.cap_supernode_sleeps(0.05)
+    runtime_launcher.cap_supernode_sleeps(0.05)
     capped = start_client_internal.time
     began = time.monotonic()
     capped.sleep(3)  # Flower's idle poll
@@ -279,12 +282,13 @@ class FakeInstaller:
         self.calls = 0
 
     def __call__(
-        self, fab: bytes, install_dir: Path | None = None, skip_prompt: bool = False
+        self, fab_file: bytes, install_dir: Path | None = None, skip_prompt: bool = False
     ) -> Path:
         self.calls += 1
-        path = self.home / "apps" / f"pflower.pflower.1.0.{hashlib.sha256(fab).hexdigest()[:8]}"
+        digest = hashlib.sha256(fab_file).hexdigest()[:8]
+        path = self.home / "apps" / f"pflower.pflower.1.0.{digest}"
         path.mkdir(parents=True, exist_ok=True)
-        (path / "content").write_bytes(fab)
+        (path / "content").write_bytes(fab_file)
         return path
 
 

@@ -1,5 +1,6 @@
-"""``backend=fork`` (pflower.forkbackend): forked workers that run the ClientApp on one message at a
-time, report its exceptions as Flower's ClientAppException, survive a dead sibling, and end."""
+"""``backend=fork`` (pflower.runtime.forkbackend): forked workers that run the ClientApp on one
+message at a time, report its exceptions as Flower's ClientAppException, survive a dead sibling,
+and end."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import pytest
 from flwr.clientapp.client_app import ClientAppException
 
 from pflower.config import BackendConfig
-from pflower.forkbackend import (
+from pflower.registry import ConfigError
+from pflower.runtime.forkbackend import (
     RAY_BACKEND_MODULE,
     ForkBackend,
     ForkWorkers,
@@ -23,7 +25,6 @@ from pflower.forkbackend import (
     forked_workers,
     run_in_forked_process,
 )
-from pflower.registry import ConfigError
 
 
 class EchoApp:
@@ -97,7 +98,7 @@ def test_a_worker_whose_driver_went_away_mid_message_ends_quietly(
         return "reply"
 
     driver_end.send(("train", {}))
-    _serve(app, worker_end)  # type: ignore[arg-type]
+    _serve(app, worker_end, None)  # type: ignore[arg-type]
     assert calls == ["train"]
 
 
@@ -108,33 +109,29 @@ def test_no_workers_are_forked_from_a_process_that_used_cuda(
     run stops with a configuration error before preparing or forking."""
     import torch
 
-    import pflower.client.app
-
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     prepared: list[object] = []
-    monkeypatch.setattr(pflower.client.app, "prepare_ahead", prepared.append)
     with (
         pytest.raises(ConfigError, match=r"already used CUDA.*backend=ray"),
-        forked_workers(EchoApp(), ["num_clients=2"], 1),  # type: ignore[arg-type]
+        forked_workers(EchoApp(), lambda: prepared.append("prepared"), 1),  # type: ignore[arg-type]
     ):
         pass
     assert prepared == []
 
 
-def test_flower_builds_the_fork_backend_only_inside_forked_workers(monkeypatch) -> None:
+def test_flower_builds_the_fork_backend_only_inside_forked_workers() -> None:
     """While active, the module Flower's engine imports its backend from yields ForkBackend over
     the workers (Ray untouched); afterwards the module is what it was."""
-    prepared: list[list[str]] = []
-    monkeypatch.setattr("pflower.client.app.prepare_ahead", prepared.append)
+    prepared: list[str] = []
     before = sys.modules.get(RAY_BACKEND_MODULE)
-    with forked_workers(EchoApp(), ["num_clients=2"], 2):  # type: ignore[arg-type]
+    with forked_workers(EchoApp(), lambda: prepared.append("prepared"), 2):  # type: ignore[arg-type]
         from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
         backend = RayBackend({})
         assert isinstance(backend, ForkBackend) and backend.num_workers == 2
         reply, _ = backend.process_message("hello", {})  # type: ignore[arg-type]
         assert reply[1] == "hello"  # type: ignore[index]
-    assert prepared == [["num_clients=2"]]
+    assert prepared == ["prepared"]
     assert sys.modules.get(RAY_BACKEND_MODULE) is before
     with pytest.raises(RuntimeError, match="forked_workers"):
         ForkBackend({})
@@ -209,7 +206,7 @@ def test_only_gpu_runs_on_forked_workers_get_a_process_of_their_own(
     import torch
 
     import pflower.core.training
-    import pflower.forkbackend
+    import pflower.runtime.forkbackend
     import pflower.simulation
     from pflower.compose import compose_config, validate
 
@@ -217,7 +214,9 @@ def test_only_gpu_runs_on_forked_workers_get_a_process_of_their_own(
     monkeypatch.setattr(pflower.core.training, "resolve_device", lambda _: torch.device(device))
     monkeypatch.setattr(pflower.simulation, "_simulate", lambda *_: ran.append("simulated"))
     monkeypatch.setattr(
-        pflower.forkbackend, "run_in_forked_process", lambda task: ran.append("child") or task()
+        pflower.runtime.forkbackend,
+        "run_in_forked_process",
+        lambda task: ran.append("child") or task(),
     )
     settings = validate(compose_config([f"backend={backend}"], check_scheme=False))
     assert pflower.simulation.run_experiment(settings, [], tmp_path) == tmp_path

@@ -1,4 +1,4 @@
-"""A message's arrays packed into one array (pflower.core.packing): every array comes back with
+"""A message's arrays packed into one array (pflower.runtime.packing): every array comes back with
 the same bytes, dtype, shape and stype; other records are left alone; fewer objects travel; the
 ClientApp's mod unpacks only packed messages and packs only their replies."""
 
@@ -14,7 +14,7 @@ from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
-from pflower.core.packing import (
+from pflower.runtime.packing import (
     PACKED_KEY,
     PackedArrays,
     is_packed,

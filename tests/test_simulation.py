@@ -55,7 +55,7 @@ def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
         ["num_clients=4", "rounds=4", "strategy=fliu", "backend=ray", f"output_dir={run_dir}"]
     )
     assert returncode == 0, stdout[-3000:] + stderr[-3000:]
-    # Ray's head ran without the autoscaler monitor and the API server (pflower.simulation.
+    # Ray's head ran without the autoscaler monitor and the API server (pflower.runtime.engine.
     # lean_ray_head), and those two were all it left out
     assert any("raylet" in command for command in processes), processes
     assert any("log_monitor.py" in command for command in processes), processes
@@ -78,7 +78,7 @@ def test_pflower_runs_a_ray_simulation_that_learns(tmp_path: Path) -> None:
     assert summary["final"]["G"]["acc"] > 0.2
     assert "round 4/4" in stdout  # the live view reported every round
     # Flower's simulation engine as pflower runs it (nodes' partitions read from the engine's
-    # node map, messages delivered only to nodes that have one; see pflower.simulation) gives
+    # node map, messages delivered only to nodes that have one; see pflower.runtime.engine) gives
     # the rows of the in-process run, whose server asks every node for its partition
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     asked, _ = run_inprocess(["num_clients=4", "rounds=4", "strategy=fliu"], tmp_path / "inprocess")
@@ -109,7 +109,7 @@ def test_messages_are_delivered_to_the_nodes_that_have_one_in_node_order() -> No
     from queue import Queue
     from types import SimpleNamespace
 
-    from pflower.simulation import deliver_pending_messages
+    from pflower.runtime.engine import deliver_pending_messages
 
     def message(node_id: int, delivered: str = "") -> SimpleNamespace:
         return SimpleNamespace(
@@ -173,7 +173,7 @@ FORKED_RUNS_SCRIPT = """
 import functools, sys
 from pathlib import Path
 from pflower.compose import compose_config, validate
-from pflower.forkbackend import run_in_forked_process
+from pflower.runtime.forkbackend import run_in_forked_process
 from pflower.simulation import _simulate
 
 for seed in (0, 1):

@@ -11,15 +11,15 @@ from flwr.app import Context
 from flwr.client import Client, ClientApp
 from omegaconf import DictConfig
 
-from pflower.compose import config_from_run_config, warm_config
+from pflower.compose import compose_config, config_from_run_config, warm_config
 from pflower.config import StateStore
 from pflower.console import plain_flower_console_unless_tty
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.experiment import Experiment
-from pflower.core.packing import packed_arrays_mod
 from pflower.core.state import ClientState
 from pflower.registry import ConfigError
+from pflower.runtime.packing import packed_arrays_mod
 
 
 class _QuietActorShutdown(logging.Filter):
@@ -73,12 +73,12 @@ def prepare_ahead(overrides: Sequence[str]) -> None:
     """Compose ``overrides`` (a run config's, as :func:`client_fn` sees them) and build that
     experiment's federation and shared model in this process's caches.
 
-    The deployment's fork server (:mod:`pflower.deploy.forkserver`) calls it for the runs its
+    The deployment's fork server (:mod:`pflower.runtime.forkserver`) calls it for the runs its
     tasks served, so the tasks it forks afterwards skip loading the dataset, partitioning it and
     building the model (0.1-0.2 s per task); ``backend=fork`` calls it before it forks its
-    workers (:mod:`pflower.forkbackend`). It runs torch on one thread and leaves it so: a process
-    that forks must never have run torch's thread pool, or a child that runs torch on more than
-    one thread hangs (GNU OpenMP; the children set their own ``train.threads``).
+    workers (:mod:`pflower.runtime.forkbackend`). It runs torch on one thread and leaves it so:
+    a process that forks must never have run torch's thread pool, or a child that runs torch on
+    more than one thread hangs (GNU OpenMP; the children set their own ``train.threads``).
     """
     torch.set_num_threads(1)
     experiment = Experiment.of(warm_config(overrides))
@@ -86,6 +86,12 @@ def prepare_ahead(overrides: Sequence[str]) -> None:
     experiment.shared_model()
     # torch's first optimizer imports torch._dynamo (2-3 s on 2 cores): here, once for all.
     torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+
+
+def warm_up() -> None:
+    """Compose the default configuration once: imports what Hydra loads lazily (the
+    deployment's fork server calls it before it forks its first task)."""
+    compose_config([])
 
 
 def client_state_dir(cfg: DictConfig, context: Context) -> Path | None:

@@ -10,6 +10,8 @@ from flwr.common import Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
+from pflower.runtime.engine import is_in_memory_grid, published_partitions
+
 
 class NodeQuestions:
     """One question to each of some nodes, asked at once, each in a daemon thread of its own.
@@ -53,14 +55,6 @@ class NodeQuestions:
             thread.join()
 
 
-def _in_memory(grid: object) -> bool:
-    """Whether ``grid`` is a simulation's in-memory grid (Flower's server-side grid modules are
-    imported here, not where this module is: a ClientApp never needs them)."""
-    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
-
-    return isinstance(grid, InMemoryGrid)
-
-
 def simulated_nodes(client_manager: ClientManager) -> int | None:
     """The number of SuperNodes of a Flower simulation (None outside of one).
 
@@ -68,14 +62,9 @@ def simulated_nodes(client_manager: ClientManager) -> int | None:
     reached through an in-memory grid, a deployment's through the SuperLink.
     """
     proxies = list(client_manager.all().values())
-    if proxies and all(_in_memory(getattr(p, "grid", None)) for p in proxies):
+    if proxies and all(is_in_memory_grid(getattr(p, "grid", None)) for p in proxies):
         return len(proxies)
     return None
-
-
-SIMULATED_PARTITIONS = "pflower_partitions"
-"""Attribute of a simulation's in-memory link state holding its node-id -> partition-id map,
-set by pflower's simulation runner (:mod:`pflower.simulation`) when it registers the nodes."""
 
 
 def simulated_partitions(client_manager: ClientManager) -> dict[str, int] | None:
@@ -83,9 +72,8 @@ def simulated_partitions(client_manager: ClientManager) -> dict[str, int] | None
     otherwise, e.g. in a deployment or under ``flwr run``, where nodes are asked)."""
     partitions: dict[str, int] = {}
     for cid, proxy in client_manager.all().items():
-        grid = getattr(proxy, "grid", None)
-        published = getattr(getattr(grid, "state", None), SIMULATED_PARTITIONS, None)
-        if not _in_memory(grid) or published is None or int(cid) not in published:
+        published = published_partitions(getattr(proxy, "grid", None))
+        if published is None or int(cid) not in published:
             return None
         partitions[cid] = int(published[int(cid)])
     return partitions or None

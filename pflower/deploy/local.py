@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import tomli_w
-from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 
 from pflower.deploy.processes import (
     ManagedProcess,
@@ -38,8 +37,9 @@ from pflower.deploy.topology import (
     superlink_args,
     supernode_args,
 )
+from pflower.runtime.launcher import SUPERLINK_IN_MEMORY_DB
 
-IN_MEMORY_STATE = FLWR_IN_MEMORY_DB_NAME
+IN_MEMORY_STATE = SUPERLINK_IN_MEMORY_DB
 """The SuperLink's ``--database`` value that keeps its state in memory."""
 
 CONNECTION = "pflower-local"

@@ -28,8 +28,8 @@ from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.results.rundir import RecorderPosition, RunRecorder, resolved_config
+from pflower.runtime.polling import PromptClientManager
 from pflower.server.loop import CheckpointingServer
-from pflower.server.polling import PromptClientManager
 
 
 def run_directory(cfg: DictConfig) -> Path:

@@ -12,8 +12,8 @@ checkpoint, it restores the strategy, the server's random generators and the glo
 what the checkpoint already covers (the initial evaluation and rounds up to the checkpoint's) and
 goes on from the next round.
 
-In a deployment a round's messages go out in one push (:func:`~pflower.server.polling.fit_at_once`
-and :func:`~pflower.server.polling.evaluate_at_once`); elsewhere (a simulation, in-process tests)
+In a deployment a round's messages go out in one push (:func:`~pflower.runtime.polling.fit_at_once`
+and :func:`~pflower.runtime.polling.evaluate_at_once`); elsewhere (a simulation, in-process tests)
 each client is reached by Flower's ``fit_clients``/``evaluate_clients``.
 """
 
@@ -51,7 +51,7 @@ from pflower.core.checkpoint import (
 )
 from pflower.core.strategy import GlobalEvaluation, PersonalizedStrategy
 from pflower.results.rundir import RunRecorder, resolved_config
-from pflower.server.polling import evaluate_at_once, fit_at_once, round_grid
+from pflower.runtime.polling import evaluate_at_once, fit_at_once, round_grid
 
 
 class GlobalStage:

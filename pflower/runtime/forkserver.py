@@ -8,41 +8,45 @@ exits. Such a process spends most of its life importing torch, Flower and the ap
 The fork server imports those libraries once, then forks a child per task:
 
 - :class:`ForkServerProcess` (in the process that starts the SuperNode or SuperExec, see
-  :mod:`pflower.deploy.launcher`) makes a directory holding the listening Unix socket and a
-  ``bin/flwr-clientapp`` script, starts the server (``python -m pflower.deploy.forkserver``,
+  :mod:`pflower.runtime.launcher`) makes a directory holding the listening Unix socket and a
+  ``bin/flwr-clientapp`` script, starts the server (``python -m pflower.runtime.forkserver``,
   the socket passed as an open file descriptor), and gives the SuperNode/SuperExec an
   environment with ``bin`` first on ``PATH`` and the socket in
-  :data:`~pflower.deploy.forkclient.SOCKET_VARIABLE`;
-- the script runs :mod:`pflower.deploy.forkclient` (standard library only), which sends the
+  :data:`~pflower.runtime.forkclient.SOCKET_VARIABLE`;
+- the script runs :mod:`pflower.runtime.forkclient` (standard library only), which sends the
   server its command line, environment, working directory and standard streams and waits;
 - the server (:class:`ForkServer`) forks; the child takes over the streams, environment, working
   directory and ``sys.argv`` of the stand-in and calls Flower's ``flwr-clientapp`` entry point
   (:data:`DEFAULT_TARGET`), which connects to the SuperNode, pulls the task, runs the app and
   exits; the server reports the child's exit status back to the stand-in, which exits likewise.
 
-What the child runs is what ``flwr-clientapp`` runs: the same Flower function, the same
-arguments (runtime address, token, TLS root certificates, ``--parent-pid``), the same
-environment. The server imports ``pflower.client.app`` (and with it torch, torchvision, Flower,
-Hydra, datasets, ...), ``torch._dynamo`` (which torch imports when the first optimizer is built)
-and composes the default configuration once (Hydra's lazy imports). Before it forks it also
-changes two things in Flower's ClientApp runtime that its children inherit: a FAB installed by
-an earlier task of the node is not unpacked and checked again (:func:`install_fabs_once`), and
-an array that the SuperNode has not pulled yet is asked for again after 0.02 s instead of 1 s
-(:func:`pflower.server.polling.prompt_object_pulls`). The app a child runs is still the run's
-FAB: Flower imports the ClientApp from the FAB's directory unless it is imported already, so a
-child keeps the server's ``pflower`` modules only when the FAB's ``pflower/**/*.py`` and
-``conf/**/*.yaml`` have the same digest as the imported ones (computed once per installed FAB),
-and otherwise forgets them and imports the FAB's code (:func:`keep_app_if_unchanged`). A child that
-ran the server's import tells the server which configurations it composed, and the server
-prepares them too (:func:`warm_configs`: composed, with the experiment's federation and model
-built): later children find them in their caches. The server runs torch only there, on one
-thread (no thread pool exists when it forks), and is single-threaded itself; it parks its
-objects outside the garbage collector (``gc.freeze``) and its children end with ``os._exit``
-after flushing their streams: a normal interpreter exit would tear down every inherited module
-and so copy every page of the server's memory (seconds per task).
+What the child runs is what ``flwr-clientapp`` runs: the same Flower function, the same arguments
+(runtime address, token, TLS root certificates, ``--parent-pid``), the same environment. The server
+imports ``pflower.client.app`` (and with it torch, torchvision, Flower, Hydra, datasets, ...),
+``torch._dynamo`` (which torch imports when the first optimizer is built) and composes the default
+configuration once (Hydra's lazy imports). Before it forks it also changes two things in Flower's
+ClientApp runtime that its children inherit: a FAB installed by an earlier task of the node is not
+unpacked and checked again (:func:`install_fabs_once`: ``run_clientapp.install_from_fab``), and an
+array that the SuperNode has not pulled yet is asked for again after 0.02 s instead of 1 s
+(:func:`pflower.runtime.polling.prompt_object_pulls`). The app a child runs is still the run's FAB:
+Flower imports the ClientApp from the FAB's directory unless it is imported already, so a child
+keeps the server's ``pflower`` modules only when the FAB's ``pflower/**/*.py`` and
+``conf/**/*.yaml`` have the same digest as the imported ones (computed once per installed FAB), and
+otherwise forgets them and imports the FAB's code (:func:`keep_app_if_unchanged`:
+``clientapp.utils.load_app``). A child that ran the server's import tells the server which
+configurations it composed, and the server prepares them too (:func:`warm_configs`: composed, with
+the experiment's federation and model built): later children find them in their caches. The server
+runs torch only there, on one thread (no thread pool exists when it forks), and is single-threaded
+itself; it parks its objects outside the garbage collector (``gc.freeze``) and its children end with
+``os._exit`` after flushing their streams: a normal interpreter exit would tear down every inherited
+module and so copy every page of the server's memory (seconds per task).
 
-The server lives as long as the process that started it (``--watch-pid``) and removes its
-directory when it ends. If it is gone, the stand-in runs the real ``flwr-clientapp`` instead.
+The server lives as long as the process that started it (``--watch-pid``: the kernel sends it
+SIGTERM when that process ends, whatever ended it, and it also checks twice a second) and removes
+its directory when it ends. Each child is killed when the server ends
+(:func:`pflower.runtime.processes.die_with_parent`): a SuperNode ended by ``kill -9`` leaves no
+ClientApp task behind. If the server is gone, the stand-in runs the real ``flwr-clientapp``
+instead.
 """
 
 from __future__ import annotations
@@ -68,19 +72,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from pflower.deploy import forkclient
-from pflower.deploy.forkclient import SOCKET_VARIABLE, receive_message, send_message
-from pflower.deploy.processes import pid_alive
+from pflower.runtime import forkclient
+from pflower.runtime.fence import FLWR_CLIENTAPP, INSTALL_FROM_FAB, LOAD_APP, FlowerChanged
+from pflower.runtime.forkclient import SOCKET_VARIABLE, pid_alive, receive_message, send_message
+from pflower.runtime.processes import die_with_parent
 
-DEFAULT_TARGET = "flwr.supernode.cli.flwr_clientapp:flwr_clientapp"
+DEFAULT_TARGET = f"{FLWR_CLIENTAPP.module}:{FLWR_CLIENTAPP.name}"
 """The function a child calls: Flower's ``flwr-clientapp`` console script."""
 
 PRELOAD = (
-    "flwr.supernode.cli.flwr_clientapp",
+    FLWR_CLIENTAPP.module,
     "pflower.client.app",
-    "pflower.deploy.forkserver:warm_up",
-    "pflower.server.polling:prompt_object_pulls",
-    "pflower.deploy.forkserver:install_fabs_once",
+    "pflower.client.app:warm_up",
+    "pflower.runtime.polling:prompt_object_pulls",
+    "pflower.runtime.forkserver:install_fabs_once",
     "sklearn.datasets",
     "torch._dynamo",
 )
@@ -125,13 +130,6 @@ def preload(modules: Sequence[str]) -> None:
             print(f"pflower fork server: not preloaded: {name}: {error!r}", file=sys.stderr)
 
 
-def warm_up() -> None:
-    """Compose the default configuration once: imports what Hydra loads lazily."""
-    from pflower.compose import compose_config
-
-    compose_config([])
-
-
 INSTALLED_FAB_MARK = ".pflower-fab-sha256"
 """File in an installed app's directory holding the SHA-256 of the FAB installed there, written
 once the installation is complete (:func:`install_fabs_once`)."""
@@ -169,11 +167,10 @@ def install_fabs_once() -> None:
     SHA-256 (the whole digest, not the 8 characters of the directory's name) marks a complete
     installation return that directory at once; anything else is installed by Flower's
     function as before, and the installation is marked afterwards. The server calls this
-    before it forks, so its children inherit the wrapper.
+    before it forks, so its children inherit the wrapper, for the server's life
+    (:data:`~pflower.runtime.fence.INSTALL_FROM_FAB`).
     """
-    from flwr.supernode.runtime import run_clientapp
-
-    original = run_clientapp.install_from_fab
+    original = INSTALL_FROM_FAB.current()
 
     def install_from_fab(
         fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt: bool = False
@@ -188,7 +185,7 @@ def install_fabs_once() -> None:
         write_atomically(path / INSTALLED_FAB_MARK, digest)
         return path
 
-    run_clientapp.install_from_fab = install_from_fab
+    INSTALL_FROM_FAB.replace_for_process(install_from_fab)
 
 
 def forget(package: str = APP_PACKAGE) -> None:
@@ -293,18 +290,21 @@ def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> Non
     """In a child: keep the server's imported app only for a FAB with the same code.
 
     Flower loads the ClientApp with ``load_app(reference, error, project_dir)``, which imports
-    the module from the FAB's directory unless it is imported already. This wraps that call: if
-    the FAB's ``package`` and ``conf`` have the digest ``loaded`` of the server's import, the
-    imported modules are used as they are; otherwise (or if Flower has no such call) they are
-    forgotten first and the FAB's own code is imported, as in a new process.
+    the module from the FAB's directory unless it is imported already. This wraps that call
+    (:data:`~pflower.runtime.fence.LOAD_APP`, for the child's life): if the FAB's ``package`` and
+    ``conf`` have the digest ``loaded`` of the server's import, the imported modules are used as
+    they are; otherwise (or if Flower's call is not the one known) they are forgotten first and
+    the FAB's own code is imported, as in a new process.
     """
-    from flwr.clientapp import utils
-
-    original = getattr(utils, "load_app", None)
-    if loaded is None or original is None:
+    try:
+        LOAD_APP.check()
+    except FlowerChanged:
+        loaded = None
+    if loaded is None:
         forget(package)
         _app_kept[0] = False
         return
+    original = LOAD_APP.current()
 
     def load_app(reference: str, error_type: type[Exception], project_dir: object = None) -> object:
         root = Path(str(project_dir)) if project_dir is not None else None
@@ -313,7 +313,7 @@ def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> Non
             _app_kept[0] = False
         return original(reference, error_type, project_dir)
 
-    utils.load_app = load_app
+    LOAD_APP.replace_for_process(load_app)
 
 
 def wait_status(status: int) -> dict[str, int]:
@@ -381,6 +381,7 @@ class ForkServer:
             stream.flush()
         pid = os.fork()
         if pid == 0:
+            die_with_parent(self.pid)
             self._become_child(conn)
             return task
         for fd in fds:
@@ -486,7 +487,7 @@ def import_clientapp_probe() -> None:
 
 # ---------------------------------------------------------------------- starting a server
 def shim_script(python: str) -> str:
-    """The ``flwr-clientapp`` script: :mod:`pflower.deploy.forkclient` on ``python``."""
+    """The ``flwr-clientapp`` script: :mod:`pflower.runtime.forkclient` on ``python``."""
     client = shlex.quote(str(Path(forkclient.__file__).resolve()))
     return f'#!/bin/sh\nexec {shlex.quote(python)} -I -S {client} "$0" "$@"\n'
 
@@ -534,7 +535,7 @@ class ForkServerProcess:
                 python,
                 "-P",
                 "-m",
-                "pflower.deploy.forkserver",
+                "pflower.runtime.forkserver",
                 "--fd",
                 str(listener.fileno()),
                 "--target",
@@ -555,7 +556,7 @@ class ForkServerProcess:
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with the stand-in first on ``PATH``
-        and the socket's path in :data:`~pflower.deploy.forkclient.SOCKET_VARIABLE`."""
+        and the socket's path in :data:`~pflower.runtime.forkclient.SOCKET_VARIABLE`."""
         env = dict(os.environ if base is None else base)
         env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
         env[SOCKET_VARIABLE] = str(self.socket_path)
@@ -579,7 +580,8 @@ class ForkServerProcess:
             raise RuntimeError(f"unexpected reply from the fork server: {reply}")
 
     def stop(self, grace: float = 10.0) -> None:
-        """End the server (running children go on) and remove its directory."""
+        """End the server (and with it any running child: :func:`die_with_parent`) and remove
+        its directory."""
         if self.popen.poll() is None:
             self.popen.terminate()
             try:
@@ -605,6 +607,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGHUP, _stop)
+    if args.watch_pid is not None and args.watch_pid == os.getppid():
+        # SIGTERM (not SIGKILL): the server still removes its directory when it ends
+        die_with_parent(args.watch_pid, signal.SIGTERM)
     listener = socket.socket(fileno=args.fd)
     server = ForkServer(listener, args.watch_pid)
     task, loaded_app = None, None

@@ -12,7 +12,8 @@ In a deployment the ServerApp sends every ``ArrayRecord`` of more than one array
 its reply's records the same way, and the ServerApp unpacks the reply. Each array's bytes,
 dtype, shape and ``stype`` travel unchanged, so every result is bit-identical to unpacked
 messages. A message with nothing packed (every message of a simulation) passes the mod
-untouched, and so does its reply.
+untouched, and so does its reply. (It lives in :mod:`pflower.runtime` for the type of a ClientApp
+mod's ``call_next``, ``flwr.clientapp.typing.ClientAppCallable``, outside Flower's API reference.)
 """
 
 from __future__ import annotations

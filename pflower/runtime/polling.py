@@ -23,7 +23,7 @@ client, the SuperLink of Flower 1.39 sometimes dropped a shared array while anot
 still needed it, and that client failed with ``ObjectPushError``. One push also removes the legacy
 loop's thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the
 messages, and so every result, are the same. The messages' arrays travel packed, each
-``ArrayRecord`` as one array (:mod:`pflower.core.packing`): 5 objects per ``train`` message to
+``ArrayRecord`` as one array (:mod:`pflower.runtime.packing`): 5 objects per ``train`` message to
 move instead of 19 for an 8-tensor model.
 
 :func:`prompt_object_pulls` shortens a wait that every Flower process pulling a message's arrays
@@ -31,8 +31,13 @@ can hit: a message is announced before its arrays are all stored (the SuperNode 
 message, and so starts its ClientApp, before it has pulled the arrays from the SuperLink; a reply
 is pushed before its arrays), and Flower retries an array it cannot have yet after 1 s, then
 2 s, 4 s, ... (``pull_objects``' ``initial_backoff``). The ServerApp (for its replies), the
-SuperNode and its ClientApps (:mod:`pflower.deploy.launcher`, :mod:`pflower.deploy.forkserver`)
+SuperNode and its ClientApps (:mod:`pflower.runtime.launcher`, :mod:`pflower.runtime.forkserver`)
 retry after :data:`OBJECT_PULL_FIRST_S` instead, doubling up to :data:`OBJECT_PULL_LONGEST_S`.
+
+Flower internals used here (:mod:`pflower.runtime.fence`): ``HttpGrid.send_and_receive``'s
+contract, ``GridClientProxy``'s grid, the defaults of ``pull_objects`` and
+``pull_and_inflate_object_from_tree``, and the legacy message conversions of
+``flwr.compat.common.recorddict_compat``.
 """
 
 from __future__ import annotations
@@ -50,11 +55,11 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.server.server import EvaluateResultsAndFailures, FitResultsAndFailures
 from flwr.serverapp.grid import Grid
-from flwr.supercore.inflatable import inflatable_utils
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
 
-from pflower.core.packing import PackedArrays, pack, unpack
+from pflower.runtime.fence import PULL_AND_INFLATE, PULL_OBJECTS
+from pflower.runtime.packing import PackedArrays, pack, unpack
 
 OBJECT_PULL_FIRST_S = 0.02
 """First pause before pulling again an array that is not there yet (Flower: 1 s)."""
@@ -65,22 +70,30 @@ OBJECT_PULL_LONGEST_S = 1.0
 
 def prompt_object_pulls(
     first_s: float = OBJECT_PULL_FIRST_S, longest_s: float = OBJECT_PULL_LONGEST_S
-) -> None:
+) -> Callable[[], None]:
     """Make this process retry an array that is not there yet after ``first_s``, doubling up
-    to ``longest_s`` (see the module docstring): the defaults of Flower's ``pull_objects`` and
-    ``pull_and_inflate_object_from_tree``, which every pull of a message's arrays goes through.
-    Fails if Flower's functions no longer have these parameters."""
-    for function in (
-        inflatable_utils.pull_objects,
-        inflatable_utils.pull_and_inflate_object_from_tree,
-    ):
-        defaults = function.__kwdefaults__ or {}
-        if not {"initial_backoff", "backoff_cap"} <= defaults.keys():
-            raise RuntimeError(
-                f"flwr's {function.__name__} has no initial_backoff/backoff_cap: "
-                "pflower does not know this Flower version's object pulls"
-            )
+    to ``longest_s`` (see the module docstring); returns what puts Flower's defaults back.
+
+    Replaces the ``initial_backoff``/``backoff_cap`` keyword defaults (``__kwdefaults__``) of
+    Flower 1.39's ``inflatable_utils.pull_objects`` and ``pull_and_inflate_object_from_tree``
+    (:data:`~pflower.runtime.fence.PULL_OBJECTS`, :data:`~pflower.runtime.fence.PULL_AND_INFLATE`),
+    which every pull of a message's arrays goes through and which have no other setting. The
+    processes that call it (a deployment's ServerApp, a SuperNode started by pflower's launcher,
+    a fork server) keep it for their life. Fails (:class:`~pflower.runtime.fence.FlowerChanged`)
+    if Flower's functions no longer have these parameters."""
+    saved: list[tuple[Any, dict[str, Any]]] = []
+    for internal in (PULL_OBJECTS, PULL_AND_INFLATE):
+        internal.check()
+        function = internal.current()
+        defaults = function.__kwdefaults__
+        saved.append((function, dict(defaults)))
         defaults.update(initial_backoff=first_s, backoff_cap=longest_s)
+
+    def restore() -> None:
+        for function, defaults in saved:
+            function.__kwdefaults__ = defaults
+
+    return restore
 
 
 class PromptGrid(Grid):
@@ -168,7 +181,7 @@ def exchange(
     """Send each proxy its content in one push; each proxy's reply content, or why it has none.
 
     The messages are those ``GridClientProxy`` builds, with their arrays packed
-    (:mod:`pflower.core.packing`: the ClientApp unpacks them; the replies are unpacked here).
+    (:mod:`pflower.runtime.packing`: the ClientApp unpacks them; the replies are unpacked here).
     Replies are matched by their source node (one message per node). A node that did not reply
     within ``timeout`` or replied with an error gets an exception, as from ``GridClientProxy``.
     """

@@ -8,16 +8,16 @@ is a new Python process that imports Ray, Flower, torch and pflower and then loa
 and builds the federation (``benchmarks/results/README.md``, start-up split). Each actor also
 holds its own copy of the dataset.
 
-Here the driver does that work once: :func:`forked_workers` composes the experiment the
-ClientApps will see, builds its federation and shared model in the driver's caches
-(:func:`pflower.client.app.prepare_ahead`) and then forks the workers, before the ServerApp
-thread starts, while the driver has no other thread. The workers begin with everything imported
-and built, and share the driver's memory pages until they write to them (one dataset per
-machine). :class:`ForkBackend` is the engine's backend over these workers: like Flower's
-``RayBackend`` it runs one message at a time per worker, and the ClientApp gets the message and
-the node's context and returns the reply and the updated context, pickled through a pipe; an
-exception in the ClientApp becomes Flower's ``ClientAppException``, which the engine turns into
-an error reply, as it does for Ray's actors.
+Here the driver does that work once: :func:`forked_workers` composes the experiment the ClientApps
+will see, builds its federation and shared model in the driver's caches (the ``prepare`` it is
+given: :func:`pflower.client.app.prepare_ahead`) and then forks the workers, before the ServerApp
+thread starts, while the driver has no other thread. The workers begin with everything imported and
+built, and share the driver's memory pages until they write to them (one dataset per machine).
+:class:`ForkBackend` is the engine's backend over these workers: like Flower's ``RayBackend`` it
+runs one message at a time per worker, and the ClientApp gets the message and the node's context and
+returns the reply and the updated context, pickled through a pipe; an exception in the ClientApp
+becomes Flower's ``ClientAppException``, which the engine turns into an error reply, as it does for
+Ray's actors.
 
 Limits, stated where the backend is chosen (``conf/backend/fork.yaml``): one machine, no Ray
 cluster; no per-client resource scheduling, every worker trains on ``train.device`` (one GPU
@@ -27,6 +27,10 @@ A process that has used CUDA cannot fork workers that use it, and the driver eva
 on ``train.device``; so a run on a GPU runs in a process of its own forked from the driver
 (:func:`run_in_forked_process`), and the driver itself never uses CUDA: the next job of a Hydra
 sweep (or a resumed run) forks its workers as the first did.
+
+Every process forked here dies with the process it was forked from, whatever ends that one
+(:func:`pflower.runtime.processes.die_with_parent`): a driver ended by ``kill -9`` leaves no
+worker behind.
 """
 
 from __future__ import annotations
@@ -40,20 +44,23 @@ import signal
 import sys
 import traceback
 import types
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from pflower.registry import ConfigError
+from pflower.runtime.fence import RAY_BACKEND
+from pflower.runtime.processes import die_with_parent
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
     from flwr.clientapp import ClientApp
 
-RAY_BACKEND_MODULE = "flwr.server.superlink.fleet.vce.backend.raybackend"
-"""The module from which Flower 1.39's ``start_vce`` imports the one backend it builds."""
+RAY_BACKEND_MODULE = RAY_BACKEND.module
+"""The module from which Flower 1.39's ``start_vce`` imports the one backend it builds
+(:data:`pflower.runtime.fence.START_VCE`)."""
 
 WORKER_STOP_S = 5.0
 """How long :meth:`ForkWorkers.close` waits for a worker to end (and :func:`run_in_forked_process`
@@ -73,11 +80,14 @@ class _Worker:
     connection: Connection
 
 
-def _serve(app: ClientApp, connection: Connection) -> None:
+def _serve(app: ClientApp, connection: Connection, parent_pid: int | None) -> None:
     """A worker's loop: run ``app`` on each (message, context) received, send back the reply
     and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe (the
-    driver ended, even while this worker trained). Ctrl-C is the driver's to handle: it closes
-    the workers."""
+    driver ended, even while this worker trained), and be killed when the driver ``parent_pid``
+    ends (:func:`die_with_parent`; None: not forked, as in a test). Ctrl-C is the driver's to
+    handle: it closes the workers."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     while True:
         try:
@@ -118,7 +128,10 @@ class ForkWorkers:
             for _ in range(count):
                 parent_end, child_end = context.Pipe()
                 process = context.Process(
-                    target=_serve, args=(app, child_end), name="pflower-fork-worker", daemon=True
+                    target=_serve,
+                    args=(app, child_end, os.getpid()),
+                    name="pflower-fork-worker",
+                    daemon=True,
                 )
                 process.start()
                 child_end.close()
@@ -188,7 +201,9 @@ class ForkBackend:
 
     def __init__(self, backend_config: dict[str, object]) -> None:
         if ForkBackend.workers is None:
-            raise RuntimeError("backend=fork runs inside pflower.forkbackend.forked_workers")
+            raise RuntimeError(
+                "backend=fork runs inside pflower.runtime.forkbackend.forked_workers"
+            )
         self._workers = ForkBackend.workers
 
     def build(self, app_fn: Callable[[], ClientApp]) -> None:
@@ -209,8 +224,10 @@ class ForkBackend:
         """The workers end with :func:`forked_workers`."""
 
 
-def _run_and_report(task: Callable[[], None], connection: Connection) -> None:
-    """The forked run process: run ``task``, send back ``None`` or what it raised."""
+def _run_and_report(task: Callable[[], None], connection: Connection, parent_pid: int) -> None:
+    """The forked run process: run ``task``, send back ``None`` or what it raised; killed when
+    ``parent_pid`` ends (and with it, its own workers)."""
+    die_with_parent(parent_pid)
     try:
         task()
     except BaseException as error:
@@ -236,7 +253,9 @@ def run_in_forked_process(task: Callable[[], None]) -> None:
     context = multiprocessing.get_context("fork")
     receiver, sender = context.Pipe(duplex=False)
     # Not a daemon: it forks the run's workers, and daemonic processes may have no children.
-    process = context.Process(target=_run_and_report, args=(task, sender), name="pflower-run")
+    process = context.Process(
+        target=_run_and_report, args=(task, sender, os.getpid()), name="pflower-run"
+    )
     process.start()
     sender.close()
     try:
@@ -265,16 +284,15 @@ def default_worker_count(cpus_per_client: float) -> int:
 
 
 @contextlib.contextmanager
-def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iterator[None]:
+def forked_workers(app: ClientApp, prepare: Callable[[], None], count: int) -> Iterator[None]:
     """While active, Flower's simulation engine runs its ClientApps on ``count`` workers forked
-    from this process, with the experiment of ``overrides`` (the run config's) built first.
+    from this process, after ``prepare()`` built what they share (the run config's experiment:
+    :func:`pflower.client.app.prepare_ahead`).
 
     Flower's ``start_vce`` imports ``RayBackend`` from :data:`RAY_BACKEND_MODULE` when it starts
     the engine; while this is active that module is one whose ``RayBackend`` is
     :class:`ForkBackend` (so Ray is not even imported), and the real module comes back after."""
     import torch
-
-    from pflower.client.app import prepare_ahead
 
     if torch.cuda.is_initialized():  # children of this process could not use CUDA
         raise ConfigError(
@@ -282,7 +300,7 @@ def forked_workers(app: ClientApp, overrides: Sequence[str], count: int) -> Iter
             "start the run with pflower.simulation.run_experiment (which runs a GPU run in a "
             "process of its own), or use backend=ray"
         )
-    prepare_ahead(overrides)
+    prepare()
     workers = ForkWorkers(app, count)
     stand_in = types.ModuleType(RAY_BACKEND_MODULE)
     stand_in.RayBackend = ForkBackend  # type: ignore[attr-defined]

@@ -1,7 +1,7 @@
 """The ``flwr-clientapp`` stand-in: hands the task to pflower's fork server, else runs Flower's.
 
 A SuperExec runs every ClientApp task as a new ``flwr-clientapp`` process, found on ``PATH``.
-:mod:`pflower.deploy.forkserver` puts a script of that name first on the SuperExec's ``PATH``
+:mod:`pflower.runtime.forkserver` puts a script of that name first on the SuperExec's ``PATH``
 which runs this file (``python -I -S``: the standard library only, nothing of pflower, torch or
 Flower is imported here, so it starts in milliseconds). It
 
@@ -98,15 +98,20 @@ def _open_fds() -> list[int]:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (a copy of ``pflower.deploy.processes.pid_alive``: this
-    file runs with the standard library only)."""
+    """Whether a process ``pid`` exists and has not ended (this file runs with the standard
+    library only). A zombie has ended: a task child killed with its server is reaped by
+    whichever process adopted it, maybe never."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[-1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
 
 
 def run_through_server(path: str, argv: list[str]) -> int | None:

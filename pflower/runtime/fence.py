@@ -1,0 +1,317 @@
+"""Every symbol of Flower 1.39 (and of the Ray that Flower 1.39 pins) that pflower replaces, or
+relies on outside Flower's API reference, in one table: :data:`INTERNALS`.
+
+Each entry names the symbol, the parameters pflower was written against (names and kinds; which
+have defaults) and why pflower needs it. A replacement goes through :meth:`Internal.replaced` (a
+context manager that puts the original back when the run ends) or, where the process exists for
+the replacement's sake (the fork server, a SuperNode's launcher, a task's child),
+:meth:`Internal.replace_for_process`. Both check the symbol first and fail with
+:class:`FlowerChanged`, naming it, if Flower changed it; ``tests/test_runtime_fence.py`` checks
+every entry, so a Flower upgrade that moves one fails in one test with one message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import inspect
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+class FlowerChanged(RuntimeError):
+    """A Flower or Ray internal that pflower relies on is not what pflower was written for."""
+
+
+def parameters_of(function: Any) -> str:
+    """``function``'s parameters as ``(a, b=..., *, c=..., **kwargs)``: names and kinds, and
+    which have defaults, without annotations or default values (these may change freely)."""
+    parts: list[str] = []
+    starred = False
+    for parameter in inspect.signature(function).parameters.values():
+        kind = parameter.kind
+        if kind is inspect.Parameter.VAR_POSITIONAL:
+            parts.append(f"*{parameter.name}")
+            starred = True
+            continue
+        if kind is inspect.Parameter.VAR_KEYWORD:
+            parts.append(f"**{parameter.name}")
+            continue
+        if kind is inspect.Parameter.KEYWORD_ONLY and not starred:
+            parts.append("*")
+            starred = True
+        default = "" if parameter.default is inspect.Parameter.empty else "=..."
+        parts.append(f"{parameter.name}{default}")
+    return f"({', '.join(parts)})"
+
+
+@dataclass(frozen=True)
+class Internal:
+    """One Flower (or Ray) symbol outside Flower's API reference that pflower uses."""
+
+    module: str
+    name: str
+    """Attribute of ``module``; ``Class.method`` for a method."""
+    parameters: str | None
+    """What :func:`parameters_of` gives for the symbol in Flower 1.39; None for a module."""
+    why: str
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def _owner(self) -> tuple[Any, str]:
+        try:
+            owner: Any = importlib.import_module(self.module)
+            *path, attribute = self.name.split(".")
+            for step in path:
+                owner = getattr(owner, step)
+        except (ImportError, AttributeError) as error:
+            raise self._changed(f"cannot be found ({error})") from error
+        if not hasattr(owner, attribute):
+            raise self._changed("cannot be found")
+        return owner, attribute
+
+    def current(self) -> Any:
+        """The symbol as it is now in this process."""
+        owner, attribute = self._owner()
+        return getattr(owner, attribute)
+
+    def _changed(self, what: str) -> FlowerChanged:
+        return FlowerChanged(
+            f"{self.qualified} {what}: pflower.runtime was written against Flower 1.39 "
+            f"(flwr[simulation]>=1.39,<1.40), where pflower uses it because {self.why}"
+        )
+
+    def check(self) -> None:
+        """Raise :class:`FlowerChanged` unless the symbol exists with the recorded parameters."""
+        value = self.current()
+        if self.parameters is None:
+            if not isinstance(value, types.ModuleType):
+                raise self._changed(f"is {value!r}, not a module")
+            return
+        found = parameters_of(value)
+        if found != self.parameters:
+            raise self._changed(f"takes {found}, not {self.parameters}")
+
+    @contextlib.contextmanager
+    def replaced(self, replacement: Any) -> Iterator[Any]:
+        """While active, ``replacement`` stands where the symbol is; yields the original, which
+        is put back at the end (also when the block raised)."""
+        self.check()
+        owner, attribute = self._owner()
+        own = attribute in vars(owner)
+        original = vars(owner)[attribute] if own else getattr(owner, attribute)
+        setattr(owner, attribute, replacement)
+        try:
+            yield original
+        finally:
+            if own:
+                setattr(owner, attribute, original)
+            else:
+                delattr(owner, attribute)
+
+    def replace_for_process(self, replacement: Any) -> Any:
+        """Put ``replacement`` where the symbol is for the rest of this process; the original.
+
+        Only for processes that exist for pflower's sake and end with their work (a fork server
+        and its children, a SuperNode or SuperExec started by pflower's launcher)."""
+        self.check()
+        owner, attribute = self._owner()
+        original = getattr(owner, attribute)
+        setattr(owner, attribute, replacement)
+        return original
+
+
+_VCE = "flwr.server.superlink.fleet.vce.vce_api"
+
+REGISTER_NODES = Internal(
+    _VCE,
+    "_register_nodes",
+    "(num_nodes, state_factory)",
+    "the simulation engine makes the node-id -> partition-id map there; pflower publishes it on "
+    "the link state so the server need not ask every node (pflower.runtime.engine)",
+)
+ADD_MESSAGES_TO_QUEUE = Internal(
+    _VCE,
+    "add_messages_to_queue",
+    "(state, queue, nodes_mapping, f_stop)",
+    "Flower's delivery loop scans every stored message for every node every 0.1 s; pflower's "
+    "asks only for the nodes with an undelivered message (pflower.runtime.engine)",
+)
+START_VCE = Internal(
+    _VCE,
+    "start_vce",
+    "(backend_name, backend_config_json_stream, app_dir, is_app, f_stop, run, metrics, "
+    "client_app=..., client_app_attr=..., num_supernodes=..., state_factory=..., "
+    "existing_nodes_mapping=...)",
+    "it imports RayBackend from the raybackend module when the engine starts, the module that "
+    "backend=fork stands in for (pflower.runtime.forkbackend)",
+)
+RAY_BACKEND = Internal(
+    "flwr.server.superlink.fleet.vce.backend.raybackend",
+    "RayBackend",
+    "(backend_config)",
+    "backend=fork replaces this backend class, constructed as RayBackend(backend_config), by "
+    "ForkBackend (pflower.runtime.forkbackend)",
+)
+BACKEND = Internal(
+    "flwr.server.superlink.fleet.vce.backend.backend",
+    "Backend",
+    "(backend_config)",
+    "ForkBackend implements this interface of the simulation engine's backends",
+)
+CLIENT_APP_EXCEPTION = Internal(
+    "flwr.clientapp.client_app",
+    "ClientAppException",
+    "(message)",
+    "a fork worker's failed ClientApp is raised as this, which the engine turns into an error "
+    "reply, as for a Ray actor",
+)
+RUN_SIMULATION = Internal(
+    "flwr.simulation.run_simulation",
+    "_run_simulation",
+    "(num_supernodes, exit_event, client_app=..., server_app=..., backend_name=..., "
+    "backend_config=..., client_app_attr=..., server_app_attr=..., server_app_context=..., "
+    "app_dir=..., run=..., enable_tf_gpu_growth=..., verbose_logging=..., is_app=..., "
+    "metrics=...)",
+    "the public run_simulation takes no run config; this is the call that `flwr run`'s "
+    "simulation runtime makes, with the app directory for the config's defaults",
+)
+FUSED_CONFIG = Internal(
+    "flwr.common.config",
+    "get_fused_config_from_dir",
+    "(project_dir, override_config)",
+    "the run config a simulation's apps see: the app's declared defaults fused with overrides",
+)
+EMPTY_RUN = Internal(
+    "flwr.supercore.run",
+    "Run.create_empty",
+    "(run_id)",
+    "the Run that _run_simulation is given (its id, config and federation)",
+)
+RAY_START_MONITOR = Internal(
+    "ray._private.node",
+    "Node.start_monitor",
+    "(self)",
+    "it starts Ray's autoscaler monitor, which a one-node simulation does not use (about 1.5 s "
+    "and 60 MB of ray.init on 2 cores; Ray has no public switch)",
+)
+RAY_START_API_SERVER = Internal(
+    "ray._private.node",
+    "Node.start_api_server",
+    "(self, *, include_dashboard, raise_on_failure)",
+    "it starts Ray's API server, which with include_dashboard=False serves only usage "
+    "statistics, and ray.init waits for it (Ray has no public switch)",
+)
+IN_MEMORY_GRID = Internal(
+    "flwr.superlink.grid.inmemory_grid",
+    "InMemoryGrid",
+    "(state_factory, pull_interval=...)",
+    "a simulation's nodes are reached through it (how the server knows it is in a simulation, "
+    "and where it finds the published partitions)",
+)
+HTTP_GRID_SEND_AND_RECEIVE = Internal(
+    "flwr.superlink.grid",
+    "HttpGrid.send_and_receive",
+    "(self, messages, *, timeout=...)",
+    "PromptGrid keeps its contract (push, pull until all replied or timeout) with shorter "
+    "pauses than its 3 s (pflower.runtime.polling)",
+)
+GRID_CLIENT_PROXY = Internal(
+    "flwr.server.compat.grid_client_proxy",
+    "GridClientProxy",
+    "(node_id, grid, run_id)",
+    "the legacy server's proxy of a node; pflower swaps its grid for a PromptGrid "
+    "(pflower.runtime.polling)",
+)
+PULL_OBJECTS = Internal(
+    "flwr.supercore.inflatable.inflatable_utils",
+    "pull_objects",
+    "(object_ids, pull_object_fn, *, max_concurrent_pulls=..., max_time=..., "
+    "max_tries_per_object=..., initial_backoff=..., backoff_cap=...)",
+    "its initial_backoff (1 s) delays every array a message announced before it was stored; "
+    "pflower changes the default (pflower.runtime.polling.prompt_object_pulls)",
+)
+PULL_AND_INFLATE = Internal(
+    "flwr.supercore.inflatable.inflatable_utils",
+    "pull_and_inflate_object_from_tree",
+    "(object_tree, pull_object_fn, confirm_object_received_fn, *, return_type=..., "
+    "max_concurrent_pulls=..., max_time=..., max_tries_per_object=..., initial_backoff=..., "
+    "backoff_cap=...)",
+    "as pull_objects: its backoff defaults are changed (pflower.runtime.polling)",
+)
+INSTALL_FROM_FAB = Internal(
+    "flwr.supernode.runtime.run_clientapp",
+    "install_from_fab",
+    "(fab_file, install_dir=..., skip_prompt=...)",
+    "every ClientApp task unpacks and checks the run's FAB again (0.3-0.8 s); the fork server "
+    "returns a complete earlier installation at once (pflower.runtime.forkserver)",
+)
+LOAD_APP = Internal(
+    "flwr.clientapp.utils",
+    "load_app",
+    "(module_attribute_str, error_type, project_dir=...)",
+    "a fork server's child keeps the server's import of pflower only for a FAB with the same "
+    "code (pflower.runtime.forkserver)",
+)
+FLWR_CLIENTAPP = Internal(
+    "flwr.supernode.cli.flwr_clientapp",
+    "flwr_clientapp",
+    "()",
+    "the flwr-clientapp entry point that a fork server's child runs",
+)
+FLOWER_SUPERNODE = Internal(
+    "flwr.supernode.cli.flower_supernode",
+    "flower_supernode",
+    "()",
+    "the flower-supernode entry point that pflower's launcher runs in its own process",
+)
+FLOWER_SUPEREXEC = Internal(
+    "flwr.supercore.cli.flower_superexec",
+    "flower_superexec",
+    "()",
+    "the flower-superexec entry point that pflower's launcher runs in its own process",
+)
+SUPERNODE_TIME = Internal(
+    "flwr.supernode.start_client_internal",
+    "time",
+    None,
+    "the SuperNode's message loop sleeps 3 s / 0.5 s through this module's time.sleep, with no "
+    "setting; the launcher gives the loop a capped sleep (pflower.runtime.launcher)",
+)
+CONSOLE_HANDLER = Internal(
+    "flwr.supercore.logger",
+    "update_console_handler",
+    "(level=..., timestamps=..., colored=...)",
+    "the live view shows only Flower's warnings on the console (pflower.runtime.logs)",
+)
+
+INTERNALS: tuple[Internal, ...] = (
+    REGISTER_NODES,
+    ADD_MESSAGES_TO_QUEUE,
+    START_VCE,
+    RAY_BACKEND,
+    BACKEND,
+    CLIENT_APP_EXCEPTION,
+    RUN_SIMULATION,
+    FUSED_CONFIG,
+    EMPTY_RUN,
+    RAY_START_MONITOR,
+    RAY_START_API_SERVER,
+    IN_MEMORY_GRID,
+    HTTP_GRID_SEND_AND_RECEIVE,
+    GRID_CLIENT_PROXY,
+    PULL_OBJECTS,
+    PULL_AND_INFLATE,
+    INSTALL_FROM_FAB,
+    LOAD_APP,
+    FLWR_CLIENTAPP,
+    FLOWER_SUPERNODE,
+    FLOWER_SUPEREXEC,
+    SUPERNODE_TIME,
+    CONSOLE_HANDLER,
+)
+"""Every Flower/Ray internal pflower uses (``tests/test_runtime_fence.py`` checks each)."""
