@@ -227,6 +227,19 @@ GRID_CLIENT_PROXY = Internal(
     "the legacy server's proxy of a node; pflower swaps its grid for a PromptGrid "
     "(pflower.runtime.polling)",
 )
+FIT_CLIENTS = Internal(
+    "flwr.server.server",
+    "fit_clients",
+    "(client_instructions, max_workers, timeout, group_id)",
+    "the legacy server loop's fit phase (one thread per client), which pflower's checkpointing "
+    "loop uses outside a deployment (pflower.server.loop, through pflower.runtime.polling)",
+)
+EVALUATE_CLIENTS = Internal(
+    "flwr.server.server",
+    "evaluate_clients",
+    "(client_instructions, max_workers, timeout, group_id)",
+    "the legacy server loop's evaluate phase, used as fit_clients is",
+)
 PULL_OBJECTS = Internal(
     "flwr.supercore.inflatable.inflatable_utils",
     "pull_objects",
@@ -304,6 +317,8 @@ INTERNALS: tuple[Internal, ...] = (
     IN_MEMORY_GRID,
     HTTP_GRID_SEND_AND_RECEIVE,
     GRID_CLIENT_PROXY,
+    FIT_CLIENTS,
+    EVALUATE_CLIENTS,
     PULL_OBJECTS,
     PULL_AND_INFLATE,
     INSTALL_FROM_FAB,

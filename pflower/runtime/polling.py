@@ -34,7 +34,10 @@ is pushed before its arrays), and Flower retries an array it cannot have yet aft
 SuperNode and its ClientApps (:mod:`pflower.runtime.launcher`, :mod:`pflower.runtime.forkserver`)
 retry after :data:`OBJECT_PULL_FIRST_S` instead, doubling up to :data:`OBJECT_PULL_LONGEST_S`.
 
-Flower internals used here (:mod:`pflower.runtime.fence`): ``HttpGrid.send_and_receive``'s
+Outside a deployment the rounds go through Flower's legacy ``fit_clients``/``evaluate_clients``
+(:data:`~pflower.runtime.fence.FIT_CLIENTS`), which this module hands on with their result types
+(:func:`fit_clients`, :func:`evaluate_clients`). Flower internals used here
+(:mod:`pflower.runtime.fence`): ``HttpGrid.send_and_receive``'s
 contract, ``GridClientProxy``'s grid, the defaults of ``pull_objects`` and
 ``pull_and_inflate_object_from_tree``, and the legacy message conversions of
 ``flwr.compat.common.recorddict_compat``.
@@ -53,13 +56,31 @@ from flwr.compat.common import recorddict_compat as compat
 from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat.grid_client_proxy import GridClientProxy
-from flwr.server.server import EvaluateResultsAndFailures, FitResultsAndFailures
+from flwr.server.server import (
+    EvaluateResultsAndFailures,
+    FitResultsAndFailures,
+    evaluate_clients,
+    fit_clients,
+)
 from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
 
 from pflower.runtime.fence import PULL_AND_INFLATE, PULL_OBJECTS
 from pflower.runtime.packing import PackedArrays, pack, unpack
+
+__all__ = [
+    "EvaluateResultsAndFailures",
+    "FitResultsAndFailures",
+    "PromptClientManager",
+    "PromptGrid",
+    "evaluate_at_once",
+    "evaluate_clients",
+    "fit_at_once",
+    "fit_clients",
+    "prompt_object_pulls",
+    "round_grid",
+]
 
 OBJECT_PULL_FIRST_S = 0.02
 """First pause before pulling again an array that is not there yet (Flower: 1 s)."""

@@ -33,12 +33,6 @@ from flwr.server import Server
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.history import History
-from flwr.server.server import (
-    EvaluateResultsAndFailures,
-    FitResultsAndFailures,
-    evaluate_clients,
-    fit_clients,
-)
 
 from pflower.core.checkpoint import (
     ATTEMPT,
@@ -51,7 +45,15 @@ from pflower.core.checkpoint import (
 )
 from pflower.core.strategy import GlobalEvaluation, PersonalizedStrategy
 from pflower.results.rundir import RunRecorder, resolved_config
-from pflower.runtime.polling import evaluate_at_once, fit_at_once, round_grid
+from pflower.runtime.polling import (
+    EvaluateResultsAndFailures,
+    FitResultsAndFailures,
+    evaluate_at_once,
+    evaluate_clients,
+    fit_at_once,
+    fit_clients,
+    round_grid,
+)
 
 
 class GlobalStage:
