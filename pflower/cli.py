@@ -32,10 +32,10 @@ from rich.markup import escape
 
 from pflower.compose import compose_config, validate
 from pflower.config import ExperimentConfig, conf_dir
-from pflower.console import plain_flower_console_unless_tty
 from pflower.datasets.base import DatasetNotFoundError
 from pflower.datasets.sources import CorruptDatasetError
 from pflower.registry import ConfigError
+from pflower.runtime.logs import plain_flower_console_unless_tty
 
 # Tables stay readable when the output is piped to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 160)

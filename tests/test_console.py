@@ -1,5 +1,5 @@
 """Console colour: Flower's log lines carry ANSI codes only on a terminal
-(:mod:`pflower.console`), so piped output (CI logs, ``| tee``) is plain text."""
+(:mod:`pflower.runtime.logs`), so piped output (CI logs, ``| tee``) is plain text."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from flwr.supercore.logger import LOGGER_NAME, ConsoleHandler
 
-from pflower.console import plain_flower_console_unless_tty
+from pflower.runtime.logs import plain_flower_console_unless_tty
 
 ROOT = Path(__file__).resolve().parents[1]
 

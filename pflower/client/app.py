@@ -13,12 +13,12 @@ from omegaconf import DictConfig
 
 from pflower.compose import compose_config, config_from_run_config, warm_config
 from pflower.config import StateStore
-from pflower.console import plain_flower_console_unless_tty
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.registry import ConfigError
+from pflower.runtime.logs import plain_flower_console_unless_tty
 from pflower.runtime.packing import packed_arrays_mod
 
 

@@ -301,6 +301,13 @@ CONSOLE_HANDLER = Internal(
     "(level=..., timestamps=..., colored=...)",
     "the live view shows only Flower's warnings on the console (pflower.runtime.logs)",
 )
+CONSOLE_HANDLER_CLASS = Internal(
+    "flwr.supercore.logger",
+    "ConsoleHandler",
+    "(timestamps=..., json=..., colored=..., stream=...)",
+    "it colours every line unconditionally; pflower sets its colored attribute off where the "
+    "stream is no terminal (pflower.runtime.logs)",
+)
 
 INTERNALS: tuple[Internal, ...] = (
     REGISTER_NODES,
@@ -328,5 +335,6 @@ INTERNALS: tuple[Internal, ...] = (
     FLOWER_SUPEREXEC,
     SUPERNODE_TIME,
     CONSOLE_HANDLER,
+    CONSOLE_HANDLER_CLASS,
 )
 """Every Flower/Ray internal pflower uses (``tests/test_runtime_fence.py`` checks each)."""

@@ -15,7 +15,6 @@ from omegaconf import DictConfig
 
 from pflower.compose import config_from_run_config
 from pflower.config import overrides_from_run_config
-from pflower.console import plain_flower_console_unless_tty
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import (
     CHECKPOINT_FILE,
@@ -28,6 +27,7 @@ from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.results.rundir import RecorderPosition, RunRecorder, resolved_config
+from pflower.runtime.logs import plain_flower_console_unless_tty
 from pflower.runtime.polling import PromptClientManager
 from pflower.server.loop import CheckpointingServer
 
