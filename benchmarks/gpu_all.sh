@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Every GPU measurement of issue 39 in one device call, bounded in time (default 530 s in all).
+#
+# Before the call, on the development machine: `bash benchmarks/gpu_prepare.sh` (wheels and
+# MNIST into .gpu/). The call (one, on an nvidia-h100-x1 or nvidia-h200):
+#
+#   run(command="bash benchmarks/gpu_all.sh", carry=[".gpu"], timeout_s=600)
+#
+# Results land in $OUT (gpu.json, gpu.md, gpu_all.log, nvidia-smi.txt); copy them into
+# benchmarks/results/ (gpu.json appended, gpu.md's new rows under a dated heading) with the
+# machine's name. Steps run in priority order; each gets at most its own limit and what is
+# left of BUDGET_S, and a step that no longer fits is skipped and logged as such, so a second
+# call can run the rest: `bash benchmarks/gpu_all.sh scaling-fedala floor-small options`.
+#
+# GPU_ARGS="--device cpu --smoke" runs the same steps on a CPU, tiny (a check of the script).
+#
+# Steps (what benchmarks/gpu.py measures: see its docstring):
+#   floor-resnet   pflower vs the bare loop: FedMPR's ResNet-18 on CIFAR-shaped data, 1 epoch
+#   floor-mlp-cnn  the same for FLAME's MLP and FedALA's CNN presets
+#   scaling-flame  rounds/s with 1, 5, 10 concurrent clients (forked workers on the one GPU;
+#                  the preset has 10 clients)
+#   scaling-fedala the same with 1, 5, 20 for FedALA's CNN (20 clients; FedAvg, so that round 2
+#                  has no ALA start phase)
+#   floor-small    pflower vs the bare loop: FLIU, DiversiFed (on MNIST)
+#   options        train.amp=bf16 + channels_last on ResNet-18, data_on_device on FedALA's CNN
+set -uo pipefail
+cd "$(dirname "$0")/.."
+started=$SECONDS
+budget=${BUDGET_S:-530}
+out=${OUT:-/tmp/gpu_all}
+mkdir -p "$out"
+log="$out/gpu_all.log"
+exec > >(tee -a "$log") 2>&1
+export PYTHONUNBUFFERED=1 PFLOWER_DATA=${PFLOWER_DATA:-$PWD/.gpu/data}
+python=${PYTHON:-python3}
+
+if ! $python -c "import flwr, hydra" 2>/dev/null; then
+    if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
+        $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .gpu/wheels/*.whl || exit 3
+        export PYTHONPATH=/tmp/site
+    else
+        echo "gpu_all.sh: flwr/hydra missing and no .gpu/wheels: run benchmarks/gpu_prepare.sh here first and carry .gpu"
+        exit 3
+    fi
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+$python -c "import pflower.cli, torch; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())" || exit 3
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+echo "gpu_all.sh: environment ready after $((SECONDS - started)) s"
+
+step() {  # step NAME LIMIT_S ARGS...: run benchmarks/gpu.py within min(LIMIT_S, time left)
+    local name=$1 limit=$2
+    shift 2
+    local left=$((budget - (SECONDS - started)))
+    if [ "$left" -lt 45 ]; then
+        echo "gpu_all.sh: SKIPPED $name: ${left} s left of ${budget} s"
+        return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+    echo "gpu_all.sh: step $name (limit ${limit} s) at $((SECONDS - started)) s"
+    timeout --signal=INT --kill-after=10 "$limit" \
+        "$python" benchmarks/gpu.py ${GPU_ARGS:---device cuda} --out "$out" "$@"
+    echo "gpu_all.sh: step $name ended with $? at $((SECONDS - started)) s"
+}
+
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(floor-resnet floor-mlp-cnn scaling-flame scaling-fedala floor-small options)
+for name in "${steps[@]}"; do
+    case $name in
+        floor-resnet) step "$name" 170 --rounds 4 --cases resnet18-cifar --case-limit 100 \
+            --set train.local_epochs=1 ;;
+        floor-mlp-cnn) step "$name" 150 --rounds 4 --cases flame fedala --case-limit 70 ;;
+        scaling-flame) step "$name" 110 --rounds 4 --no-floor --scaling-cases flame \
+            --workers 1 5 10 --case-limit 40 ;;
+        scaling-fedala) step "$name" 150 --rounds 4 --no-floor --scaling-cases fedala-cnn \
+            --workers 1 5 20 --case-limit 60 ;;
+        floor-small) step "$name" 130 --rounds 4 --cases fliu diversifed --case-limit 45 \
+            --set dataset=mnist ;;
+        options)
+            step "$name-amp" 170 --rounds 4 --cases resnet18-cifar --case-limit 100 \
+                --set train.local_epochs=1 train.amp=bf16 train.channels_last=true
+            step "$name-resident" 90 --rounds 4 --cases fedala-cnn --case-limit 60 \
+                --set train.data_on_device=true ;;
+        *) echo "gpu_all.sh: unknown step $name" ;;
+    esac
+done
+echo "gpu_all.sh: done after $((SECONDS - started)) s"
