@@ -132,8 +132,9 @@ class TrainConfig:
             convolutions on GPUs with tensor cores).
         data_on_device: a client's data copied to the model's device once per message instead
             of every batch, when it fits in the device's free memory (a no-op on the CPU).
-        The last three are opt-in speed options of ``pflower.core.training``'s loops (algorithms
-        with loops of their own ignore them); with their defaults results are unchanged.
+        The last three are opt-in speed options of local training in ``pflower.core.training``
+        (algorithms with loops of their own ignore them; evaluation stays float32); with their
+        defaults results are unchanged (docs/guide/speed.md).
     """
 
     local_epochs: int = tunable(
