@@ -10,10 +10,9 @@ an algorithm overrides only the hooks that hold its mathematics:
 - :meth:`remember`: what to keep in ``context.state`` after training (default: nothing);
 - :meth:`upload`: what to send back (default: the trained weights);
 - :meth:`personalize`: the deployable model at stage L1 (default: the global model);
-- :meth:`global_model_for_eval`: the client's global model, for algorithms that hold both a
-  personalized and a global model (default: None). When given, stage L1 also reports the
-  personalized model (PM), the global model (GM) and the hybrid model (HM: the better of the two,
-  chosen on the split ``selection.split`` names), as in the FLAME paper (Zhu et al., Sec. IV-D).
+- :meth:`evaluation_metrics`: what stage L1 reports about the deployable model (default:
+  :meth:`stage_metrics`; the methods that keep a personalized and a global model add the FLAME
+  paper's PM/GM/HM metrics, :class:`pflower.strategies.moreau.PersonalAndGlobalClient`).
 
 ``fit`` trains and evaluates stage L2 (the trained model; in an evaluation round, when the fit
 config's ``measure-l2`` is not false); ``evaluate`` evaluates stage L1 (the
@@ -32,7 +31,6 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
-from pflower.config import SelectionSplit
 from pflower.core.experiment import ClientData, Experiment
 from pflower.core.options import OptionsT
 from pflower.core.state import ClientState
@@ -116,15 +114,11 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         """Algorithm-specific scalars reported with the fit result."""
         return {}
 
-    def global_model_for_eval(
+    def evaluation_metrics(
         self, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays | None:
-        """The client's global model (GM) beside its personalized one, or None if it has none.
-
-        Algorithms with both (Ditto, pFedMe, FLAME, APFL ...) return it; stage L1 then carries
-        ``acc_pm``/``acc_gm``/``acc_hm`` (and losses) and ``hm_choice_pm``.
-        """
-        return None
+    ) -> dict[str, Scalar]:
+        """Stage L1's metrics; ``self.model`` holds the deployable model (:meth:`personalize`)."""
+        return self.stage_metrics()
 
     # ------------------------------------------------------------------- shared machinery
     def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
@@ -217,47 +211,11 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
     ) -> tuple[float, int, dict[str, Scalar]]:
         check_same_code(config)
         set_weights(self.model, self.personalize(parameters, config))
-        metrics: dict[str, Scalar] = {"partition_id": self.partition_id, **self.stage_metrics()}
-        global_model = self.global_model_for_eval(parameters, config)
-        if global_model is not None:
-            metrics.update(self.hybrid_metrics(metrics, global_model))
-        return float(metrics["loss_local"]), int(metrics["num_test"]), metrics
-
-    def hybrid_metrics(
-        self, personal: dict[str, Scalar], global_model: NDArrays
-    ) -> dict[str, Scalar]:
-        """PM, GM and HM on the local test split (FLAME paper, Sec. IV-D); ``self.model`` holds
-        the PM and ``personal`` its stage metrics.
-
-        HM is the model with the higher accuracy on ``selection.split`` (ties: PM); its test
-        accuracy and loss are reported, and ``loss_hm_min`` = min(loss_pm, loss_gm) as well.
-        """
-        batch_size = self.experiment.settings.eval.batch_size
-        by_val = self.experiment.settings.selection.split == SelectionSplit.val
-        if by_val and len(self.data.val) == 0:
-            raise ValueError(
-                "selection.split=val needs a validation share: set split.val_fraction > 0"
-            )
-        if by_val:
-            pm_val = evaluate(self.model, self.data.val, self.data.prepare, batch_size)
-        set_weights(self.model, global_model)
-        gm = evaluate(self.model, self.data.test, self.data.prepare, batch_size)
-        acc_pm, loss_pm = float(personal["acc_local"]), float(personal["loss_local"])
-        if by_val:
-            gm_val = evaluate(self.model, self.data.val, self.data.prepare, batch_size)
-            choose_pm = pm_val.accuracy >= gm_val.accuracy
-        else:
-            choose_pm = acc_pm >= gm.accuracy
-        return {
-            "acc_pm": acc_pm,
-            "loss_pm": loss_pm,
-            "acc_gm": gm.accuracy,
-            "loss_gm": gm.loss,
-            "acc_hm": acc_pm if choose_pm else gm.accuracy,
-            "loss_hm": loss_pm if choose_pm else gm.loss,
-            "loss_hm_min": min(loss_pm, gm.loss),
-            "hm_choice_pm": 1.0 if choose_pm else 0.0,
+        metrics: dict[str, Scalar] = {
+            "partition_id": self.partition_id,
+            **self.evaluation_metrics(parameters, config),
         }
+        return float(metrics["loss_local"]), int(metrics["num_test"]), metrics
 
 
 def server_round(config: dict[str, Any]) -> int:

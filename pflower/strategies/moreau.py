@@ -9,7 +9,8 @@ line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
 - :func:`steps_per_epoch`: the mini-batches of one pass (when the per-pass updates run);
 - :func:`float_or`: an elementwise closed-form update that leaves non-float arrays alone;
 - :class:`PersonalAndGlobalClient`: stage L1 evaluates the stored personalized model (PM) and
-  the received global model (GM), and reports the hybrid model (FLAME paper, Sec. IV-D).
+  the received global model (GM), and reports the hybrid model (HM, the better of the two on the
+  split ``selection.split`` names; FLAME paper, Sec. IV-D).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.config import SelectionSplit
 from pflower.core.client import PersonalClient
 from pflower.core.options import OptionsT
-from pflower.core.training import Regularizer, model_device
+from pflower.core.training import Regularizer, evaluate, model_device, set_weights
 
 
 def anchor_tensors(model: nn.Module, weights: NDArrays) -> dict[str, torch.Tensor]:
@@ -87,6 +89,51 @@ class PersonalAndGlobalClient(PersonalClient[OptionsT]):
 
     def global_model_for_eval(
         self, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> NDArrays | None:
+    ) -> NDArrays:
         """The GM: the received global model, for the hybrid model (FLAME paper, Sec. IV-D)."""
         return global_weights
+
+    def evaluation_metrics(
+        self, global_weights: NDArrays, config: dict[str, Scalar]
+    ) -> dict[str, Scalar]:
+        """The PM's stage metrics plus ``acc_pm``/``acc_gm``/``acc_hm`` (and losses) and
+        ``hm_choice_pm`` (:meth:`hybrid_metrics`)."""
+        metrics = self.stage_metrics()
+        global_model = self.global_model_for_eval(global_weights, config)
+        return {**metrics, **self.hybrid_metrics(metrics, global_model)}
+
+    def hybrid_metrics(
+        self, personal: dict[str, Scalar], global_model: NDArrays
+    ) -> dict[str, Scalar]:
+        """PM, GM and HM on the local test split (FLAME paper, Sec. IV-D); ``self.model`` holds
+        the PM and ``personal`` its stage metrics.
+
+        HM is the model with the higher accuracy on ``selection.split`` (ties: PM); its test
+        accuracy and loss are reported, and ``loss_hm_min`` = min(loss_pm, loss_gm) as well.
+        """
+        batch_size = self.experiment.settings.eval.batch_size
+        by_val = self.experiment.settings.selection.split == SelectionSplit.val
+        if by_val and len(self.data.val) == 0:
+            raise ValueError(
+                "selection.split=val needs a validation share: set split.val_fraction > 0"
+            )
+        if by_val:
+            pm_val = evaluate(self.model, self.data.val, self.data.prepare, batch_size)
+        set_weights(self.model, global_model)
+        gm = evaluate(self.model, self.data.test, self.data.prepare, batch_size)
+        acc_pm, loss_pm = float(personal["acc_local"]), float(personal["loss_local"])
+        if by_val:
+            gm_val = evaluate(self.model, self.data.val, self.data.prepare, batch_size)
+            choose_pm = pm_val.accuracy >= gm_val.accuracy
+        else:
+            choose_pm = acc_pm >= gm.accuracy
+        return {
+            "acc_pm": acc_pm,
+            "loss_pm": loss_pm,
+            "acc_gm": gm.accuracy,
+            "loss_gm": gm.loss,
+            "acc_hm": acc_pm if choose_pm else gm.accuracy,
+            "loss_hm": loss_pm if choose_pm else gm.loss,
+            "loss_hm_min": min(loss_pm, gm.loss),
+            "hm_choice_pm": 1.0 if choose_pm else 0.0,
+        }
