@@ -6,6 +6,12 @@ simulation published). Waits are bounded: before round 1 the server waits at mos
 ``connect_timeout`` for ``num_clients`` nodes, logging the missing partitions, then fails naming
 the expected and the connected nodes; a simulation with another number of SuperNodes is refused
 at once.
+
+A node that misses a phase's deadline (it was sent work and did not reply, or the server waited
+``connect_timeout`` for it) is marked absent: later phases and rounds do not wait for it again.
+A node that reconnects is asked for its partition at the next phase that starts and is no longer
+absent. A node that registers a partition id outside ``0 .. num_clients-1``, or one that another
+connected node holds, is refused (logged and recorded) and asked again later.
 """
 
 from __future__ import annotations
@@ -64,6 +70,26 @@ class NodeRoster:
         self.train_sizes: list[int] | None = None
         """Training-set size of every partition, from the server's own copy of the federation
         (set by the ServerApp): with it, a simulation's nodes need not be asked."""
+        self.absent: set[int] = set()
+        """Partitions whose node missed a deadline: not waited for until a node of theirs
+        reconnects."""
+
+    def present(self, client_manager: ClientManager) -> set[int]:
+        """The partitions of the connected nodes (those whose partition is known)."""
+        return {self.partition_of[cid] for cid in client_manager.all() if cid in self.partition_of}
+
+    def mark_absent(self, partitions: set[int], why: str) -> None:
+        """Stop waiting for ``partitions`` (they missed a deadline: ``why``) until they return."""
+        new = partitions - self.absent
+        if new:
+            self.absent |= new
+            log(
+                WARNING,
+                "partition(s) %s marked absent (%s): later phases and rounds do not wait for "
+                "them until their node reconnects",
+                ranges(sorted(new)),
+                why,
+            )
 
     def partition(self, proxy: ClientProxy) -> int:
         """The partition ``proxy``'s node holds (it must be known)."""
@@ -80,6 +106,10 @@ class NodeRoster:
         """
         refused = self.await_nodes(client_manager, initial=not self.partition_of)
         self.learn_partitions(client_manager, skip=set(refused))
+        back = self.absent & self.present(client_manager)
+        if back:
+            log(INFO, "partition(s) %s reconnected", ranges(sorted(back)))
+            self.absent -= back
         proxies = sorted(
             (p for p in client_manager.all().values() if p.cid in self.partition_of),
             key=self.partition,
@@ -108,7 +138,7 @@ class NodeRoster:
         if asking is None:
             return {}
         asking.wait()
-        return self._record_answers(asking.answers)
+        return self._record_answers(asking.answers, client_manager)
 
     def _read_simulated_partitions(self, client_manager: ClientManager) -> bool:
         """In a simulation that published its node-to-partition map (pflower's own), take every
@@ -145,19 +175,43 @@ class NodeRoster:
         return NodeQuestions(new, ask)
 
     def _record_answers(
-        self, answers: dict[str, dict[str, Scalar] | BaseException]
+        self, answers: dict[str, dict[str, Scalar] | BaseException], client_manager: ClientManager
     ) -> dict[str, str]:
-        """Keep the partitions the nodes reported; record the nodes that failed (returned)."""
+        """Keep the partitions the nodes reported; record the nodes that failed or were refused
+        (returned, with the reason)."""
         refused: dict[str, str] = {}
         for cid, answer in answers.items():
-            if isinstance(answer, BaseException):  # a broken node must not stop the others
-                refused[cid] = failure_text(answer)
-                self.recorder.failures(0, "connect", {f"node {cid}": refused[cid]})
+            problem = (
+                failure_text(answer)  # a broken node must not stop the others
+                if isinstance(answer, BaseException)
+                else self._registration_problem(cid, answer, client_manager)
+            )
+            if problem:
+                refused[cid] = problem
+                log(WARNING, "node %s refused: %s", cid, problem)
+                self.recorder.failures(0, "connect", {f"node {cid}": problem})
                 continue
             partition_id = int(answer["partition_id"])
             self.partition_of[cid] = partition_id
             self.num_train[partition_id] = int(answer["num_train"])
         return refused
+
+    def _registration_problem(
+        self, cid: str, answer: dict[str, Scalar], client_manager: ClientManager
+    ) -> str | None:
+        """Why a node's registration (its partition id and training-set size) is refused."""
+        partition_id, num_train = answer.get("partition_id"), answer.get("num_train")
+        expected = self.settings.num_clients
+        if not isinstance(partition_id, int) or not 0 <= partition_id < expected:
+            return f"partition_id={partition_id!r:.40} is not in 0..{expected - 1}"
+        if not isinstance(num_train, int) or isinstance(num_train, bool) or num_train < 0:
+            return f"num_train={num_train!r:.40} is not a count"
+        connected = client_manager.all()
+        holders = [c for c, p in self.partition_of.items() if p == partition_id and c != cid]
+        holder = next((c for c in holders if c in connected), None)
+        if holder is not None:
+            return f"claims partition {partition_id}, already held by node {holder}"
+        return None
 
     def await_nodes(self, client_manager: ClientManager, initial: bool) -> dict[str, str]:
         """Wait, at most ``connect_timeout`` seconds, until ``num_clients`` nodes are connected.
@@ -173,13 +227,14 @@ class NodeRoster:
         expected = self.settings.num_clients
         limit = self.settings.connect_timeout
         every = self.settings.connect_log_every
+        wanted = expected - len(self.absent - self.present(client_manager))
         start = time.monotonic()
         next_log = start
         refused: dict[str, str] = {}
         asking: NodeQuestions | None = None  # nodes are asked in the background: logs keep coming
         while True:
             if asking is not None and asking.done():
-                refused.update(self._record_answers(asking.answers))
+                refused.update(self._record_answers(asking.answers, client_manager))
                 asking = None
             connected = client_manager.num_available()
             waited = time.monotonic() - start
@@ -192,10 +247,10 @@ class NodeRoster:
                 )
             ):
                 self._give_up(simulation_mismatch(simulated, expected))
-            if connected >= expected:
+            if connected >= wanted:
                 if asking is not None:
                     asking.wait()
-                    refused.update(self._record_answers(asking.answers))
+                    refused.update(self._record_answers(asking.answers, client_manager))
                 if waited >= every:
                     log(INFO, "all %s nodes connected after %.0f s", expected, waited)
                 return refused
@@ -216,7 +271,7 @@ class NodeRoster:
             pause = min(1.0, every, max(0.0, limit - (now - start)))
             client_manager.wait_for(expected, timeout=pause)  # type: ignore[arg-type]
         if asking is not None:  # what the nodes answered so far; the others are left unanswered
-            refused.update(self._record_answers(asking.answers))
+            refused.update(self._record_answers(asking.answers, client_manager))
         report = self.report(client_manager, refused)
         if initial:
             self._give_up(
@@ -225,6 +280,8 @@ class NodeRoster:
                 "SuperNodes (one per partition), lower num_clients, or raise connect_timeout."
             )
         log(WARNING, "going on without the missing nodes after %.0f s: %s", limit, report)
+        missing = set(range(expected)) - self.present(client_manager)
+        self.mark_absent(missing, f"not connected within connect_timeout={limit:g} s")
         return refused
 
     def report(self, client_manager: ClientManager, refused: dict[str, str]) -> str:

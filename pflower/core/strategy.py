@@ -115,6 +115,9 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     layers). :meth:`average` then averages each array over the clients that sent it and keeps the
     current global array where none did."""
 
+    text_metrics: ClassVar[frozenset[str]] = frozenset()
+    """Metrics the algorithm's clients report as text (every other metric is a number)."""
+
     checkpointed: ClassVar[tuple[str, ...]] = ("_global_weights", "client_models")
     """Attributes that hold what the strategy has learned, saved by :meth:`checkpoint_state`.
     A subclass names only its own (the names of its bases are added): server state it sets in
@@ -148,7 +151,7 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         """Partition ids held out of training (``eval.unseen_fraction``), scored as stage U."""
         self.roster = NodeRoster(settings, self.recorder)
         """Which node holds which partition; the bounded wait for nodes."""
-        self.policy = UpdatePolicy(settings, self.recorder)
+        self.policy = UpdatePolicy(settings, self.recorder, self.roster.mark_absent)
         """What is accepted from clients; failed and rejected clients; when a round fails."""
         self.ledger = StageLedger(self.recorder, self.malicious, self.unseen)
         """Bytes sent to each client and the per-client stage rows."""
@@ -246,16 +249,6 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         """Training-set size of every connected client, by partition id (asked once per node)."""
         return dict(self.roster.num_train)
 
-    @property
-    def train_sizes(self) -> list[int] | None:
-        """Training-set size of every partition, from the server's own copy of the federation
-        (set by the ServerApp): with it, a simulation's nodes need not be asked."""
-        return self.roster.train_sizes
-
-    @train_sizes.setter
-    def train_sizes(self, sizes: list[int] | None) -> None:
-        self.roster.train_sizes = sizes
-
     def partition(self, proxy: ClientProxy) -> int:
         """The partition id of the client behind ``proxy``."""
         return self.roster.partition(proxy)
@@ -307,7 +300,12 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         current = self._global_weights
         updates, rejected = self.policy.collect(
-            results, self.roster.partition_of, self.expected_upload(current), self.check_update
+            results,
+            self.roster.partition_of,
+            self.expected_upload(current),
+            self.check_update,
+            self.roster.num_train,
+            self.text_metrics,
         )
         self.policy.check_failures(server_round, "fit", updates, rejected, failures)
         if self.settings.is_eval_round(server_round):
@@ -383,11 +381,12 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         results: list[tuple[ClientProxy, EvaluateRes]],
         failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
     ) -> tuple[float | None, dict[str, Scalar]]:
-        returned = {self.partition(proxy) for proxy, _ in results}
-        self.policy.record_missing(server_round, "evaluate", returned, failures)
-        rows = self.ledger.record_l1(
-            server_round, [(self.partition(proxy), res.metrics) for proxy, res in results]
+        partitions = self.roster.partition_of
+        accepted, returned = self.policy.screen(
+            server_round, results, partitions, self.text_metrics
         )
+        self.policy.record_missing(server_round, "evaluate", returned, failures)
+        rows = self.ledger.record_l1(server_round, accepted)
         self.recorder.round_done(server_round)
         if server_round == self.settings.rounds:
             self.recorder.finish()

@@ -254,6 +254,10 @@ class Recorder:
     def failures(self, server_round: int, phase: str, failed: Mapping[int | str, str]) -> None:
         """Clients (partition id, or a node description) that failed, with their errors."""
 
+    def rejected(self, server_round: int, phase: str, rejected: Mapping[int, str]) -> None:
+        """Clients whose replies the server rejected, with the reasons (also failures)."""
+        self.failures(server_round, phase, dict[int | str, str](rejected))
+
     def fit_done(self, server_round: int) -> None:
         """The training phase of ``server_round`` is aggregated (marks round timing)."""
 
@@ -286,6 +290,7 @@ class RunRecorder(Recorder):
         self.thresholds = list(cfg.eval.rho_thresholds)
         self.console = (console or _console()) if cfg.progress else None
         self.rows: list[Row] = []
+        self._rejected: dict[int, int] = {}  # rejected replies per round, for its progress line
         self._digest = hashlib.sha256()  # of metrics.jsonl's bytes written so far
         self._size = 0
         self._started = time.monotonic() - (resume_at.elapsed_s if resume_at else 0.0)
@@ -353,6 +358,10 @@ class RunRecorder(Recorder):
                     f"[red]round {server_round}: client {client} failed ({phase}): {error}"
                 )
 
+    def rejected(self, server_round: int, phase: str, rejected: Mapping[int, str]) -> None:
+        self._rejected[server_round] = self._rejected.get(server_round, 0) + len(rejected)
+        super().rejected(server_round, phase, rejected)
+
     def fit_done(self, server_round: int) -> None:
         self._write({"round": server_round, "stage": TIME, "fit_done_unix_s": time.time()})
 
@@ -375,6 +384,8 @@ class RunRecorder(Recorder):
                 )
         if G in summary:
             parts.append(f"G acc {summary[G]['acc']:.3f}")
+        if self._rejected.get(server_round):
+            parts.append(f"{self._rejected[server_round]} rejected")
         return " | ".join(parts)
 
     def _elapsed(self) -> float:

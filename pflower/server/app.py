@@ -72,7 +72,7 @@ def build_strategy(
     )
     with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
         strategy.trainable_mask = trainable_mask(experiment.new_model())
-    strategy.train_sizes = [len(client.train) for client in experiment.federation.clients]
+    strategy.roster.train_sizes = [len(client.train) for client in experiment.federation.clients]
     return strategy
 
 

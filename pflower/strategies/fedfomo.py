@@ -112,6 +112,7 @@ class FedFomoStrategy(PersonalizedStrategy["FedFomoOptions"]):
     """Sends each client the M stored models it has the most affinity with; learns P."""
 
     checkpointed = ("affinity", "chosen")
+    text_metrics = frozenset({WEIGHTS_KEY})
 
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS

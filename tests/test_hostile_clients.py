@@ -1,0 +1,201 @@
+"""Hostile clients: every malformed or dishonest reply is rejected with a logged reason, and the
+global model is what it would have been had that client simply failed.
+
+In-process (no Ray): the real ServerApp and ClientApp functions, with one client (partition
+:data:`VICTIM`) whose replies are tampered with after it has trained. The reference run makes
+the same client fail plainly (an exception after training), so the two global models must be
+equal array for array.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import Context
+from flwr.client import Client
+from flwr.common import (
+    EvaluateIns,
+    EvaluateRes,
+    FitRes,
+    GetPropertiesIns,
+    GetPropertiesRes,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+
+from pflower.client.app import client_fn
+from pflower.core.strategy import PersonalizedStrategy
+from tests.inprocess import run_inprocess
+
+VICTIM = 1
+BASE = [
+    "dataset=digits",
+    "model=small_cnn",
+    "num_clients=3",
+    "rounds=1",
+    "train.local_epochs=1",
+    "strategy=fedavg",
+]
+Tamper = Callable[[FitRes], FitRes]
+
+
+def _arrays(res: FitRes, change: Callable[[list[np.ndarray]], list[np.ndarray]]) -> FitRes:
+    arrays = change([a.copy() for a in parameters_to_ndarrays(res.parameters)])
+    return FitRes(res.status, ndarrays_to_parameters(arrays), res.num_examples, res.metrics)
+
+
+def _metrics(res: FitRes, **changes: object) -> FitRes:
+    return FitRes(res.status, res.parameters, res.num_examples, {**res.metrics, **changes})
+
+
+def _first(arrays: list[np.ndarray], value: np.ndarray) -> list[np.ndarray]:
+    return [value, *arrays[1:]]
+
+
+def _poison(value: float) -> Callable[[list[np.ndarray]], list[np.ndarray]]:
+    def change(arrays: list[np.ndarray]) -> list[np.ndarray]:
+        arrays[0].flat[0] = value
+        return arrays
+
+    return change
+
+
+TAMPERED: dict[str, tuple[Tamper, str]] = {
+    "nan": (lambda r: _arrays(r, _poison(np.nan)), "NaN or Inf"),
+    "inf": (lambda r: _arrays(r, _poison(np.inf)), "NaN or Inf"),
+    "wrong shape": (lambda r: _arrays(r, lambda a: _first(a, a[0].reshape(-1))), "shape"),
+    "wrong count": (lambda r: _arrays(r, lambda a: a[:-1]), "arrays, expected"),
+    "wrong dtype": (lambda r: _arrays(r, lambda a: _first(a, a[0].astype(np.float64))), "dtype"),
+    "oversized": (
+        lambda r: _arrays(r, lambda a: _first(a, np.zeros(10**6 + a[0].size, a[0].dtype))),
+        "shape",
+    ),
+    "non-numeric metric": (lambda r: _metrics(r, train_loss="garbage"), "train_loss"),
+    "accuracy out of range": (lambda r: _metrics(r, acc_local=1e300), "acc_local"),
+    "negative loss": (lambda r: _metrics(r, loss_global=-1.0), "loss_global"),
+    "infinite loss": (lambda r: _metrics(r, train_loss=float("inf")), "train_loss"),
+    "inflated num_examples": (
+        lambda r: FitRes(r.status, r.parameters, 10**12, r.metrics),
+        "num_examples",
+    ),
+    "another partition id": (lambda r: _metrics(r, partition_id=0), "partition_id"),
+}
+
+
+def _tampering(victim: int, fit: Tamper) -> Callable[[Context], Client]:
+    def make_client(context: Context) -> Client:
+        client = client_fn(context)
+        if int(context.node_config["partition-id"]) == victim:
+            honest = client.fit
+            client.fit = lambda ins: fit(honest(ins))  # type: ignore[method-assign]
+        return client
+
+    return make_client
+
+
+def _raise(res: FitRes) -> FitRes:
+    raise RuntimeError("the client failed after training")
+
+
+def _run(tmp_path: Path, name: str, make_client: Callable[[Context], Client]):
+    strategies: list[PersonalizedStrategy] = []
+    rows, _ = run_inprocess(BASE, tmp_path / name, make_client, strategies)
+    return rows, strategies[0], (tmp_path / name / "run.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> list[np.ndarray]:
+    """The global model after round 1 when the victim fails plainly."""
+    tmp = tmp_path_factory.mktemp("reference")
+    _, strategy, _ = _run(tmp, "reference", _tampering(VICTIM, _raise))
+    return strategy.global_weights
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERED))
+def test_a_tampered_upload_is_rejected_logged_and_ignored(
+    tmp_path: Path, case: str, reference: list[np.ndarray]
+) -> None:
+    tamper, reason = TAMPERED[case]
+    rows, strategy, log = _run(tmp_path, "run", _tampering(VICTIM, tamper))
+    failures = [r for r in rows if r["stage"] == "failure"]
+    assert [(r["round"], r["phase"], r["client"]) for r in failures] == [(1, "fit", VICTIM)]
+    assert reason in failures[0]["error"]
+    assert not [r for r in rows if r["stage"] == "L2" and r["client"] == VICTIM]
+    warning = [line for line in log.splitlines() if "rejected" in line and "WARNING" in line]
+    assert len(warning) == 1, log
+    assert f"client {VICTIM}" in warning[0] and "round 1" in warning[0] and reason in warning[0]
+    for got, want in zip(strategy.global_weights, reference, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_out_of_range_evaluation_metrics_are_rejected_and_not_recorded(tmp_path: Path) -> None:
+    def make_client(context: Context) -> Client:
+        client = client_fn(context)
+        if int(context.node_config["partition-id"]) == VICTIM:
+            honest = client.evaluate
+
+            def evaluate(ins: EvaluateIns) -> EvaluateRes:
+                res = honest(ins)
+                metrics = {**res.metrics, "acc_global": 7.0}
+                return EvaluateRes(res.status, res.loss, res.num_examples, metrics)
+
+            client.evaluate = evaluate  # type: ignore[method-assign]
+        return client
+
+    rows, _, log = _run(tmp_path, "run", make_client)
+    assert not [r for r in rows if r["stage"] == "L1" and r["client"] == VICTIM]
+    assert [r["client"] for r in rows if r["stage"] == "L1"] == [0, 2]
+    failures = [r for r in rows if r["stage"] == "failure"]
+    assert [(r["phase"], r["client"]) for r in failures] == [("evaluate", VICTIM)]
+    assert "acc_global" in failures[0]["error"]
+    assert any("rejected" in line and "acc_global" in line for line in log.splitlines())
+
+
+def test_a_duplicate_partition_id_is_refused_at_registration(tmp_path: Path) -> None:
+    """The node of partition 2 claims partition 1. The node asked first holds the partition
+    (here the impostor: nodes are asked in registration order), the other is refused with its
+    reason recorded and logged; the impostor's upload then reports its real partition id and is
+    rejected too, so nothing of partition 1's claimants reaches the global model."""
+
+    def make_client(context: Context) -> Client:
+        client = client_fn(context)
+        if int(context.node_config["partition-id"]) == 2:
+            honest = client.get_properties
+
+            def get_properties(ins: GetPropertiesIns) -> GetPropertiesRes:
+                res = honest(ins)
+                return GetPropertiesRes(res.status, {**res.properties, "partition_id": 1})
+
+            client.get_properties = get_properties  # type: ignore[method-assign]
+        return client
+
+    rows, strategy, log = _run(tmp_path, "run", make_client)
+    held = sorted(strategy.roster.partition_of.values())
+    assert held == [0, 1]
+    refused = [r for r in rows if r["stage"] == "failure" and r["phase"] == "connect"]
+    assert len(refused) >= 1 and "partition 1" in refused[0]["error"]
+    assert "already" in refused[0]["error"]
+    assert any("WARNING" in line and "already" in line for line in log.splitlines())
+    fit = [r for r in rows if r["stage"] == "failure" and r["phase"] == "fit"]
+    assert [r["client"] for r in fit] == [1] and "registered partition 1" in fit[0]["error"]
+    assert [r["client"] for r in rows if r["stage"] == "L2"] == [0]
+
+
+def test_the_round_summary_line_counts_rejections(tmp_path: Path) -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from pflower.compose import compose_config
+    from pflower.results.rundir import RunRecorder
+
+    out = StringIO()
+    cfg = compose_config(["dataset=digits", "progress=true"])
+    recorder = RunRecorder(tmp_path, cfg, console=Console(file=out, width=200))
+    recorder.rejected(1, "fit", {1: "array 0 contains NaN or Inf"})
+    recorder.round_done(1)
+    recorder.fail("the test is over")
+    assert "round 1/" in out.getvalue() and "| 1 rejected" in out.getvalue()
