@@ -133,7 +133,8 @@ def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
     trials = study.get_trials()
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
     assert budget_counts(study) == (2, 0), lines
-    assert len(complete) == 2, lines
+    assert len(complete) == 2 and len(trials) == 3, lines  # never more than the budget
+    assert len(list((layout.setting_dir("digits") / "trials" / "fedprox").iterdir())) == 2
     assert trials[0].state == TrialState.FAIL  # the interrupted one, retried with its values
     assert any(t.params == stale_values for t in complete)
     first, second = complete

@@ -27,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -359,7 +360,9 @@ def budget_counts(study: Any) -> tuple[int, int]:
     """(finished trials that count toward the budget, running trials)."""
     from optuna.trial import TrialState
 
-    trials = study.get_trials(deepcopy=False)
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # past Optuna's per-process trial cache
+    trials = backend.get_all_trials(study._study_id, deepcopy=False)
     interrupted = retried_numbers(trials)
     finished = sum(
         t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
@@ -382,6 +385,7 @@ def _median_pruner(suite: Suite, rounds: int) -> Any:
 
 def _one_trial(
     study: Any,
+    trial: Any,
     space: Mapping[str, Param],
     suite: Suite,
     setting: Setting,
@@ -393,11 +397,9 @@ def _one_trial(
 ) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
 
-    trial = study.ask()
-    storage = study._storage  # the RDBStorage: Optuna records heartbeats only in optimize()
-    storage.record_heartbeat(trial._trial_id)  # from now on a dead driver leaves a stale trial
     values = {key: param.suggest(trial, key) for key, param in space.items()}
     run_dir = layout.trial_dir(setting.name, method, trial.number)
+    shutil.rmtree(run_dir, ignore_errors=True)  # left by a study that was deleted
     command = run_command(trial_overrides(suite, setting, method, values), run_dir)
     trial.set_user_attr("command", " ".join(command[2:]))
     trial.set_user_attr("run_dir", str(run_dir))
@@ -483,17 +485,21 @@ def tune(
             layout, setting.name, method, suite.tune_seed + index, workers > 1, pruner
         )
         while not errors:
-            with file_lock(lock):
+            with file_lock(lock):  # count and start under one lock: the budget stays exact
                 fail_stale_trials(study)
                 finished, running = budget_counts(study)
                 if finished >= suite.trials:
                     return
-                start = finished + running < suite.trials
-            if not start:
+                trial = study.ask() if finished + running < suite.trials else None
+                if trial is not None:  # a dead driver leaves a stale trial from now on
+                    study._storage.record_heartbeat(trial._trial_id)
+            if trial is None:
                 time.sleep(POLL_S * 5)  # others' trials are running; wait for them
                 continue
             try:
-                _one_trial(study, space, suite, setting, method, layout, timeout_s, log, runner)
+                _one_trial(
+                    study, trial, space, suite, setting, method, layout, timeout_s, log, runner
+                )
             except BaseException as error:
                 errors.append(error)
                 raise
@@ -580,6 +586,7 @@ def final_runs(
         summary = read_summary(run_dir)
         if summary and summary.get("status") == "completed":
             continue
+        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted or failed attempt: rerun
         todo.append((seed, run_dir))
 
     def run(item: tuple[int, Path]) -> Path:
