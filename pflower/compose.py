@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, is_dataclass
+from dataclasses import asdict, fields, is_dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm's options)
+from pflower.blocks import BLOCK_GROUPS, block_class, block_of, store_blocks
 from pflower.config import (
     AttackConfig,
     AttackKind,
@@ -38,13 +39,11 @@ from pflower.config import (
     RobustKind,
     conf_dir,
     overrides_from_run_config,
+    plain,
 )
 from pflower.core.algorithm import get_algorithm
 from pflower.core.options import check_keys
-from pflower.datasets.loaders import DATASETS
-from pflower.datasets.split import SplitConfig
-from pflower.models import MODELS
-from pflower.registry import ConfigError, Registry, name_and_options
+from pflower.registry import ConfigError
 
 SCHEMA_NAME = "pflower_schema"
 """The ConfigStore name of the run-level schema that ``conf/config.yaml`` extends."""
@@ -54,25 +53,7 @@ for _attack in AttackKind:  # attack=<name>: the run-level attack group
     ConfigStore.instance().store(group="attack", name=_attack.value, node=AttackConfig(_attack))
 for _robust in RobustKind:  # robust=<name>: the run-level robust-aggregation group
     ConfigStore.instance().store(group="robust", name=_robust.value, node=RobustConfig(_robust))
-
-_MODEL_CONTEXT = ("input_shape", "num_classes")
-_PARTITION_CONTEXT = ("num_partitions", "seed")
-_NAMED_BLOCKS = ("dataset", "partition", "model")
-"""Config blocks chosen by name whose keys are a factory's arguments (less those the caller
-supplies, see :func:`_registry_of`)."""
-
-
-def _registry_of(block: str) -> tuple[Registry[Any], tuple[str, ...]]:
-    """The registry of a named block, and the factory arguments the caller supplies.
-
-    The partition schemes are imported only here, when a partition block is checked or
-    explained: they bring Flower Datasets (about 3 s and 200 MB per process).
-    """
-    if block == "partition":
-        from pflower.datasets.partitioners.base import PARTITIONERS
-
-        return PARTITIONERS, _PARTITION_CONTEXT
-    return {"dataset": (DATASETS, ()), "model": (MODELS, _MODEL_CONTEXT)}[block]
+store_blocks()  # dataset=, partition=, model=, split=, backend=, tracking=
 
 
 def compose_config(overrides: Sequence[str] = (), *, check_scheme: bool = True) -> DictConfig:
@@ -106,17 +87,9 @@ def explain_composition_error(error: BaseException) -> str:
         return message
     message = re.sub(r"\nTo append to your config use \+\S*", "", message)
     object_type = cause.object_type
-    block = str(cause.full_key).split(".")[0]
-    if is_dataclass(object_type):
-        allowed = [f.name for f in fields(object_type)]
-    elif block in _NAMED_BLOCKS:
-        registry, context = _registry_of(block)
-        parent = getattr(cause, "parent_node", None)
-        name = str(parent.get("name", "")) if isinstance(parent, DictConfig) else ""
-        accepted = registry.accepted_keys(name) if name in registry.names else []
-        allowed = [key for key in accepted if key not in context]
-    else:
+    if not is_dataclass(object_type):
         return message
+    allowed = [f.name for f in fields(object_type)]
     return f"{message}\nAllowed keys: {', '.join(allowed)}"
 
 
@@ -127,29 +100,79 @@ def settings_of(cfg: DictConfig) -> ExperimentConfig:
     except OmegaConfBaseException as error:
         raise ConfigError(str(error)) from error
     assert isinstance(settings, ExperimentConfig)
+    for group in (*BLOCK_GROUPS, "split"):  # the rest of pflower reads these as plain mappings
+        setattr(settings, group, plain(asdict(getattr(settings, group))))
     return settings
 
 
 def validate(cfg: DictConfig, *, check_scheme: bool = True) -> ExperimentConfig:
     """Check every block of a composed configuration; returns its typed settings.
 
-    ``check_scheme=False`` leaves out the partition scheme's name and options: checking them
-    imports every scheme (with Flower Datasets, about 3 s and 200 MB), which a process that reads
-    its federation from the cache never needs. The federation builder checks them whenever it runs
-    a scheme; the command line builds (or reads) the federation before a run starts.
+    Keys and types were checked by Hydra against the structured configs (:mod:`pflower.config`,
+    :mod:`pflower.blocks`, the algorithm's options); building the typed settings runs every
+    dataclass's ``__post_init__`` range checks; then :func:`check_compatible` refuses
+    combinations of blocks that cannot work. ``check_scheme`` is kept for callers: the
+    partition's keys and values are checked without importing the schemes either way.
 
     Raises:
         ConfigError: what is wrong and what is allowed.
     """
+    del check_scheme
     strategy = _block(cfg, "strategy")
     check_keys(get_algorithm(str(strategy.get("name"))).options, strategy)
+    for group in BLOCK_GROUPS:
+        _check_block_keys(group, _block(cfg, group))
     settings = settings_of(cfg)
-    for key in _NAMED_BLOCKS:
-        if key != "partition" or check_scheme:
-            registry, context = _registry_of(key)
-            registry.check(*name_and_options(_block(cfg, key)), context=context)
-    SplitConfig.from_mapping(_block(cfg, "split"))
+    check_compatible(settings)
     return settings
+
+
+def _check_block_keys(group: str, block: Mapping[str, Any]) -> None:
+    """Refuse keys a block's dataclass does not have (Hydra lets ``+<group>.<key>=`` add one)."""
+    allowed = [f.name for f in fields(block_class(group, str(block["name"])))]
+    unknown = sorted(set(block) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{group} '{block['name']}' does not take {', '.join(map(repr, unknown))}. "
+            f"Allowed keys: {', '.join(key for key in allowed if key != 'name')}"
+        )
+
+
+def check_compatible(settings: ExperimentConfig) -> None:
+    """Refuse, while composing, what only fails later: a model that cannot take the dataset's
+    images, and an algorithm that cannot run with the chosen model, partition or optimizer (each
+    algorithm's :meth:`~pflower.core.options.AlgorithmOptions.check_experiment`).
+
+    The model is built once per (model, input shape) on PyTorch's ``meta`` device: no memory,
+    no initialization cost, the same code path as the real build.
+
+    Raises:
+        ConfigError: the combination and how to change it.
+    """
+    dataset = block_of("dataset", settings.dataset)
+    input_shape, num_classes = dataset.data_shape()
+    model = _meta_model(_frozen(settings.model), input_shape, num_classes)
+    settings.strategy.check_experiment(settings, model)
+
+
+def _frozen(block: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    return tuple(
+        (key, tuple(value) if isinstance(value, list) else value) for key, value in block.items()
+    )
+
+
+@lru_cache(maxsize=64)
+def _meta_model(
+    block: tuple[tuple[str, Any], ...], input_shape: tuple[int, int, int], num_classes: int
+) -> Any:
+    import torch
+
+    from pflower.models import build_model
+
+    options = dict(block)
+    name = str(options.pop("name"))
+    with torch.device("meta"):
+        return build_model(name, options, input_shape, num_classes)
 
 
 def _block(cfg: DictConfig, key: str) -> Mapping[str, Any]:
@@ -191,3 +214,30 @@ def warm_config(overrides: Sequence[str]) -> DictConfig:
     """Compose ``overrides`` into this process's cache of :func:`config_from_run_config`; the
     configuration composed."""
     return _compose_cached(tuple(overrides))
+
+
+def group_options(group: str) -> list[str]:
+    """Every option of config group ``group``: those stored in the ConfigStore (every dataset,
+    partition scheme, model, algorithm, ...) and the presets in ``conf/<group>/``, sorted.
+
+    ``conf/strategy/`` holds only presets (e.g. ``fliu25``); the 33 algorithms themselves are
+    stored from their options dataclasses. ``pflower --help`` lists them all as well.
+    """
+    stored = ConfigStore.instance().repo.get(group, {})
+    names = {name.removesuffix(".yaml") for name in stored if not isinstance(stored[name], dict)}
+    names |= {path.stem for path in (conf_dir() / group).glob("*.yaml")}
+    return sorted(names)
+
+
+def group_block(group: str, name: str) -> dict[str, Any]:
+    """The block that ``<group>=<name>`` composes (its dataclass's defaults with a preset's
+    changes), as plain values; unchecked, a required key left ``???``."""
+    overrides = [f"{group}={name}"]
+    if GlobalHydra.instance().is_initialized():
+        cfg = compose(config_name="config", overrides=overrides)
+    else:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            cfg = compose(config_name="config", overrides=overrides)
+    block = OmegaConf.to_container(cfg[group], resolve=False, enum_to_str=True)
+    assert isinstance(block, dict)
+    return {str(key): value for key, value in block.items()}

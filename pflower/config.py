@@ -593,9 +593,15 @@ class ExperimentConfig:
             self.round_timeout is None or self.round_timeout > 0,
             f"round_timeout must be null or > 0 seconds, got {self.round_timeout!r}",
         )
-        if self.selection.split == SelectionSplit.val and isinstance(self.split, Mapping):
+        if self.selection.split == SelectionSplit.val:
+            split = self.split
+            val_fraction = (
+                split.get("val_fraction", 0.0)
+                if isinstance(split, Mapping)
+                else getattr(split, "val_fraction", 0.0)
+            )
             require(
-                float(self.split.get("val_fraction", 0.0)) > 0.0,
+                float(val_fraction) > 0.0,
                 "selection.split=val needs a validation share: set split.val_fraction > 0 "
                 "(e.g. 0.1)",
             )
@@ -629,11 +635,12 @@ def _defaults() -> dict[str, Any]:
     return {k: v for k, v in asdict(ExperimentConfig()).items() if v != MISSING}
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """``value`` with every enum replaced by its value, recursively (dicts and lists)."""
     if isinstance(value, dict):
-        return {key: _plain(item) for key, item in value.items()}
+        return {key: plain(item) for key, item in value.items()}
     if isinstance(value, list):
-        return [_plain(item) for item in value]
+        return [plain(item) for item in value]
     return value.value if isinstance(value, Enum) else value
 
 
@@ -645,4 +652,4 @@ def run_level_defaults() -> dict[str, Any]:
     ever added with a default that keeps the earlier behaviour. Resuming a checkpoint and
     grouping runs in a report rely on it. A fresh copy: callers may change it.
     """
-    return _plain(_defaults())
+    return plain(_defaults())

@@ -29,9 +29,12 @@ from pflower.results.statistics import bottom_fraction_mean, rho, summarize_stag
         ("eval.every=0", "eval.every must be >= 1"),
         ("backend.num_cpus_per_client=0", "backend.num_cpus_per_client must be > 0"),
         ("train.lrr=0.1", "Allowed keys: local_epochs, local_steps, batch_size, optimizer, lr"),
-        ("model.widht=8", "Key 'widht' is not in struct\n    full_key: model.widht"),
-        ("partition.clases_per_client=3", "Allowed keys: classes_per_client, assignment"),
-        ("+dataset.size=3", "dataset 'digits' does not take 'size'. Allowed keys: image_size"),
+        ("model.widht=8", "Key 'widht' not in 'SmallCnn'\n    full_key: model.widht"),
+        ("partition.clases_per_client=3", "Allowed keys: name, classes_per_client, assignment"),
+        (
+            "+dataset.size=3",
+            "dataset 'digits' does not take 'size'. Allowed keys: mean, std, image_size",
+        ),
     ],
 )
 def test_impossible_values_are_rejected_with_what_is_allowed(override: str, message: str) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import yaml
 
+from pflower.compose import group_block, group_options
 from pflower.datasets import builder
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.datasets.federation import Federation, InputNoise, SplitConfig, build_federation
@@ -309,12 +309,11 @@ def test_same_arguments_same_federation_other_seed_another(
 
 
 def test_split_presets_are_valid() -> None:
-    names = {path.stem for path in (CONF / "split").glob("*.yaml")}
+    names = set(group_options("split"))
     assert names == {"default", "fliu", "flame", "fedala", "fedmpr", "diversifed"}
     for name in names:
-        SplitConfig.from_mapping(yaml.safe_load((CONF / "split" / f"{name}.yaml").read_text()))
-    default = yaml.safe_load((CONF / "split" / "default.yaml").read_text())
-    assert SplitConfig.from_mapping(default) == SplitConfig()
+        SplitConfig.from_mapping(group_block("split", name))
+    assert SplitConfig.from_mapping(group_block("split", "default")) == SplitConfig()
 
 
 @pytest.mark.parametrize(

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 import scipy.io
 import torch
-import yaml
 from PIL import Image
 
+from pflower.compose import group_block, group_options
 from pflower.datasets import celeba, idx
 from pflower.datasets.base import DatasetNotFoundError, resolve_data_root
 from pflower.datasets.celeba import (
@@ -40,7 +40,6 @@ from pflower.datasets.synthetic import load_synthetic
 from pflower.registry import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
-CONF_DIR = REPO / "conf" / "dataset"
 IDX_FILES = (
     "train-images-idx3-ubyte.gz",
     "train-labels-idx1-ubyte.gz",
@@ -566,7 +565,7 @@ def test_relative_data_root_is_made_absolute_once(
 
 
 def test_every_dataset_has_a_config_with_the_loader_defaults() -> None:
-    configs = {path.stem: yaml.safe_load(path.read_text()) for path in CONF_DIR.glob("*.yaml")}
+    configs = {name: group_block("dataset", name) for name in group_options("dataset")}
     assert sorted(config["name"] for config in configs.values()) == DATASETS.names
     for config in configs.values():
         defaults = inspect.signature(DATASETS.get(config["name"])).parameters

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-import yaml
 from torch import nn
 
+from pflower.compose import group_block
 from pflower.models import (
     MODELS,
     NOISE_MODES,
@@ -20,8 +20,6 @@ from pflower.models import (
     build_model,
 )
 from pflower.registry import ConfigError
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "model"
 
 # A small input each model takes, with its class count; options shrink the big ResNets.
 SMOKE_CASES: dict[str, tuple[dict, tuple[int, int, int], int]] = {
@@ -70,8 +68,18 @@ def count_parameters(model: nn.Module) -> int:
     return sum(parameter.numel() for parameter in model.parameters())
 
 
-def small_resnet18(**options: object) -> nn.Module:
-    return build_model("resnet18", {"width": 4, **options}, (1, 12, 12), 3)
+_REGULARIZATION_KEYS = ("dropout", "noise_sigma", "noise_mode", "reg_stages")
+
+
+def small_resnet18(**options: Any) -> nn.Module:
+    """A width-4 ResNet-18; FedMPR's regularization keys (``strategy.*``) are applied as its
+    client applies them."""
+    regularization = {k: options.pop(k) for k in _REGULARIZATION_KEYS if k in options}
+    model = build_model("resnet18", {"width": 4, **options}, (1, 12, 12), 3)
+    if regularization:
+        stages = regularization.pop("reg_stages", (1, 2, 3, 4))
+        apply_regularization(model, Regularization(**regularization), stages)
+    return model
 
 
 def test_smoke_cases_cover_every_registered_model() -> None:
@@ -243,7 +251,7 @@ def test_unknown_model_lists_valid_names() -> None:
 
 
 def test_unknown_option_lists_allowed_keys() -> None:
-    with pytest.raises(ConfigError, match=r"'depth'.*Allowed keys: stem, width, init, dropout"):
+    with pytest.raises(ConfigError, match=r"'depth'.*Allowed keys: stem, width, init"):
         build_model("resnet18", {"depth": 34}, (3, 32, 32), 10)
 
 
@@ -283,12 +291,12 @@ def test_bad_input_shape_or_class_count() -> None:
         build_model("mlp", {}, (1, 28, 28), 0)
 
 
-# --- conf/model/*.yaml ------------------------------------------------------------------------
+# --- the model blocks (pflower.blocks) ----------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", MODELS.names)
 def test_config_file_mirrors_factory_defaults(name: str) -> None:
-    config = yaml.safe_load((CONF_DIR / f"{name}.yaml").read_text())
+    config = group_block("model", name)
     assert config.pop("name") == name
     parameters = inspect.signature(MODELS.get(name)).parameters
     defaults = {
@@ -301,8 +309,7 @@ def test_config_file_mirrors_factory_defaults(name: str) -> None:
 
 @pytest.mark.parametrize("name", MODELS.names)
 def test_model_builds_from_its_hydra_config(name: str) -> None:
-    omegaconf = pytest.importorskip("omegaconf")
-    config = omegaconf.OmegaConf.load(CONF_DIR / f"{name}.yaml")
+    config = group_block("model", name)
     _, shape, classes = SMOKE_CASES[name]
     model = build_model(config.pop("name"), config, shape, classes)
     assert model.fc.out_features == classes

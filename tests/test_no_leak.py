@@ -35,8 +35,8 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import yaml
 
+from pflower.compose import group_block, group_options
 from pflower.datasets.base import DatasetNotFoundError, ImageDataset, ImageSplit, resolve_data_root
 from pflower.datasets.federation import ClientSplit, Federation, build_federation, check_no_leak
 from pflower.datasets.idx import idx_source
@@ -59,7 +59,7 @@ TRAIN, TEST = 0, 1
 
 
 def _block(name: str) -> dict[str, Any]:
-    return yaml.safe_load((CONF / "partition" / f"{name}.yaml").read_text())
+    return group_block("partition", name)
 
 
 def _variants() -> list[tuple[str, bool | None]]:
@@ -74,7 +74,7 @@ def _variants() -> list[tuple[str, bool | None]]:
 
 
 VARIANTS = _variants()
-PRESETS = sorted(path.stem for path in (CONF / "split").glob("*.yaml"))
+PRESETS = group_options("split")
 
 
 def _variant_id(variant: tuple[str, bool | None]) -> str:
@@ -207,7 +207,7 @@ _FILES = tempfile.TemporaryDirectory(prefix="pflower-no-leak-")
 def _partition_file(pool: str) -> str:
     """A ``from_file`` partition of the pool ``pool`` (``train`` or ``all``): the clients'
     whole sample sets of an IID federation, as ``pflower partition`` writes them."""
-    default = yaml.safe_load((CONF / "split" / "default.yaml").read_text())
+    default = group_block("split", "default")
     source = build_federation(
         _dataset("iid"), NUM_CLIENTS, SEED, _block("iid"), {**default, "pool": pool}
     )
@@ -231,7 +231,7 @@ def _build(scheme: str, disjoint: bool | None, split: dict[str, Any]) -> Federat
 @pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
 def test_no_held_out_sample_is_trained_on(variant: tuple[str, bool | None], preset: str) -> None:
     scheme, disjoint = variant
-    split = yaml.safe_load((CONF / "split" / f"{preset}.yaml").read_text())
+    split = group_block("split", f"{preset}")
     message = _refusal(scheme, split)
     if message is not None:
         with pytest.raises(ConfigError, match=message):
@@ -247,7 +247,7 @@ def test_no_held_out_sample_is_trained_on(variant: tuple[str, bool | None], pres
 @pytest.mark.parametrize("preset", ["default", "flame", "fliu"])
 @pytest.mark.parametrize("scheme", ["dir_label_skew", "dir_quantity_skew", "hybrid_skew"])
 def test_validation_shares_of_sharing_schemes_are_not_trained_on(scheme: str, preset: str) -> None:
-    split = {**yaml.safe_load((CONF / "split" / f"{preset}.yaml").read_text()), "val_fraction": 0.1}
+    split = {**group_block("split", f"{preset}"), "val_fraction": 0.1}
     federation = _build(scheme, False, split)
     assert all(len(c.val) for c in federation.clients)
     assert_no_leak(federation)
@@ -289,7 +289,7 @@ def _real_mnist() -> ImageDataset:
 def test_flame_fidelity_mode_on_real_mnist(scheme: str) -> None:
     """The reviewed case: split=flame, disjoint=false, MNIST, 10 clients. Before the reserve,
     48% / 52% / 77% of the global test set was some client's training data."""
-    split = yaml.safe_load((CONF / "split" / "flame.yaml").read_text())
+    split = group_block("split", "flame")
     federation = build_federation(
         _real_mnist(), NUM_CLIENTS, SEED, {**_block(scheme), "disjoint": False}, split
     )

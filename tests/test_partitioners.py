@@ -9,11 +9,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-import yaml
 from flwr_datasets.partitioner import Partitioner
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from pflower.compose import group_block, group_options
 from pflower.datasets.base import DatasetNotFoundError, resolve_data_root
 from pflower.datasets.idx import idx_source, read_idx
 from pflower.datasets.partitioners import (
@@ -135,13 +135,13 @@ FILE_SCHEMES = {"from_file"}
 
 def test_registry_holds_every_scheme_and_every_config_builds() -> None:
     assert set(PARTITIONERS.names) == SCHEMES | FILE_SCHEMES
-    files = sorted((CONF / "partition").glob("*.yaml"))
-    assert {path.stem for path in files} == SCHEMES | FILE_SCHEMES
-    for path in files:
-        if path.stem in FILE_SCHEMES:
+    names = group_options("partition")
+    assert set(names) == SCHEMES | FILE_SCHEMES
+    for name in names:
+        if name in FILE_SCHEMES:
             continue
-        block = yaml.safe_load(path.read_text())
-        assert block["name"] == path.stem
+        block = group_block("partition", name)
+        assert block["name"] == name
         assert isinstance(build_partitioner(block, 4, 0), Partitioner)
 
 
@@ -260,7 +260,7 @@ SHARING_SCHEMES = {
 
 @pytest.mark.parametrize("name", sorted(SCHEMES))
 def test_sample_sharing_is_declared_exactly_by_disjoint_false(name: str) -> None:
-    block = yaml.safe_load((CONF / "partition" / f"{name}.yaml").read_text())
+    block = group_block("partition", name)
     assert ("disjoint" in block) == (name in SHARING_SCHEMES)
     for disjoint in (True, False) if name in SHARING_SCHEMES else (None,):
         if disjoint is not None:

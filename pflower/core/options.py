@@ -59,6 +59,20 @@ class AlgorithmOptions:
             f"strategy={self.name}",
         )
 
+    def check_experiment(self, settings: Any, model: Any) -> None:
+        """Refuse, while composing, an experiment this algorithm cannot run (a model it cannot
+        train, a partition or optimizer it does not support); nothing by default.
+
+        Args:
+            settings: the typed :class:`~pflower.config.ExperimentConfig` (its named blocks as
+                plain mappings).
+            model: the experiment's model, built on PyTorch's ``meta`` device (types and
+                shapes only, no weights).
+
+        Raises:
+            ConfigError: what cannot work and which setting to change.
+        """
+
     def label(self) -> str:
         """The method's name in reports; algorithms with variants extend it (e.g. FLIU25)."""
         return self.display_name

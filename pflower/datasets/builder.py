@@ -48,7 +48,7 @@ def share_out(
         n_train: the size of the official train split (the first ``n_train`` pool samples).
         num_clients: the number of clients.
         seed: drives the partition, the subsampling and the per-client splits.
-        partition: the ``conf/partition/*.yaml`` block, ``{name: <scheme>, <option>: ...}``.
+        partition: the ``partition`` block, ``{name: <scheme>, <option>: ...}``.
         config: the validated ``split`` block.
 
     Raises:

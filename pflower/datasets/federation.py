@@ -165,7 +165,7 @@ def build_federation(
         dataset: the dataset with its official train/test split.
         num_clients: the number of clients.
         seed: drives the partition, the subsampling and the per-client splits.
-        partition: the ``conf/partition/*.yaml`` block, ``{name: <scheme>, <option>: ...}``.
+        partition: the ``partition`` block, ``{name: <scheme>, <option>: ...}``.
         split: the ``conf/split/*.yaml`` block (:class:`SplitConfig`).
 
     Raises:

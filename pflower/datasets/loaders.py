@@ -1,8 +1,9 @@
 """Dataset loaders by config name, and the cached entry point the rest of pflower calls.
 
-A ``conf/dataset/<name>.yaml`` block is ``{name: <registered name>, <option>: <value>, ...}``; its
-options are the keyword arguments of the loader registered under that name, so the registry
-rejects a misspelt option with the list of valid ones. Every loader returns an
+A ``dataset`` block is ``{name: <registered name>, <option>: <value>, ...}``; its options are the
+keyword arguments of the loader registered under that name, declared with their types and
+defaults by the block's dataclass (:mod:`pflower.blocks`), which rejects a misspelt option with the
+list of valid ones while composing. Every loader returns an
 :class:`ImageDataset` with the official train/test split in stored dtype and its default
 normalization (overridable with ``mean``/``std``).
 

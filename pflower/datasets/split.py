@@ -117,9 +117,10 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class SplitConfig:
-    """The ``conf/split/*.yaml`` block: where client test/validation shares come from.
+    """The ``split`` group's schema (``split=<preset>``, presets in ``conf/split/*.yaml``): where
+    client test/validation shares come from.
 
     Attributes:
         pool: ``train`` shares the official train split; ``all`` shares train and test merged.
@@ -153,11 +154,11 @@ class SplitConfig:
                 f"split does not take {', '.join(map(repr, unknown))}. "
                 f"Allowed keys: {', '.join(allowed)}"
             )
-        config = cls(**dict(split))
-        config._validate()
-        return config
+        if isinstance(split, SplitConfig):
+            return split
+        return cls(**dict(split))
 
-    def _validate(self) -> None:
+    def __post_init__(self) -> None:
         if not isinstance(self.stratify, bool):
             raise ConfigError(f"split.stratify must be true or false, got {self.stratify!r}")
         for key in ("subsample_fraction", "test_fraction", "val_fraction"):

@@ -2,8 +2,9 @@
 
 A config block ``model: {name: <registered name>, <option>: <value>, ...}`` chooses a model;
 :func:`build_model` adds the dataset's ``input_shape`` ``(C, H, W)`` and ``num_classes``, which are
-never set in a model config. Each factory's keyword defaults are the model's defaults, mirrored by
-``conf/model/<name>.yaml``. Every model's classification layer is the ``nn.Linear`` attribute
+never set in a model config. Each factory's keyword defaults are the model's defaults, the same
+as its ``model`` block's (:mod:`pflower.blocks`, checked by a test). Every model's classification
+layer is the ``nn.Linear`` attribute
 ``fc`` (the head of FedRep-style base/head splits), declared by its class's ``head_module`` with a
 ``represent(x)`` method giving the head's input (:mod:`pflower.models.split`). Parameter counts in
 the docstrings are asserted in ``tests/test_models.py``.
@@ -17,8 +18,7 @@ from typing import Any
 from torch import nn
 
 from pflower.models.feedforward import ConvSpec, FeedForwardNet
-from pflower.models.regularization import Regularization
-from pflower.models.resnet import ResNet, apply_regularization
+from pflower.models.resnet import ResNet
 from pflower.registry import ConfigError, Registry
 
 MODELS: Registry[nn.Module] = Registry("model")
@@ -238,10 +238,6 @@ def resnet18(
     stem: str = "cifar",
     width: int = 64,
     init: str = "default",
-    dropout: float = 0.0,
-    noise_sigma: float = 0.0,
-    noise_mode: str = "weight_relative",
-    reg_stages: Sequence[int] = (1, 2, 3, 4),
 ) -> nn.Module:
     """ResNet-18 (four stages of two BasicBlocks, widths w, 2w, 4w, 8w).
 
@@ -249,16 +245,14 @@ def resnet18(
       11,173,962 parameters on 3x32x32 with 10 classes at width 64.
     - ``stem = "imagenet"`` (FedMPR's CelebA; FedALA's torchvision ``resnet18``, then also set
       ``init = "kaiming"``): 11,279,112 parameters on 3x64x64 with 200 classes at width 64.
-    - FedMPR's regularization (Sec. IV-B): ``dropout`` rate and ``noise_sigma`` with
-      ``noise_mode`` in every BasicBlock of the ``reg_stages``, active in ``train()`` only. All 0
-      by default, which is the plain ResNet-18 used by the baselines.
+
+    FedMPR's dropout and weight noise (Sec. IV-B) are the algorithm's options
+    (``strategy.dropout``, ``strategy.noise_sigma``, ``strategy.noise_mode``,
+    ``strategy.reg_stages``); its client switches them on in the BasicBlocks for local training
+    only (:func:`~pflower.models.resnet.apply_regularization`). Built here, the model is the
+    plain ResNet-18 of the baselines.
     """
-    model = ResNet(input_shape, num_classes, (2, 2, 2, 2), width=width, stem=stem, init=init)
-    regularization = Regularization(
-        dropout=float(dropout), noise_sigma=float(noise_sigma), noise_mode=noise_mode
-    )
-    apply_regularization(model, regularization, [int(stage) for stage in reg_stages])
-    return model
+    return ResNet(input_shape, num_classes, (2, 2, 2, 2), width=width, stem=stem, init=init)
 
 
 def _check_positive(key: str, value: int) -> None:

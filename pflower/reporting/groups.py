@@ -21,12 +21,13 @@ import contextlib
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm)
-from pflower.config import EXECUTION_KEYS, run_level_defaults
+from pflower.blocks import BLOCK_GROUPS, blocks
+from pflower.config import EXECUTION_KEYS, plain, run_level_defaults
 from pflower.core.algorithm import options_from_block
 from pflower.core.options import AlgorithmOptions
 from pflower.datasets.split import SplitConfig
@@ -84,7 +85,18 @@ def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
         **flatten(block_defaults(run.config)),
         **flatten(run.config),
     }
+    config = {k: v for k, v in config.items() if RETIRED.get(k, _ABSENT) != v}
     return tuple(sorted((k, v) for k, v in config.items() if k.split(".")[0] not in NOT_GROUPED))
+
+
+RETIRED: dict[str, Any] = {
+    "model.dropout": 0.0,
+    "model.noise_sigma": 0.0,
+    "model.noise_mode": "weight_relative",
+    "model.reg_stages": "[1, 2, 3, 4]",
+}
+"""Keys that runs recorded before they were removed, at the value that meant "off": ResNet-18's
+FedMPR regularization, now only ``strategy.*`` of FedMPR (flattened, lists as JSON text)."""
 
 
 def block_defaults(config: Mapping[str, Any]) -> Config:
@@ -92,6 +104,11 @@ def block_defaults(config: Mapping[str, Any]) -> Config:
     values: a key added to them after a run was recorded counts as its default, as for the
     run-level keys (a key is only ever added with a default that keeps the earlier behaviour)."""
     defaults: Config = {"split": _plain_fields(SplitConfig())}
+    for group in BLOCK_GROUPS:
+        block = config.get(group)
+        if isinstance(block, Mapping) and str(block.get("name")) in blocks(group):
+            name = str(block.get("name"))
+            defaults[group] = plain(asdict(blocks(group)[name](name=name)))
     strategy = config.get("strategy")
     if isinstance(strategy, Mapping):
         with contextlib.suppress(ConfigError):

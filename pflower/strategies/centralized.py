@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
+from pflower.blocks import blocks
+from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
@@ -85,3 +87,12 @@ class CentralizedOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "Centralized"
     display_rank: ClassVar[int] = 90
+
+    def check_experiment(self, settings: Any, model: Any) -> None:
+        """The union of the clients' data does not exist under per-client input noise."""
+        require(
+            not blocks("partition")[settings.partition["name"]].input_noise,
+            "strategy=centralized trains on the union of the clients' data, which is not "
+            f"defined under per-client input noise (partition={settings.partition['name']}); "
+            "choose another partition",
+        )

@@ -52,7 +52,7 @@ digits at the default β = 0.9). β = 0 computes K η exactly; ``train.optimizer
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import NDArrays, Scalar
@@ -73,6 +73,7 @@ from pflower.strategies.control_variates import (
     linear_term,
     mean_delta_update,
     require_mask,
+    require_sgd,
     trainable_part,
     zeros_like_trainable,
 )
@@ -218,3 +219,6 @@ class FedDCOptions(AlgorithmOptions):
             0.0 <= self.drift_weight <= 1.0,
             f"strategy.drift_weight must be in [0, 1], got {self.drift_weight}",
         )
+
+    def check_experiment(self, settings: Any, model: Any) -> None:
+        require_sgd(settings.train.optimizer)

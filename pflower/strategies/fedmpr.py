@@ -47,7 +47,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -267,6 +267,24 @@ class FedMPROptions(AlgorithmOptions):
         require(
             len(self.reg_stages) > 0 and all(int(s) >= 1 for s in self.reg_stages),
             f"strategy.reg_stages must list stages numbered from 1, got {self.reg_stages}",
+        )
+
+    def check_experiment(self, settings: Any, model: Any) -> None:
+        """Dropout and weight noise act inside ResNet BasicBlocks (Sec. IV-B): with either on,
+        the model must be a ResNet with every stage of ``reg_stages``."""
+        if self.dropout == 0.0 and self.noise_sigma == 0.0:
+            return
+        require(
+            isinstance(model, ResNet),
+            f"FedMPR's dropout and weight noise act inside ResNet BasicBlocks (Sec. IV-B), but "
+            f"model={settings.model['name']} is a {type(model).__name__}: choose model=resnet18 "
+            f"(or resnet8), or set strategy.dropout=0 strategy.noise_sigma=0 (pruning only)",
+        )
+        unknown = sorted(set(self.reg_stages) - set(range(1, model.num_stages + 1)))
+        require(
+            not unknown,
+            f"strategy.reg_stages {unknown} do not exist: model={settings.model['name']} has "
+            f"stages 1..{model.num_stages}",
         )
 
     def label(self) -> str:

@@ -63,7 +63,7 @@ round exactly (the first round always is).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 from flwr.common import NDArrays, Scalar
@@ -80,6 +80,7 @@ from pflower.strategies.control_variates import (
     linear_term,
     mean_delta_update,
     require_mask,
+    require_sgd,
     trainable_part,
     zeros_like_trainable,
 )
@@ -183,3 +184,6 @@ class ScaffoldOptions(AlgorithmOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.server_lr > 0, f"strategy.server_lr must be > 0, got {self.server_lr}")
+
+    def check_experiment(self, settings: Any, model: Any) -> None:
+        require_sgd(settings.train.optimizer)

@@ -1,6 +1,6 @@
 """Partition schemes by config name: how a pool of labelled samples is shared among clients.
 
-A ``conf/partition/<scheme>.yaml`` block is ``{name: <scheme>, <option>: <value>, ...}``; the
+A ``partition`` block (:mod:`pflower.blocks`) is ``{name: <scheme>, <option>: <value>, ...}``; the
 client count and the seed come from the run (``num_clients``, ``seed``). Every scheme is a Flower
 Datasets :class:`~flwr_datasets.partitioner.Partitioner` (see :mod:`.base`), registered in
 :data:`PARTITIONERS`. Modules by family:

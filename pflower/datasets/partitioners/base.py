@@ -256,7 +256,7 @@ class Partition:
 
 
 def build_partitioner(partition: Mapping[str, Any], num_partitions: int, seed: int) -> Partitioner:
-    """The partitioner described by a ``conf/partition/*.yaml`` block (``name`` plus options).
+    """The partitioner described by a ``partition`` block (``name`` plus options).
 
     Raises:
         ConfigError: no or unknown name, an unknown option, a run-level key in the block, or an
