@@ -21,13 +21,20 @@ group's :class:`pflower.config.BackendConfig`; both are stored here too.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
 
 from omegaconf import MISSING
 
-from pflower.config import BackendConfig, TrackingConfig, TrackingKind, require
+from pflower.config import (
+    BackendConfig,
+    ExperimentConfig,
+    TrackingConfig,
+    TrackingKind,
+    plain,
+    require,
+)
 
 
 @dataclass
@@ -902,6 +909,21 @@ def block_of(group: str, options: Any) -> Block:
     """The typed block of a plain ``{name: ..., key: value}`` mapping (checks run here)."""
     values = dict(options)
     return block_class(group, str(values["name"]))(**values)
+
+
+def typed_settings(cfg: Any) -> ExperimentConfig:
+    """The :class:`~pflower.config.ExperimentConfig` of a composed configuration: every
+    dataclass built (its ``__post_init__`` checks run), the named blocks and ``split`` then turned
+    into plain mappings (``{name: ..., key: value}``), as the rest of pflower reads them."""
+    from omegaconf import OmegaConf
+
+    settings = OmegaConf.to_object(cfg)
+    assert isinstance(settings, ExperimentConfig)
+    for group in (*BLOCK_GROUPS, "split"):
+        block = getattr(settings, group)
+        if is_dataclass(block) and not isinstance(block, type):
+            setattr(settings, group, plain(asdict(block)))
+    return settings
 
 
 def store_blocks() -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm's options)
-from pflower.blocks import BLOCK_GROUPS, block_class, block_of, store_blocks
+from pflower.blocks import BLOCK_GROUPS, block_class, block_of, store_blocks, typed_settings
 from pflower.config import (
     AttackConfig,
     AttackKind,
@@ -39,7 +39,6 @@ from pflower.config import (
     RobustKind,
     conf_dir,
     overrides_from_run_config,
-    plain,
 )
 from pflower.core.algorithm import get_algorithm
 from pflower.core.options import check_keys
@@ -96,13 +95,9 @@ def explain_composition_error(error: BaseException) -> str:
 def settings_of(cfg: DictConfig) -> ExperimentConfig:
     """The typed settings of a composed configuration (range checks run here)."""
     try:
-        settings = OmegaConf.to_object(cfg)
+        return typed_settings(cfg)
     except OmegaConfBaseException as error:
         raise ConfigError(str(error)) from error
-    assert isinstance(settings, ExperimentConfig)
-    for group in (*BLOCK_GROUPS, "split"):  # the rest of pflower reads these as plain mappings
-        setattr(settings, group, plain(asdict(getattr(settings, group))))
-    return settings
 
 
 def validate(cfg: DictConfig, *, check_scheme: bool = True) -> ExperimentConfig:

@@ -17,7 +17,8 @@ from flwr.common import NDArrays
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from pflower.config import AttackKind, ClientGlobalTest, ExperimentConfig
+from pflower.blocks import typed_settings
+from pflower.config import AttackKind, ClientGlobalTest
 from pflower.core.training import Prepare, TrainSettings, get_weights, resolve_device
 from pflower.datasets.base import ImageSplit
 from pflower.datasets.federation import Federation, build_federation
@@ -49,9 +50,7 @@ class Experiment:
 
     def __init__(self, cfg: DictConfig) -> None:
         self.cfg = cfg
-        settings = OmegaConf.to_object(cfg)
-        assert isinstance(settings, ExperimentConfig)
-        self.settings = settings
+        self.settings = typed_settings(cfg)
 
     @classmethod
     def of(cls, cfg: DictConfig) -> Experiment:
