@@ -66,7 +66,13 @@ def _flat(node: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-YAML_FILES = sorted(path.relative_to(conf_dir()) for path in conf_dir().glob("*/*.yaml"))
+NOT_GROUPS = {"suite"}
+"""Folders of ``conf/`` that Hydra does not compose (``pflower tune``'s benchmark suites)."""
+YAML_FILES = sorted(
+    path.relative_to(conf_dir())
+    for path in conf_dir().glob("*/*.yaml")
+    if path.parent.name not in NOT_GROUPS
+)
 
 
 def _swept_groups(name: str) -> set[str]:
