@@ -208,7 +208,7 @@ class UpdatePolicy:
         """Record the round's failed and rejected clients; stop the run if too many failed."""
         returned = {u.partition_id for u in updates} | set(rejected)
         failed = self.record_missing(server_round, phase, returned, failures)
-        failed.update(rejected)
+        failed.update(rejected.items())
         self.reject(server_round, phase, rejected)
         sent = len(self.sent.get(f"{phase}-{server_round}", {}))
         problem = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from logging import INFO, WARNING
+from typing import Any, cast
 
 from flwr.common import GetPropertiesIns, Scalar
 from flwr.common.logger import log
@@ -44,7 +45,7 @@ def failure_text(failure: object) -> str:
     """One line for a failed reply: an exception, or a ``(proxy, result)`` with a bad status."""
     if isinstance(failure, BaseException):
         return f"{type(failure).__name__}: {failure}"
-    _, res = failure  # type: ignore[misc]  # Flower's (ClientProxy, FitRes | EvaluateRes)
+    res = cast(tuple[Any, Any], failure)[1]  # Flower's (ClientProxy, FitRes | EvaluateRes)
     return f"status {res.status.code.name}: {res.status.message}"
 
 
@@ -181,15 +182,14 @@ class NodeRoster:
         (returned, with the reason)."""
         refused: dict[str, str] = {}
         for cid, answer in answers.items():
-            problem = (
-                failure_text(answer)  # a broken node must not stop the others
-                if isinstance(answer, BaseException)
-                else self._registration_problem(cid, answer, client_manager)
-            )
-            if problem:
-                refused[cid] = problem
-                log(WARNING, "node %s refused: %s", cid, problem)
-                self.recorder.failures(0, "connect", {f"node {cid}": problem})
+            if isinstance(answer, BaseException):  # a broken node must not stop the others
+                problem: str | None = failure_text(answer)
+            else:
+                problem = self._registration_problem(cid, answer, client_manager)
+            if problem or isinstance(answer, BaseException):
+                refused[cid] = problem or "no answer"
+                log(WARNING, "node %s refused: %s", cid, refused[cid])
+                self.recorder.failures(0, "connect", {f"node {cid}": refused[cid]})
                 continue
             partition_id = int(answer["partition_id"])
             self.partition_of[cid] = partition_id

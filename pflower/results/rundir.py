@@ -256,7 +256,7 @@ class Recorder:
 
     def rejected(self, server_round: int, phase: str, rejected: Mapping[int, str]) -> None:
         """Clients whose replies the server rejected, with the reasons (also failures)."""
-        self.failures(server_round, phase, dict[int | str, str](rejected))
+        self.failures(server_round, phase, dict[int | str, str](rejected.items()))
 
     def fit_done(self, server_round: int) -> None:
         """The training phase of ``server_round`` is aggregated (marks round timing)."""
