@@ -322,3 +322,44 @@ def test_trials_run_as_ray_tasks(tmp_path: Path) -> None:
     for trial in complete:
         log = (Path(trial.user_attrs["run_dir"]) / "tune_stdout.log").read_text()
         assert "pflower" in log
+
+
+@pytest.mark.slow
+def test_tune_command_then_leaderboard(tmp_path: Path) -> None:
+    """The documented commands end to end: one trial, one final seed, the leaderboard."""
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "pflower",
+        "tune",
+        "fedavg",
+        "--suite",
+        _suite_file(tmp_path),
+        "--trials",
+        "1",
+        "--final-seeds",
+        "5",
+        "rounds=1",
+        "--out",
+        str(out),
+    ]
+    subprocess.run(command, check=True, capture_output=True, text=True, timeout=900)
+    chosen = yaml.safe_load((out / "digits" / "chosen" / "fedavg.yaml").read_text())
+    assert chosen["budget"] == {"trials": 1, "complete": 1}
+    assert list(chosen["params"]) == ["train.lr"]
+    final = json.loads(
+        (out / "digits" / "final" / "fedavg" / "seed_5" / "summary.json").read_text()
+    )
+    assert final["status"] == "completed" and final["scored_on"] == "test"
+    assert final["config"]["seed"] == 5 and final["config"]["rounds"] == 1
+    assert final["config"]["train"]["lr"] == pytest.approx(chosen["params"]["train.lr"], rel=1e-5)
+    report = subprocess.run(
+        [sys.executable, "-m", "pflower", "report", "--leaderboard", str(out)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    ).stdout
+    assert "| 1 | FedAvg |" in report and "pflower tune fedavg --suite" in report
+    assert (out / "leaderboard.csv").exists()
