@@ -167,3 +167,46 @@ def test_a_killed_supernode_leaves_no_fork_server_nor_task(tmp_path: Path) -> No
             driver.wait()
     assert survivors == [], f"left running after the starter was killed: {survivors}"
     assert not (tmp_path / "server").exists(), "the server removes its directory as it ends"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.slow
+@pytest.mark.deployment
+def test_a_killed_launcher_supernode_leaves_neither_its_fork_server_nor_its_superexec() -> None:
+    """``python -m pflower.deploy.launcher supernode`` (its SuperLink unreachable: it keeps
+    retrying) has started its fork server and Flower's SuperExec; ``kill -9`` ends all three."""
+    driver = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pflower.deploy.launcher",
+            "supernode",
+            "--",
+            "--insecure",
+            "--superlink",
+            f"127.0.0.1:{_free_port()}",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(_free_port()),
+            "--node-config",
+            "partition-id=0 num-partitions=1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        survivors = _kill_and_expect_no_survivor(driver, expected=2)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert survivors == [], f"left running after the SuperNode was killed: {survivors}"
