@@ -45,17 +45,15 @@ from flwr.superlink.grid import HttpGrid, InMemoryGrid
 from pflower.deploy import launcher
 from pflower.deploy.topology import launcher_command
 from pflower.runtime import launcher as runtime_launcher
-from pflower.runtime.forkclient import SOCKET_VARIABLE
-from pflower.runtime.forkserver import (
+from pflower.runtime.forkapp import (
     APP_DIGEST_FILE,
     INSTALLED_FAB_MARK,
-    ForkServerProcess,
     app_digest,
     install_fabs_once,
     installed_app_digest,
-    shim_script,
-    wait_status,
 )
+from pflower.runtime.forkclient import SOCKET_VARIABLE
+from pflower.runtime.forkserver import ForkServerProcess, shim_script, wait_status
 from pflower.runtime.packing import is_packed, packed_arrays_mod
 from pflower.runtime.polling import (
     PromptClientManager,

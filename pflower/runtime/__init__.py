@@ -15,8 +15,9 @@ the end of the run where the process outlives the run.
 - :mod:`~pflower.runtime.polling` and :mod:`~pflower.runtime.packing`: a deployment's ServerApp
   pushes a round's messages at once, with packed arrays, and polls for replies promptly.
 - :mod:`~pflower.runtime.launcher`, :mod:`~pflower.runtime.forkserver`,
-  :mod:`~pflower.runtime.forkclient`: a deployment's SuperNode with short polls and a ClientApp
-  fork server (``python -m pflower.deploy.launcher`` is the public entry point).
+  :mod:`~pflower.runtime.forkapp`, :mod:`~pflower.runtime.forkclient`: a deployment's SuperNode
+  with short polls and a ClientApp fork server (``python -m pflower.deploy.launcher`` is the
+  public entry point).
 - :mod:`~pflower.runtime.processes`: every process pflower forks dies with its parent.
 - :mod:`~pflower.runtime.logs`: Flower's console logging.
 """

@@ -261,14 +261,14 @@ INSTALL_FROM_FAB = Internal(
     "install_from_fab",
     "(fab_file, install_dir=..., skip_prompt=...)",
     "every ClientApp task unpacks and checks the run's FAB again (0.3-0.8 s); the fork server "
-    "returns a complete earlier installation at once (pflower.runtime.forkserver)",
+    "returns a complete earlier installation at once (pflower.runtime.forkapp)",
 )
 LOAD_APP = Internal(
     "flwr.clientapp.utils",
     "load_app",
     "(module_attribute_str, error_type, project_dir=...)",
     "a fork server's child keeps the server's import of pflower only for a FAB with the same "
-    "code (pflower.runtime.forkserver)",
+    "code (pflower.runtime.forkapp)",
 )
 FLWR_CLIENTAPP = Internal(
     "flwr.supernode.cli.flwr_clientapp",

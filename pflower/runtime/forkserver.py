@@ -26,20 +26,21 @@ imports ``pflower.client.app`` (and with it torch, torchvision, Flower, Hydra, d
 ``torch._dynamo`` (which torch imports when the first optimizer is built) and composes the default
 configuration once (Hydra's lazy imports). Before it forks it also changes two things in Flower's
 ClientApp runtime that its children inherit: a FAB installed by an earlier task of the node is not
-unpacked and checked again (:func:`install_fabs_once`: ``run_clientapp.install_from_fab``), and an
-array that the SuperNode has not pulled yet is asked for again after 0.02 s instead of 1 s
-(:func:`pflower.runtime.polling.prompt_object_pulls`). The app a child runs is still the run's FAB:
-Flower imports the ClientApp from the FAB's directory unless it is imported already, so a child
-keeps the server's ``pflower`` modules only when the FAB's ``pflower/**/*.py`` and
-``conf/**/*.yaml`` have the same digest as the imported ones (computed once per installed FAB), and
-otherwise forgets them and imports the FAB's code (:func:`keep_app_if_unchanged`:
-``clientapp.utils.load_app``). A child that ran the server's import tells the server which
-configurations it composed, and the server prepares them too (:func:`warm_configs`: composed, with
-the experiment's federation and model built): later children find them in their caches. The server
-runs torch only there, on one thread (no thread pool exists when it forks), and is single-threaded
-itself; it parks its objects outside the garbage collector (``gc.freeze``) and its children end with
-``os._exit`` after flushing their streams: a normal interpreter exit would tear down every inherited
-module and so copy every page of the server's memory (seconds per task).
+unpacked and checked again (:func:`~pflower.runtime.forkapp.install_fabs_once`:
+``run_clientapp.install_from_fab``), and an array that the SuperNode has not pulled yet is asked for
+again after 0.02 s instead of 1 s (:func:`pflower.runtime.polling.prompt_object_pulls`). The app a
+child runs is still the run's FAB: Flower imports the ClientApp from the FAB's directory unless it
+is imported already, so a child keeps the server's ``pflower`` modules only when the FAB's
+``pflower/**/*.py`` and ``conf/**/*.yaml`` have the same digest as the imported ones (computed once
+per installed FAB), and otherwise forgets them and imports the FAB's code
+(:func:`~pflower.runtime.forkapp.keep_app_if_unchanged`: ``clientapp.utils.load_app``). A child that
+ran the server's import tells the server which configurations it composed, and the server prepares
+them too (:func:`~pflower.runtime.forkapp.warm_configs`: composed, with the experiment's federation
+and model built): later children find them in their caches. The server runs torch only there, on one
+thread (no thread pool exists when it forks), and is single-threaded itself; it parks its objects
+outside the garbage collector (``gc.freeze``) and its children end with ``os._exit`` after flushing
+their streams: a normal interpreter exit would tear down every inherited module and so copy every
+page of the server's memory (seconds per task).
 
 The server lives as long as the process that started it (``--watch-pid``: the kernel sends it
 SIGTERM when that process ends, whatever ended it, and it also checks twice a second) and removes
@@ -54,7 +55,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import hashlib
 import importlib
 import logging
 import os
@@ -73,7 +73,14 @@ from pathlib import Path
 from types import FrameType
 
 from pflower.runtime import forkclient
-from pflower.runtime.fence import FLWR_CLIENTAPP, INSTALL_FROM_FAB, LOAD_APP, FlowerChanged
+from pflower.runtime.fence import FLWR_CLIENTAPP
+from pflower.runtime.forkapp import (
+    configs_to_warm,
+    keep_app_if_unchanged,
+    loaded_app_digest,
+    send_warm_hint,
+    warm_configs,
+)
 from pflower.runtime.forkclient import SOCKET_VARIABLE, pid_alive, receive_message, send_message
 from pflower.runtime.processes import die_with_parent
 
@@ -85,7 +92,7 @@ PRELOAD = (
     "pflower.client.app",
     "pflower.client.app:warm_up",
     "pflower.runtime.polling:prompt_object_pulls",
-    "pflower.runtime.forkserver:install_fabs_once",
+    "pflower.runtime.forkapp:install_fabs_once",
     "sklearn.datasets",
     "torch._dynamo",
 )
@@ -93,8 +100,6 @@ PRELOAD = (
 
 ``torch._dynamo``: torch imports it the first time an optimizer is built (``Optimizer.__init__``
 is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
-
-APP_PACKAGE = "pflower"
 
 SOCKET_NAME = "server.sock"
 
@@ -128,192 +133,6 @@ def preload(modules: Sequence[str]) -> None:
                 getattr(loaded, function)()
         except Exception as error:  # any failure here only costs the children time
             print(f"pflower fork server: not preloaded: {name}: {error!r}", file=sys.stderr)
-
-
-INSTALLED_FAB_MARK = ".pflower-fab-sha256"
-"""File in an installed app's directory holding the SHA-256 of the FAB installed there, written
-once the installation is complete (:func:`install_fabs_once`)."""
-
-
-def installed_fab(digest: str) -> Path | None:
-    """The directory in which a task of this node installed the FAB whose SHA-256 is ``digest``
-    (``$FLWR_HOME/apps/<publisher>.<name>.<version>.<digest[:8]>``, complete and marked with
-    :data:`INSTALLED_FAB_MARK`); None if there is none."""
-    from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
-    from flwr.supercore.utils import get_flwr_home
-
-    for path in (get_flwr_home() / APP_DIR).glob(f"*.{digest[:FAB_HASH_TRUNCATION]}"):
-        with contextlib.suppress(OSError):
-            if (path / INSTALLED_FAB_MARK).read_text() == digest:
-                return path
-    return None
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a concurrent reader (another task of the node) sees
-    the whole text or no file, never part of it."""
-    partial = path.with_name(f"{path.name}.{os.getpid()}")
-    partial.write_text(text)
-    os.replace(partial, path)
-
-
-def install_fabs_once() -> None:
-    """Make a ClientApp task skip installing a FAB that an earlier task of its node installed.
-
-    ``flwr-clientapp`` installs the run's FAB at the start of every task: it unpacks the
-    archive into a temporary directory and checks every file's hash (0.3-0.8 s for pflower's
-    250 files on 2 cores), and only then finds the app installed already and returns its
-    directory. This wraps ``install_from_fab`` in Flower's ClientApp runtime: FAB bytes whose
-    SHA-256 (the whole digest, not the 8 characters of the directory's name) marks a complete
-    installation return that directory at once; anything else is installed by Flower's
-    function as before, and the installation is marked afterwards. The server calls this
-    before it forks, so its children inherit the wrapper, for the server's life
-    (:data:`~pflower.runtime.fence.INSTALL_FROM_FAB`).
-    """
-    original = INSTALL_FROM_FAB.current()
-
-    def install_from_fab(
-        fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt: bool = False
-    ) -> Path:
-        if not isinstance(fab_file, bytes) or install_dir is not None:
-            return original(fab_file, install_dir, skip_prompt)
-        digest = hashlib.sha256(fab_file).hexdigest()
-        installed = installed_fab(digest)
-        if installed is not None:
-            return installed
-        path = original(fab_file, install_dir, skip_prompt)
-        write_atomically(path / INSTALLED_FAB_MARK, digest)
-        return path
-
-    INSTALL_FROM_FAB.replace_for_process(install_from_fab)
-
-
-def forget(package: str = APP_PACKAGE) -> None:
-    """Drop ``package`` and its submodules from ``sys.modules`` (the next import reads them
-    anew, from wherever ``sys.path`` finds them first)."""
-    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-        del sys.modules[name]
-
-
-def app_digest(package_dir: Path, conf_dir: Path) -> str:
-    """A digest of an app's code and configuration: the ``*.py`` files under ``package_dir``
-    and the ``*.yaml`` files under ``conf_dir``, by relative path and content."""
-    digest = hashlib.sha256()
-    for kind, root, pattern in (("py", package_dir, "*.py"), ("conf", conf_dir, "*.yaml")):
-        files = sorted(
-            p
-            for p in root.rglob(pattern)
-            if not {"__pycache__", "_app"} & set(p.relative_to(root).parts)
-        )
-        for path in files:
-            digest.update(f"{kind}:{path.relative_to(root).as_posix()}:".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return digest.hexdigest()
-
-
-APP_DIGEST_FILE = ".pflower-app-digest"
-"""File in an app directory installed by :func:`install_fabs_once` that keeps its
-:func:`app_digest` (such a directory's files are the FAB's, so the digest is computed once)."""
-
-
-def installed_app_digest(root: Path, package: str = APP_PACKAGE) -> str:
-    """:func:`app_digest` of the app installed in ``root`` (``package`` and ``conf``); read from
-    and written to :data:`APP_DIGEST_FILE` where :func:`install_fabs_once` marked ``root`` as a
-    complete installation."""
-    marked = (root / INSTALLED_FAB_MARK).is_file()
-    if marked:
-        with contextlib.suppress(OSError):
-            return (root / APP_DIGEST_FILE).read_text()
-    digest = app_digest(root / package, root / "conf")
-    if marked:
-        with contextlib.suppress(OSError):
-            write_atomically(root / APP_DIGEST_FILE, digest)
-    return digest
-
-
-def loaded_app_digest(package: str = APP_PACKAGE) -> str | None:
-    """:func:`app_digest` of the imported ``package`` (None if it is not imported)."""
-    if package not in sys.modules:
-        return None
-    try:
-        from pflower.config import conf_dir
-
-        return app_digest(Path(sys.modules[package].__file__ or "").parent, conf_dir())
-    except Exception:  # no digest: the children import the app themselves
-        return None
-
-
-_app_kept = [True]
-"""In a child: whether it still runs the server's import of the app."""
-
-
-def configs_to_warm() -> list[list[str]]:
-    """In a child that ran the server's import of the app: the configurations it composed
-    (``pflower.compose.composed_overrides``), for the server to compose ahead."""
-    compose = sys.modules.get(f"{APP_PACKAGE}.compose")
-    if not _app_kept[0] or compose is None or not hasattr(compose, "composed_overrides"):
-        return []
-    return [list(overrides) for overrides in compose.composed_overrides()]
-
-
-def send_warm_hint(overrides: list[list[str]]) -> None:
-    """Ask the server (at :data:`SOCKET_VARIABLE`) to compose ``overrides`` ahead; best effort."""
-    path = os.environ.get(SOCKET_VARIABLE)
-    if not overrides or not path:
-        return
-    with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(2)
-        sock.connect(path)
-        send_message(sock, {"kind": "warm", "overrides": overrides})
-
-
-def warm_configs(overrides: list[list[str]]) -> None:
-    """In the server: prepare the configurations not prepared yet (the app's
-    ``prepare_ahead``: composed, their federation and model built), so the children forked from
-    now on find them in the app's caches."""
-    compose = sys.modules.get(f"{APP_PACKAGE}.compose")
-    app = sys.modules.get(f"{APP_PACKAGE}.client.app")
-    if compose is None or app is None or not hasattr(app, "prepare_ahead"):
-        return
-    known = set(compose.composed_overrides())
-    for entry in overrides:
-        if tuple(entry) in known:
-            continue
-        try:
-            app.prepare_ahead([str(o) for o in entry])
-        except Exception as error:  # the children prepare it themselves
-            print(f"pflower fork server: not prepared ahead: {error!r}", file=sys.stderr)
-    gc.freeze()
-
-
-def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> None:
-    """In a child: keep the server's imported app only for a FAB with the same code.
-
-    Flower loads the ClientApp with ``load_app(reference, error, project_dir)``, which imports
-    the module from the FAB's directory unless it is imported already. This wraps that call
-    (:data:`~pflower.runtime.fence.LOAD_APP`, for the child's life): if the FAB's ``package`` and
-    ``conf`` have the digest ``loaded`` of the server's import, the imported modules are used as
-    they are; otherwise (or if Flower's call is not the one known) they are forgotten first and
-    the FAB's own code is imported, as in a new process.
-    """
-    try:
-        LOAD_APP.check()
-    except FlowerChanged:
-        loaded = None
-    if loaded is None:
-        forget(package)
-        _app_kept[0] = False
-        return
-    original = LOAD_APP.current()
-
-    def load_app(reference: str, error_type: type[Exception], project_dir: object = None) -> object:
-        root = Path(str(project_dir)) if project_dir is not None else None
-        if root is None or installed_app_digest(root, package) != loaded:
-            forget(package)
-            _app_kept[0] = False
-        return original(reference, error_type, project_dir)
-
-    LOAD_APP.replace_for_process(load_app)
 
 
 def wait_status(status: int) -> dict[str, int]:
