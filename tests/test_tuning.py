@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -315,6 +316,7 @@ def test_trials_run_as_ray_tasks(tmp_path: Path) -> None:
         )
     finally:
         ray.shutdown()
+        shutil.rmtree(temp, ignore_errors=True)
     from optuna.trial import TrialState
 
     complete = study.get_trials(states=(TrialState.COMPLETE,))
