@@ -68,12 +68,13 @@ def install_fabs_once() -> None:
         fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt: bool = False
     ) -> Path:
         if not isinstance(fab_file, bytes) or install_dir is not None:
-            return original(fab_file, install_dir, skip_prompt)
+            flowers: Path = original(fab_file, install_dir, skip_prompt)
+            return flowers
         digest = hashlib.sha256(fab_file).hexdigest()
         installed = installed_fab(digest)
         if installed is not None:
             return installed
-        path = original(fab_file, install_dir, skip_prompt)
+        path: Path = original(fab_file, install_dir, skip_prompt)
         write_atomically(path / INSTALLED_FAB_MARK, digest)
         return path
 

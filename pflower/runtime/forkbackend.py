@@ -177,7 +177,8 @@ class ForkWorkers:
         self._idle.put(worker)
         if isinstance(outcome, _Failure):
             raise ClientAppException(outcome.text)
-        return outcome
+        reply: tuple[Message, Context] = outcome
+        return reply
 
     def close(self) -> None:
         """Ask every worker to end, wait :data:`WORKER_STOP_S`, terminate the rest."""

@@ -250,7 +250,8 @@ class ForkServer:
 def resolve(target: str) -> Callable[[], object]:
     """The function named ``module:function``."""
     module, _, name = target.partition(":")
-    return getattr(importlib.import_module(module), name)
+    function: Callable[[], object] = getattr(importlib.import_module(module), name)
+    return function
 
 
 def run_task(task: Task, target: str, loaded_app: str | None = None) -> None:

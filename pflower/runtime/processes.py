@@ -29,7 +29,7 @@ def _prctl_death_signal(signum: int) -> bool:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
     except OSError:
         return False
-    return libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0
+    return bool(libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0) == 0)
 
 
 def die_with_parent(parent_pid: int, signum: int = signal.SIGKILL) -> bool:
