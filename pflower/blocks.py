@@ -28,8 +28,12 @@ from typing import Any, ClassVar
 from omegaconf import MISSING
 
 from pflower.config import (
+    AttackConfig,
+    AttackKind,
     BackendConfig,
     ExperimentConfig,
+    RobustConfig,
+    RobustKind,
     TrackingConfig,
     TrackingKind,
     plain,
@@ -887,6 +891,9 @@ def blocks(group: str) -> dict[str, type[Block]]:
     return {child.config_name: child for child in _subclasses(base)}
 
 
+SCHEMA_NAME = "pflower_schema"
+"""The ConfigStore name of the run-level schema that ``conf/config.yaml`` extends."""
+
 BLOCK_GROUPS = ("dataset", "partition", "model")
 """The groups whose blocks are chosen by name and built by a registered factory."""
 
@@ -927,12 +934,19 @@ def typed_settings(cfg: Any) -> ExperimentConfig:
 
 
 def store_blocks() -> None:
-    """Store every block, the split schema, the backends and the trackers in the ConfigStore."""
+    """Store the run-level schema (``pflower_schema``, which ``conf/config.yaml`` extends), every
+    block, the split schema, the backends, the trackers, the attacks and the robust aggregators
+    in the ConfigStore (the algorithms store their own options when they are registered)."""
     from hydra.core.config_store import ConfigStore
 
     from pflower.datasets.split import SplitConfig
 
     store = ConfigStore.instance()
+    store.store(name=SCHEMA_NAME, node=ExperimentConfig)
+    for attack in AttackKind:
+        store.store(group="attack", name=attack.value, node=AttackConfig(attack))
+    for robust in RobustKind:
+        store.store(group="robust", name=robust.value, node=RobustConfig(robust))
     for group in BLOCK_GROUPS:
         for name, cls in blocks(group).items():
             store.store(group=group, name=name, node=cls(name=name))

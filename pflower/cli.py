@@ -30,12 +30,26 @@ from omegaconf import DictConfig
 from rich.console import Console
 from rich.markup import escape
 
-from pflower.compose import compose_config, validate
 from pflower.config import ExperimentConfig, conf_dir
-from pflower.datasets.base import DatasetNotFoundError
-from pflower.datasets.sources import CorruptDatasetError
+from pflower.quickcheck import check_before_imports, write_schema_cache
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
+
+
+def __getattr__(name: str) -> type[Exception]:
+    """``DatasetNotFoundError`` and ``CorruptDatasetError``, the dataset errors that end a
+    command with exit code 2, imported on first use: they come with torch, which reporting a
+    configuration error does not need (:mod:`pflower.quickcheck`)."""
+    if name == "DatasetNotFoundError":
+        from pflower.datasets.base import DatasetNotFoundError
+
+        return DatasetNotFoundError
+    if name == "CorruptDatasetError":
+        from pflower.datasets.sources import CorruptDatasetError
+
+        return CorruptDatasetError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # Tables stay readable when the output is piped to a file or a CI log.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -74,6 +88,8 @@ def _simulate(cfg: DictConfig) -> None:
     run re-raises, so the exit code says it failed."""
     run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
     try:
+        from pflower.compose import validate
+
         settings = validate(cfg, check_scheme=False)
         _preflight(cfg, settings)
         _quiet_flower_console(settings.progress)
@@ -98,6 +114,8 @@ def _simulate(cfg: DictConfig) -> None:
 
 
 def _partition(cfg: DictConfig) -> None:
+    from pflower.compose import validate
+
     validate(cfg)
     if cfg.split.get("evaluate_on") == "val":
         raise ConfigError(
@@ -130,6 +148,9 @@ class GuardedTask:
     task: Callable[[DictConfig], None]
 
     def __call__(self, cfg: DictConfig) -> None:
+        from pflower.datasets.base import DatasetNotFoundError
+        from pflower.datasets.sources import CorruptDatasetError
+
         try:
             self.task(cfg)
         except ConfigError as error:
@@ -141,6 +162,8 @@ class GuardedTask:
 
 
 def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+    import pflower.compose  # noqa: F401  (stores every schema and algorithm in the ConfigStore)
+
     main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
     entry: Callable[[], None] = main(GuardedTask(task))
     return entry
@@ -149,16 +172,33 @@ def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
 SUBCOMMANDS: dict[str, Callable[[DictConfig], None]] = {"partition": _partition}
 
 
+def _check_before_imports(arguments: Sequence[str]) -> None:
+    """Report a wrong key, value type or option name in a run's (or ``pflower partition``'s)
+    overrides before torch, Flower and Ray are imported (:mod:`pflower.quickcheck`); the full
+    check (:func:`_check_overrides`) follows."""
+    if arguments and arguments[0] in SUBCOMMANDS:
+        arguments = arguments[1:]
+    if any(argument.startswith("-") for argument in arguments):
+        return
+    try:
+        check_before_imports([a for a in arguments if not a.lstrip("+~").startswith("hydra")])
+    except ConfigError as error:
+        console.print(f"[red]configuration error:[/] {escape(str(error))}")
+        sys.exit(2)
+
+
 def _check_overrides(arguments: Sequence[str]) -> None:
     """Compose a single run's overrides before Hydra does, so that a wrong key, type or value
     ends with our message (naming what is allowed) and exit code 2. Sweeps (``-m``) and Hydra's
     own flags are left to Hydra, which reports such errors itself."""
     if any(argument.startswith("-") for argument in arguments):
         return
+    overrides = [a for a in arguments if not a.lstrip("+~").startswith("hydra")]
     try:
-        compose_config(
-            [a for a in arguments if not a.lstrip("+~").startswith("hydra")], check_scheme=False
-        )
+        from pflower.compose import compose_config
+
+        write_schema_cache()  # for the check above, next time
+        compose_config(overrides, check_scheme=False)
     except ConfigError as error:
         console.print(f"[red]configuration error:[/] {escape(str(error))}")
         sys.exit(2)
@@ -188,7 +228,10 @@ def resume(argv: Sequence[str]) -> int:
     parser.add_argument("run_dir", type=Path, help="the run directory to continue")
     parser.add_argument("overrides", nargs="*", help="e.g. rounds=N to extend the run")
     args = parser.parse_args(list(argv))
+    from pflower.compose import compose_config, validate
     from pflower.core.checkpoint import completed, load_checkpoint
+    from pflower.datasets.base import DatasetNotFoundError
+    from pflower.datasets.sources import CorruptDatasetError
     from pflower.server.app import resumable_checkpoint
 
     run_dir: Path = args.run_dir.resolve()
@@ -224,6 +267,8 @@ def main() -> None:
         from pflower.reporting.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if len(sys.argv) < 2 or sys.argv[1] not in ("tune", "resume", "deploy"):
+        _check_before_imports(sys.argv[1:])
     plain_flower_console_unless_tty()
     if len(sys.argv) > 1 and sys.argv[1] == "tune":
         from pflower.tuning.cli import main as tune_main

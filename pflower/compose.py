@@ -16,9 +16,8 @@ dataset, partition, split and model blocks against their factories.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from dataclasses import fields, is_dataclass
+from dataclasses import fields
 from functools import lru_cache
 from typing import Any
 
@@ -30,29 +29,24 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 import pflower.strategies  # noqa: F401  (importing registers every algorithm's options)
-from pflower.blocks import BLOCK_GROUPS, block_class, block_of, store_blocks, typed_settings
+from pflower.blocks import (
+    BLOCK_GROUPS,
+    block_class,
+    block_of,
+    store_blocks,
+    typed_settings,
+)
 from pflower.config import (
-    AttackConfig,
-    AttackKind,
     ExperimentConfig,
-    RobustConfig,
-    RobustKind,
     conf_dir,
     overrides_from_run_config,
 )
 from pflower.core.algorithm import get_algorithm
 from pflower.core.options import check_keys
+from pflower.quickcheck import explain_composition_error
 from pflower.registry import ConfigError
 
-SCHEMA_NAME = "pflower_schema"
-"""The ConfigStore name of the run-level schema that ``conf/config.yaml`` extends."""
-
-ConfigStore.instance().store(name=SCHEMA_NAME, node=ExperimentConfig)
-for _attack in AttackKind:  # attack=<name>: the run-level attack group
-    ConfigStore.instance().store(group="attack", name=_attack.value, node=AttackConfig(_attack))
-for _robust in RobustKind:  # robust=<name>: the run-level robust-aggregation group
-    ConfigStore.instance().store(group="robust", name=_robust.value, node=RobustConfig(_robust))
-store_blocks()  # dataset=, partition=, model=, split=, backend=, tracking=
+store_blocks()  # the schema, dataset=, partition=, model=, split=, backend=, tracking=, ...
 
 
 def compose_config(overrides: Sequence[str] = (), *, check_scheme: bool = True) -> DictConfig:
@@ -74,22 +68,6 @@ def compose_config(overrides: Sequence[str] = (), *, check_scheme: bool = True) 
         raise ConfigError(explain_composition_error(error)) from error
     validate(cfg, check_scheme=check_scheme)
     return cfg
-
-
-def explain_composition_error(error: BaseException) -> str:
-    """Hydra's message, plus the keys the block has when the cause is an unknown key."""
-    cause = error.__cause__
-    message = str(error)
-    if isinstance(cause, OmegaConfBaseException) and cause.__cause__ is None:
-        message = f"{message}\n{cause}"
-    if not isinstance(cause, OmegaConfBaseException) or "not in" not in str(cause):
-        return message
-    message = re.sub(r"\nTo append to your config use \+\S*", "", message)
-    object_type = cause.object_type
-    if not is_dataclass(object_type):
-        return message
-    allowed = [f.name for f in fields(object_type)]
-    return f"{message}\nAllowed keys: {', '.join(allowed)}"
 
 
 def settings_of(cfg: DictConfig) -> ExperimentConfig:

@@ -1,0 +1,208 @@
+"""Configuration errors before imports: a bad key, value type or option name in under a second.
+
+``pflower <overrides>`` needs torch, Flower and Ray to run, but not to tell a user that
+``strategy.gama`` is no key, ``rounds=ten`` no integer or ``strategy=nope`` no algorithm. Every
+schema but one is light: the run-level dataclasses (:mod:`pflower.config`) and the blocks
+(:mod:`pflower.blocks`) import nothing heavy. The algorithms' options dataclasses live in their
+algorithm modules, which import torch; their *shape* (field names, types, defaults, enum members)
+is cached here, keyed by :data:`pflower.provenance.CODE_FINGERPRINT` (a hash of every source file
+of pflower), so a cache never describes other code than the code that runs.
+
+:func:`check_before_imports` composes the overrides with Hydra against the light schemas and the
+cached option shapes, rebuilt as plain dataclasses, and reports what Hydra refuses: an unknown
+key, a value of the wrong type, an unknown group option. What it cannot check without the real
+classes (value ranges in ``__post_init__``, compose-time compatibility) is left to the full
+check that follows, after the imports. When no cache matches the code (first run after a change),
+it checks nothing; the full check then writes the cache (:func:`write_schema_cache`).
+
+The cache is one JSON file per fingerprint in ``$PFLOWER_SCHEMA_CACHE`` (default
+``~/.cache/pflower/schema``); a cache that cannot be read or written is ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from dataclasses import field, fields, make_dataclass
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+from pflower.registry import ConfigError
+
+_FORMAT = 1
+_SCALARS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def cache_file() -> Path:
+    """The cache of the option shapes of this code (by its fingerprint)."""
+    from pflower.provenance import CODE_FINGERPRINT
+
+    root = os.environ.get("PFLOWER_SCHEMA_CACHE") or Path.home() / ".cache" / "pflower" / "schema"
+    return Path(root) / f"options-{CODE_FINGERPRINT[:32]}.json"
+
+
+def _describe(annotation: Any) -> Any:
+    """A JSON description of a field type that :func:`_rebuild` turns back into one."""
+    if annotation is Any:
+        return "any"
+    if isinstance(annotation, type) and issubclass(annotation, Enum):
+        return {"enum": annotation.__name__, "members": {m.name: m.value for m in annotation}}
+    if isinstance(annotation, type) and annotation.__name__ in _SCALARS:
+        return annotation.__name__
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin in (Union, types.UnionType):
+        rest = [arg for arg in args if arg is not type(None)]
+        if len(rest) == 1 and len(args) == 2:
+            return {"optional": _describe(rest[0])}
+    if origin is list:
+        return {"list": _describe(args[0]) if args else "any"}
+    if origin is dict:
+        return {"dict": _describe(args[1]) if args else "any"}
+    raise TypeError(f"no light description of {annotation!r}")
+
+
+def _rebuild(description: Any) -> Any:
+    if description == "any":
+        return Any
+    if isinstance(description, str):
+        return _SCALARS[description]
+    if "enum" in description:
+        members = description["members"]
+        base = StrEnum if all(isinstance(v, str) for v in members.values()) else Enum
+        return base(description["enum"], members)  # type: ignore[misc]  # functional API
+    if "optional" in description:
+        return _rebuild(description["optional"]) | None
+    if "list" in description:
+        return list[_rebuild(description["list"])]  # type: ignore[misc]  # built at run time
+    return dict[str, _rebuild(description["dict"])]  # type: ignore[misc]
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, Enum):
+        return {"member": value.name}
+    if isinstance(value, list | tuple):
+        return [_default(item) for item in value]
+    return value
+
+
+def describe_options(options_class: type, name: str) -> dict[str, Any]:
+    """The shape of one algorithm's options: each field's name, type and default."""
+    hints = get_type_hints(options_class)
+    instance = options_class(name=name)
+    return {
+        "class": options_class.__name__,
+        "fields": [
+            [f.name, _describe(hints[f.name]), _default(getattr(instance, f.name))]
+            for f in fields(options_class)
+        ],
+    }
+
+
+def light_options(name: str, shape: dict[str, Any]) -> type:
+    """A plain dataclass with the cached shape of algorithm ``name``'s options."""
+    specs = []
+    for key, description, default in shape["fields"]:
+        annotation = _rebuild(description)
+        if isinstance(default, dict) and "member" in default:
+            enum = get_args(annotation)[0] if get_origin(annotation) else annotation
+            value: Any = field(default=enum[default["member"]])
+        elif isinstance(default, list):
+            value = field(default_factory=lambda items=default: list(items))
+        else:
+            value = field(default=default)
+        specs.append((key, annotation, value))
+    return make_dataclass(str(shape.get("class", f"{name}_options")), specs)
+
+
+def write_schema_cache() -> None:
+    """Cache the option shapes of every algorithm, once per code fingerprint (imports the
+    algorithms); never fails."""
+    try:
+        path = cache_file()
+        if path.exists():
+            return
+        import pflower.strategies  # noqa: F401  (registers every algorithm)
+        from pflower.core.algorithm import ALGORITHMS
+
+        shapes = {
+            name: describe_options(algorithm.options, name)
+            for name, algorithm in ALGORITHMS.items()
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps({"format": _FORMAT, "options": shapes}))
+        os.replace(partial, path)
+    except Exception:
+        return
+
+
+def _cached_shapes() -> dict[str, Any] | None:
+    try:
+        payload = json.loads(cache_file().read_text())
+    except (OSError, ValueError):
+        return None
+    if payload.get("format") != _FORMAT:
+        return None
+    shapes = payload.get("options")
+    return shapes if isinstance(shapes, dict) else None
+
+
+def check_before_imports(overrides: list[str]) -> None:
+    """Compose ``overrides`` against the light schemas and the cached option shapes.
+
+    Does nothing without a cache for this code, or when Hydra accepts the overrides.
+
+    Raises:
+        ConfigError: Hydra's message (plus the keys the block has) for a wrong key, type or
+            option name.
+    """
+    shapes = _cached_shapes()
+    if shapes is None:
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    from pflower.blocks import store_blocks
+    from pflower.config import conf_dir
+
+    store = ConfigStore.instance()
+    if "strategy" not in store.repo:
+        store_blocks()
+        for name, shape in shapes.items():
+            try:
+                node = light_options(name, shape)(name=name)
+            except (KeyError, TypeError, ValueError):
+                return  # a shape this code cannot rebuild: leave it to the full check
+            store.store(group="strategy", name=name, node=node)
+    if GlobalHydra.instance().is_initialized():
+        return
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base=None):
+            compose(config_name="config", overrides=list(overrides))
+    except HydraException as error:
+        raise ConfigError(explain_composition_error(error)) from error
+
+
+def explain_composition_error(error: BaseException) -> str:
+    """Hydra's message, plus the keys the block has when the cause is an unknown key."""
+    import re
+    from dataclasses import is_dataclass
+
+    from omegaconf.errors import OmegaConfBaseException
+
+    cause = error.__cause__
+    message = str(error)
+    if isinstance(cause, OmegaConfBaseException) and cause.__cause__ is None:
+        message = f"{message}\n{cause}"
+    if not isinstance(cause, OmegaConfBaseException) or "not in" not in str(cause):
+        return message
+    message = re.sub(r"\nTo append to your config use \+\S*", "", message)
+    object_type = cause.object_type
+    if not is_dataclass(object_type):
+        return message
+    allowed = [f.name for f in fields(object_type)]
+    return f"{message}\nAllowed keys: {', '.join(allowed)}"
