@@ -1,4 +1,4 @@
-"""How long ``pflower`` takes to report a bad key, value or name (issue 39, "errors before imports").
+"""How long ``pflower`` takes to report a bad key, value or name (issue 39).
 
 Runs ``pflower strategy.gama=0.3``, ``pflower rounds=ten`` and ``pflower strategy=nope`` five times
 each, alternating the source trees given as ``label=path`` (put on ``PYTHONPATH``), and prints the
