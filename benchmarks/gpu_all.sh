@@ -10,7 +10,11 @@
 # benchmarks/results/ (gpu.json appended, gpu.md's new rows under a dated heading) with the
 # machine's name. Steps run in priority order; each gets at most its own limit and what is
 # left of BUDGET_S, and a step that no longer fits is skipped and logged as such, so a second
-# call can run the rest: `bash benchmarks/gpu_all.sh scaling-fedala floor-small options`.
+# call can run the rest: `bash benchmarks/gpu_all.sh floor-small options`. Expected on an
+# H100/H200 from the 2026-11-27 H200 rounds (not yet seen): environment 20-30 s, floor-resnet
+# ~115 s, floor-mlp-cnn ~145 s, scaling-flame ~80 s, scaling-fedala ~110 s (about 480 s in all),
+# so floor-small and options (~250 s) need a second call. Rounds are 3 for the costly cases
+# (the steady round is then round 3 alone) and 4 for the cheap ones.
 #
 # GPU_ARGS="--device cpu --smoke" runs the same steps on a CPU, tiny (a check of the script).
 #
@@ -68,17 +72,17 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(floor-resnet floor-mlp-cnn scaling-flame scaling-fedala floor-small options)
 for name in "${steps[@]}"; do
     case $name in
-        floor-resnet) step "$name" 170 --rounds 4 --cases resnet18-cifar --case-limit 100 \
+        floor-resnet) step "$name" 150 --rounds 3 --cases resnet18-cifar --case-limit 90 \
             --set train.local_epochs=1 ;;
-        floor-mlp-cnn) step "$name" 150 --rounds 4 --cases flame fedala --case-limit 70 ;;
+        floor-mlp-cnn) step "$name" 190 --rounds 3 --cases flame fedala --case-limit 80 ;;
         scaling-flame) step "$name" 110 --rounds 4 --no-floor --scaling-cases flame \
             --workers 1 5 10 --case-limit 40 ;;
-        scaling-fedala) step "$name" 150 --rounds 4 --no-floor --scaling-cases fedala-cnn \
-            --workers 1 5 20 --case-limit 60 ;;
+        scaling-fedala) step "$name" 150 --rounds 3 --no-floor --scaling-cases fedala-cnn \
+            --workers 1 5 20 --case-limit 75 ;;
         floor-small) step "$name" 130 --rounds 4 --cases fliu diversifed --case-limit 45 \
             --set dataset=mnist ;;
         options)
-            step "$name-amp" 170 --rounds 4 --cases resnet18-cifar --case-limit 100 \
+            step "$name-amp" 150 --rounds 3 --cases resnet18-cifar --case-limit 90 \
                 --set train.local_epochs=1 train.amp=bf16 train.channels_last=true
             step "$name-resident" 90 --rounds 4 --cases fedala-cnn --case-limit 60 \
                 --set train.data_on_device=true ;;

@@ -17,6 +17,7 @@ from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
+from pflower.core.training import import_first_step_modules
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
 from pflower.runtime.packing import packed_arrays_mod
@@ -84,8 +85,7 @@ def prepare_ahead(overrides: Sequence[str]) -> None:
     experiment = Experiment.of(warm_config(overrides))
     experiment.federation  # noqa: B018 - a cached property: built here, kept for the children
     experiment.shared_model()
-    # torch's first optimizer imports torch._dynamo (2-3 s on 2 cores): here, once for all.
-    torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)
+    import_first_step_modules()  # torch._dynamo, 2-3 s on 2 cores: here, once for all children
 
 
 def warm_up() -> None:
