@@ -22,8 +22,8 @@ from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import evaluate, get_weights, set_weights, train
-from pflower.strategies.fedprox import proximal_term
 from pflower.strategies.fliu import LOCAL_MODEL, mix
+from pflower.strategies.proximal import proximal_to
 from tests.helpers import (
     tiny,
 )
@@ -136,7 +136,7 @@ def test_fedprox_term_value_and_gradient_match_a_hand_computation() -> None:
         model[1].running_mean.fill_(100.0)  # a buffer far from its anchor: must not count
     anchors = [np.zeros_like(array) for array in get_weights(model)]
     mu = 0.2
-    term = proximal_term(model, anchors, mu)(model)
+    term = proximal_to(model, anchors, mu)(model)
     # ‖w − 0‖² = 1 + 4 + 0.25 + 4 + 0 = 9.25
     assert float(term) == pytest.approx(0.5 * mu * 9.25)
     term.backward()

@@ -24,12 +24,11 @@ from pflower.registry import ConfigError
 from pflower.strategies import apfl, ditto, flame, pfedme
 from pflower.strategies.flame import (
     admm_average,
-    anchor_tensors,
     dual_update,
     local_model_update,
-    moreau_term,
     upload_vector,
 )
+from pflower.strategies.proximal import anchor_tensors, proximal_term
 from tests.helpers import (
     REGULARIZED_TINY,
     StateLog,
@@ -111,13 +110,13 @@ def test_flame_closed_forms_match_hand_computation() -> None:
     )
 
 
-def test_flame_moreau_term_gradient_is_lambda_pull_plus_l2() -> None:
+def test_proximal_term_gradient_is_lambda_pull_plus_l2() -> None:
     model = torch.nn.Linear(2, 1)
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[1.0, -2.0]]))
         model.bias.copy_(torch.tensor([0.5]))
     anchors = anchor_tensors(model, [np.array([[0.0, 1.0]]), np.array([1.5])])
-    term = moreau_term(anchors, lambda_=2.0, mu=0.1)(model)
+    term = proximal_term(anchors, lambda_=2.0, mu=0.1)(model)
     # (2/2)(1 + 9 + 1) + (0.1/2)(1 + 4 + 0.25)
     assert float(term) == pytest.approx(11.0 + 0.05 * 5.25)
     term.backward()
@@ -178,7 +177,7 @@ def test_flame_state_recomputes_from_what_was_stored_and_sent(tmp_path: Path) ->
                 pid,
                 round_,
                 start,
-                lambda model, w_k=w_k: moreau_term(anchor_tensors(model, w_k), 1.0, mu),
+                lambda model, w_k=w_k: proximal_term(anchor_tensors(model, w_k), 1.0, mu),
             )
             assert_arrays_close(after[flame.THETA], theta, rtol=1e-5, atol=1e-6)
             dual = before[flame.DUAL] or [np.zeros_like(a) for a in w_k]
@@ -235,7 +234,7 @@ def test_flame_rho_to_zero_is_local_proximal_training(tmp_path: Path) -> None:
                 pid,
                 round_,
                 theta,
-                lambda model, anchor=theta: moreau_term(anchor_tensors(model, anchor), 1.0, 0.01),
+                lambda model, anchor=theta: proximal_term(anchor_tensors(model, anchor), 1.0, 0.01),
             )
             assert_arrays_close(log.after[round_, pid][flame.THETA], theta, rtol=1e-4, atol=1e-5)
             assert_arrays_close(
@@ -349,7 +348,7 @@ def test_ditto_state_is_the_proximal_personal_model(tmp_path: Path) -> None:
             pid,
             round_,
             start,
-            lambda model, w_t=w_t: moreau_term(anchor_tensors(model, w_t), 0.5, 0.0),
+            lambda model, w_t=w_t: proximal_term(anchor_tensors(model, w_t), 0.5, 0.0),
         )
         assert_arrays_close(log.after[round_, pid][ditto.PERSONAL], v, rtol=1e-5, atol=1e-6)
         w = retrain(experiment, pid, round_, w_t, lambda model: None, lr=0.1)
@@ -417,7 +416,7 @@ def test_pfedme_state_is_the_persistent_personal_model(tmp_path: Path) -> None:
             pid,
             round_,
             start,
-            lambda model, w_t=w_t: moreau_term(anchor_tensors(model, w_t), 0.5, 0.01),
+            lambda model, w_t=w_t: proximal_term(anchor_tensors(model, w_t), 0.5, 0.01),
         )
         assert_arrays_close(log.after[round_, pid][pfedme.THETA], theta, rtol=1e-5, atol=1e-6)
         assert_arrays_close(uploaded, pfedme.moreau_step(w_t, theta, 0.2), rtol=1e-5, atol=1e-6)

@@ -28,14 +28,11 @@ from pflower.strategies.diversifed import (
     Distance,
     GradMode,
     TauScale,
-    flatten,
     force_coefficients,
-    mix,
     mixing_matrix,
-    pairwise_distances,
-    unflatten,
 )
-from pflower.strategies.fedprox import proximal_term
+from pflower.strategies.model_mixing import flatten, mix, pairwise_distances, unflatten
+from pflower.strategies.proximal import proximal_to
 from tests.helpers import (
     ADAM_TINY,
     StateLog,
@@ -254,7 +251,7 @@ def test_state_round_three_recomputed_from_stored_model_and_target(tmp_path: Pat
         data = experiment.client_data(pid)
         set_weights(model, log.before[3, pid])
         seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
-        prox = proximal_term(model, log.received[3, pid], lam / eta)
+        prox = proximal_to(model, log.received[3, pid], lam / eta)
         train(
             model,
             data.train,

@@ -13,9 +13,9 @@ from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights, train
-from pflower.strategies.diversifed import flatten, mix, pairwise_distances, unflatten
 from pflower.strategies.fedamp import PERSONAL, attention_weights
-from pflower.strategies.fedprox import proximal_term
+from pflower.strategies.model_mixing import flatten, mix, pairwise_distances, unflatten
+from pflower.strategies.proximal import proximal_to
 from tests.helpers import ADAM_TINY as BASE
 from tests.helpers import (
     StateLog,
@@ -100,7 +100,7 @@ def test_fedamp_state_round_three_and_guard_log(tmp_path: Path) -> None:
         data = experiment.client_data(pid)
         set_weights(model, log.before[3, pid])
         seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
-        prox = proximal_term(model, log.received[3, pid], lam / alpha_3)
+        prox = proximal_to(model, log.received[3, pid], lam / alpha_3)
         generator = torch.Generator().manual_seed(int(seed))
         train(model, data.train, data.prepare, settings, generator, prox)
         # a stiff pull (λ/α_K = 1.2) amplifies float summation order a little under Adam

@@ -31,8 +31,8 @@ from pflower.strategies.ala import (
     ALASettings,
     adaptive_local_aggregation,
 )
-from pflower.strategies.fedper import PERSONAL
-from pflower.strategies.moreau import anchor_tensors, moreau_term
+from pflower.strategies.proximal import anchor_tensors, proximal_term
+from pflower.strategies.split import PERSONAL
 from tests.helpers import (
     tiny,
 )
@@ -493,7 +493,7 @@ def test_ditto_ala_trains_and_anchors_on_the_ala_model(tmp_path: Path) -> None:
                 data.prepare,
                 experiment.train_settings(2),
                 torch.Generator().manual_seed(int(seed[0])),
-                moreau_term(anchor_tensors(model, anchor), 0.5, 0.0),
+                proximal_term(anchor_tensors(model, anchor), 0.5, 0.0),
             )
             return get_weights(model)
 

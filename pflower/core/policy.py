@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from logging import WARNING
 from typing import Any
 
@@ -116,6 +116,11 @@ class ClientUpdate:
     weights: NDArrays
     num_examples: int
     metrics: dict[str, Scalar]
+
+    def model_part(self, size: int) -> ClientUpdate:
+        """This update with only its first ``size`` arrays: the model, for an algorithm whose
+        clients upload more after it (control variates, masks)."""
+        return replace(self, weights=self.weights[:size])
 
 
 class UpdatePolicy:

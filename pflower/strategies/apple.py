@@ -82,7 +82,7 @@ from pflower.core.training import (
 )
 from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
-from pflower.strategies.diversifed import (
+from pflower.strategies.model_mixing import (
     MEAN_OF_CLIENT_MODELS,
     initial_weights_untouched,
     mean_of_stored,

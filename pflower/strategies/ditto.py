@@ -41,7 +41,8 @@ from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import TrainSettings, get_weights, set_weights
 from pflower.searchspace import tunable
-from pflower.strategies.moreau import PersonalAndGlobalClient, anchor_tensors, moreau_term
+from pflower.strategies.moreau import PersonalAndGlobalClient
+from pflower.strategies.proximal import anchor_tensors, proximal_term
 
 PERSONAL = "ditto_v"
 
@@ -76,7 +77,7 @@ class DittoClient(PersonalAndGlobalClient["DittoOptions"]):
         term = None
         if self.options.lambda_ or self.options.mu_l2:
             anchors = anchor_tensors(self.model, self.personal_anchor(global_weights, config))
-            term = moreau_term(anchors, self.options.lambda_, self.options.mu_l2)
+            term = proximal_term(anchors, self.options.lambda_, self.options.mu_l2)
         self.local_train(settings, config, term)
         return get_weights(self.model)
 

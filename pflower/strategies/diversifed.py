@@ -59,29 +59,28 @@ training from u_i.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
-from pflower.core.aggregation import weighted_mean
 from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
-from pflower.core.options import Aggregation, AlgorithmOptions, OptionsT
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
-from pflower.strategies.fedprox import proximal_term
+from pflower.strategies.model_mixing import (
+    ModelMixingStrategy,
+    Neighbors,
+    OwnModelClient,
+    pairwise_distances,
+)
+from pflower.strategies.proximal import proximal_to
 
 PERSONAL = "div_personal"
 """Client state: the personalized model w_i (all ``state_dict`` arrays)."""
-
-MEAN_OF_CLIENT_MODELS = "mean_of_client_models"
 
 
 class Distance(StrEnum):
@@ -111,15 +110,6 @@ class GradMode(StrEnum):
     """Σ_k L_M(w_k), the global objective (Sec. IV)."""
 
 
-class Neighbors(StrEnum):
-    """The models S of Eq. 4 under partial participation."""
-
-    participants = "participants"
-    """This round's participants (m = |S_t|)."""
-    all_stale = "all_stale"
-    """Every client's latest upload (Θ^0 for clients never sampled)."""
-
-
 class StartFrom(StrEnum):
     """Where a client's local training starts."""
 
@@ -130,44 +120,6 @@ class StartFrom(StrEnum):
 
 
 # ----------------------------------------------------------------------------- server math
-def flatten(weights: NDArrays, mask: Sequence[bool]) -> np.ndarray:
-    """The arrays selected by ``mask`` (the trainable parameters), concatenated, float64."""
-    parts = [
-        np.asarray(a, dtype=np.float64).ravel() for a, m in zip(weights, mask, strict=True) if m
-    ]
-    return np.concatenate(parts) if parts else np.zeros(0)
-
-
-def unflatten(vector: np.ndarray, template: NDArrays, mask: Sequence[bool]) -> NDArrays:
-    """``template`` with its ``mask``-selected arrays replaced by consecutive slices of
-    ``vector`` (cast to each array's dtype); the other arrays are copied from ``template``."""
-    out, offset = [], 0
-    for array, selected in zip(template, mask, strict=True):
-        if selected:
-            out.append(
-                vector[offset : offset + array.size].reshape(array.shape).astype(array.dtype)
-            )
-            offset += array.size
-        else:
-            out.append(np.array(array, copy=True))
-    if offset != vector.size:
-        raise ValueError(f"vector has {vector.size} entries, the template's parameters {offset}")
-    return out
-
-
-def pairwise_distances(vectors: np.ndarray, squared: bool = False) -> np.ndarray:
-    """‖v_i − v_j‖₂ (or its square) for the rows of ``vectors``, from differences in float64
-    (the Gram-matrix shortcut loses precision when models are close)."""
-    count = len(vectors)
-    out = np.zeros((count, count))
-    for i in range(count):
-        for j in range(i + 1, count):
-            diff = vectors[i].astype(np.float64) - vectors[j].astype(np.float64)
-            value = float(diff @ diff)
-            out[i, j] = out[j, i] = value if squared else np.sqrt(value)
-    return out
-
-
 def force_coefficients(
     distances: np.ndarray, tau: float, tau_scale: TauScale = TauScale.multiply
 ) -> np.ndarray:
@@ -214,113 +166,6 @@ def mixing_matrix(
     return xi
 
 
-def mix(xi: np.ndarray, vectors: np.ndarray) -> np.ndarray:
-    """U = Ξ W, accumulated in float64 row by row (W stays in its own dtype)."""
-    out = np.zeros((xi.shape[0], vectors.shape[1]))
-    for j in range(vectors.shape[0]):
-        out += np.outer(xi[:, j], vectors[j].astype(np.float64))
-    return out
-
-
-def parameter_mask(strategy: PersonalizedStrategy, weights: NDArrays) -> list[bool]:
-    """The strategy's trainable mask, or (if the ServerApp set none) every floating array."""
-    if strategy.trainable_mask is not None:
-        return list(strategy.trainable_mask)
-    return [np.issubdtype(np.asarray(a).dtype, np.floating) for a in weights]
-
-
-def mean_of_stored(strategy: PersonalizedStrategy) -> NDArrays:
-    """Stage G's reference model for methods without a global model: the mean of the stored
-    client models, weighted by training-set sizes or uniform (``strategy.aggregation``)."""
-    store = strategy.client_models
-    pids = store.partition_ids
-    models = [store.get(pid) for pid in pids]
-    if strategy.options.aggregation == Aggregation.uniform:
-        weights = np.ones(len(pids))
-    else:
-        sizes = strategy.client_sizes
-        weights = np.array([sizes.get(pid, 1) for pid in pids], dtype=np.float64)
-    return weighted_mean(models, weights)  # type: ignore[arg-type]
-
-
-# ----------------------------------------------- shared by the server-personalized methods
-class ModelMixingStrategy(PersonalizedStrategy[OptionsT]):
-    """Sends every sampled client i its own u_i = Σ_j Ξ_ij w_j, an affine combination of the
-    stored client models w_j (Θ^0 for a client never sampled) over the trainable parameters
-    (buffers copied from the client's stored model). Subclasses give Ξ (:meth:`mixing`):
-    DiversiFed's step on L_M (Eq. 6), FedAMP's attentive message passing. No global model:
-    stage G evaluates the mean of the stored models. The neighbor set follows
-    ``options.neighbors`` (this round's participants, or every client's latest upload)."""
-
-    checkpointed = ("initial_weights", "last_mixing")
-
-    keeps_client_models: ClassVar[bool] = True
-    global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.initial_weights: NDArrays = self.global_weights
-        self.last_mixing: tuple[list[int], np.ndarray] | None = None
-        """The neighbor set and Ξ of the latest round (for logs and tests)."""
-
-    def neighbor_ids(self, partition_ids: list[int]) -> list[int]:
-        if self.options.neighbors == Neighbors.participants:
-            return sorted(partition_ids)
-        return sorted(set(self.client_sizes) | set(partition_ids))
-
-    def mixing(self, server_round: int, neighbors: list[int], vectors: np.ndarray) -> np.ndarray:
-        """Ξ (rows sum to 1) for the flattened float32 models ``vectors`` of ``neighbors``."""
-        raise NotImplementedError
-
-    def client_messages(
-        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
-    ) -> dict[int, NDArrays]:
-        neighbors = self.neighbor_ids(partition_ids)
-        models = {pid: self.client_models.get(pid, self.initial_weights) for pid in neighbors}
-        mask = parameter_mask(self, self.initial_weights)
-        vectors = np.stack([flatten(models[pid], mask).astype(np.float32) for pid in neighbors])
-        xi = self.mixing(server_round, neighbors, vectors)
-        self.last_mixing = (neighbors, xi)
-        targets = mix(xi, vectors)
-        row = {pid: index for index, pid in enumerate(neighbors)}
-        return {pid: unflatten(targets[row[pid]], models[pid], mask) for pid in partition_ids}
-
-    def aggregate(
-        self, server_round: int, updates: list[ClientUpdate], current: NDArrays
-    ) -> NDArrays:
-        return mean_of_stored(self)
-
-
-def initial_weights_untouched(client: PersonalClient) -> NDArrays:
-    """Θ^0, rebuilt from the seed, leaving the global torch RNG as it was."""
-    with torch.random.fork_rng(devices=[]):
-        return client.experiment.initial_weights()
-
-
-class OwnModelClient(PersonalClient[OptionsT]):
-    """A client whose deployable model is its own, kept in ``context.state`` under
-    :attr:`model_key` (all ``state_dict`` arrays) and Θ^0 before its first round: it trains
-    from it, stores the trained model, and evaluates it at stage L1."""
-
-    model_key: ClassVar[str]
-
-    def own_model(self) -> NDArrays:
-        """The stored model, or Θ^0 before the client's first round."""
-        stored = self.state.get_arrays(self.model_key)
-        return stored if stored is not None else initial_weights_untouched(self)
-
-    def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.own_model()
-
-    def remember(
-        self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
-    ) -> None:
-        self.state.put_arrays(self.model_key, trained)
-
-    def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        return self.own_model()
-
-
 # --------------------------------------------------------------------------------- server
 class DiversiFedStrategy(ModelMixingStrategy["DiversiFedOptions"]):
     """Eq. 6 on the server: one gradient step on L_M per sampled client from the stored models."""
@@ -355,7 +200,7 @@ class DiversiFedClient(OwnModelClient["DiversiFedOptions"]):
     ) -> Regularizer | None:
         if self.options.lam == 0:
             return None
-        return proximal_term(self.model, global_weights, self.options.lam / self.options.eta)
+        return proximal_to(self.model, global_weights, self.options.lam / self.options.eta)
 
 
 @register_algorithm("diversifed", strategy=DiversiFedStrategy, client=DiversiFedClient)

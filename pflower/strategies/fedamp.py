@@ -46,13 +46,13 @@ from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
-from pflower.strategies.diversifed import (
+from pflower.strategies.model_mixing import (
     ModelMixingStrategy,
     Neighbors,
     OwnModelClient,
     pairwise_distances,
 )
-from pflower.strategies.fedprox import proximal_term
+from pflower.strategies.proximal import proximal_to
 
 PERSONAL = "fedamp_personal"
 """Client state: the personalized model w_i (all ``state_dict`` arrays)."""
@@ -129,7 +129,7 @@ class FedAMPClient(OwnModelClient["FedAMPOptions"]):
         if self.options.lam == 0:
             return None
         alpha_k = float(config[ALPHA_KEY])
-        return proximal_term(self.model, global_weights, self.options.lam / alpha_k)
+        return proximal_to(self.model, global_weights, self.options.lam / alpha_k)
 
 
 @register_algorithm("fedamp", strategy=FedAMPStrategy, client=FedAMPClient)

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-import numpy as np
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
@@ -33,6 +32,7 @@ from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, get_weights, set_weights
 from pflower.models import split
 from pflower.searchspace import tunable
+from pflower.strategies.split import shared_arrays
 
 
 class FedBABUStrategy(PersonalizedStrategy["FedBABUOptions"]):
@@ -57,10 +57,7 @@ class FedBABUClient(PersonalClient["FedBABUOptions"]):
     def upload(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> NDArrays:
-        return [
-            np.empty((0,), dtype=array.dtype) if head else array
-            for head, array in zip(split.head_mask(self.model), trained, strict=True)
-        ]
+        return shared_arrays(trained, split.head_mask(self.model))
 
     def personalize(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         set_weights(self.model, global_weights)

@@ -10,8 +10,9 @@ weighted by n_k. Stage L1 evaluates received model + own BN layers.
 Which arrays are BatchNorm is read from the model (:func:`pflower.models.split.batchnorm_mask`),
 so FedBN runs on every model; on a model without BatchNorm it is FedAvg exactly.
 
-What crosses the wire: as FedPer (:mod:`pflower.strategies.fedper`), with the BN arrays as the
-personal ones. Client state: ``split_personal``, the client's BN parameters and statistics.
+What crosses the wire: the split-model family's (:mod:`pflower.strategies.split`), with the BN
+arrays as the personal ones. Client state: ``split_personal``, the client's BN parameters and
+statistics.
 
 Deviation: the global model has Θ^0's BN layers, so there is no stage G.
 """
@@ -24,7 +25,7 @@ from typing import ClassVar
 from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
 from pflower.models import split
-from pflower.strategies.fedper import SplitClient, SplitStrategy
+from pflower.strategies.split import SplitClient, SplitStrategy
 
 
 class FedBNStrategy(SplitStrategy):

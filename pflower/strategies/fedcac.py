@@ -42,7 +42,7 @@ from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import trainable_mask
 from pflower.searchspace import tunable
-from pflower.strategies.diversifed import parameter_mask
+from pflower.strategies.model_mixing import parameter_mask
 
 MASK = "fedcac_mask"
 PERSONAL = "fedcac_personal"
@@ -126,10 +126,7 @@ class FedCACStrategy(PersonalizedStrategy["FedCACOptions"]):
         self, server_round: int, updates: list[ClientUpdate], current: NDArrays
     ) -> NDArrays:
         size = len(current)
-        models = [
-            ClientUpdate(u.partition_id, u.weights[:size], u.num_examples, u.metrics)
-            for u in updates
-        ]
+        models = [update.model_part(size) for update in updates]
         return self.average(models)
 
 

@@ -77,7 +77,7 @@ from pflower.strategies.control_variates import (
     trainable_part,
     zeros_like_trainable,
 )
-from pflower.strategies.fedprox import proximal_term
+from pflower.strategies.proximal import proximal_to
 
 DRIFT = "feddc_drift"
 CORRECTION = "feddc_correction"
@@ -112,10 +112,7 @@ class FedDCStrategy(ClientAverageScoring, ModelAndVariateStrategy["FedDCOptions"
             self.client_drifts[update.partition_id] = [
                 np.array(a, copy=True) for a in update.weights[size : size + count]
             ]
-        models = [
-            ClientUpdate(u.partition_id, u.weights[:size], u.num_examples, u.metrics)
-            for u in updates
-        ]
+        models = [update.model_part(size) for update in updates]
         mean = self.average(models)
         self.remember_average(mean)
         weight = self.options.drift_weight
@@ -155,7 +152,7 @@ class FedDCClient(ModelAndVariateClient["FedDCOptions"]):
             else array
             for array, trainable in zip(w, mask, strict=True)
         ]  # ‖θ + λh_i − w‖² = ‖θ − (w − λh_i)‖²
-        penalty = proximal_term(self.model, anchor, self.options.alpha)
+        penalty = proximal_to(self.model, anchor, self.options.alpha)
         correction = linear_term(
             self.model, [s - own for s, own in zip(g_server, g_own, strict=True)], scale=weight
         )

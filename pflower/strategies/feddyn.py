@@ -65,7 +65,7 @@ from pflower.strategies.control_variates import (
     trainable_part,
     zeros_like_trainable,
 )
-from pflower.strategies.fedprox import proximal_term
+from pflower.strategies.proximal import proximal_to
 
 LINEAR_TERM = "feddyn_grad"
 
@@ -123,7 +123,7 @@ class FedDynClient(PersonalClient["FedDynOptions"]):
 
     def regularizer(self, global_weights: NDArrays, config: dict[str, Scalar]) -> Regularizer:
         linear = linear_term(self.model, self.linear_coefficients(global_weights), scale=-1.0)
-        quadratic = proximal_term(self.model, global_weights, self.options.alpha)
+        quadratic = proximal_to(self.model, global_weights, self.options.alpha)
         return lambda model: linear(model) + quadratic(model)
 
     def remember(

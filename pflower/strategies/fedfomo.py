@@ -47,7 +47,7 @@ from pflower.core.state import ClientState
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.searchspace import tunable
-from pflower.strategies.diversifed import MEAN_OF_CLIENT_MODELS, OwnModelClient, mean_of_stored
+from pflower.strategies.model_mixing import MEAN_OF_CLIENT_MODELS, OwnModelClient, mean_of_stored
 
 PERSONAL = "fomo_personal"
 """Client state: the personalized model θ_i (all ``state_dict`` arrays)."""

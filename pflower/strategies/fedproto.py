@@ -55,7 +55,7 @@ from pflower.core.training import (
 from pflower.models.split import head, head_shape, represent
 from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
-from pflower.strategies.diversifed import OwnModelClient
+from pflower.strategies.model_mixing import OwnModelClient
 
 MODEL = "proto_model"
 """Client state: the client's own model (never sent)."""

@@ -16,17 +16,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, TypeVar
 
-import torch
 from flwr.common import NDArrays, Scalar
-from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import Regularizer, model_device
+from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
+from pflower.strategies.proximal import proximal_to
 
 
 class FedProxStrategy(PersonalizedStrategy["FedProxOptions"]):
@@ -40,26 +39,7 @@ class FedProxClient(PersonalClient[ProxOptionsT]):
     """Adds the proximal term ``mu/2 ||w - w_global||^2`` to the local loss."""
 
     def regularizer(self, global_weights: NDArrays, config: dict[str, Scalar]) -> Regularizer:
-        return proximal_term(self.model, global_weights, self.options.mu)
-
-
-def proximal_term(model: nn.Module, anchor_weights: NDArrays, mu: float) -> Regularizer:
-    """The loss term w ↦ (μ/2)‖w − w^t‖² over ``model``'s trainable parameters, where w^t are
-    ``anchor_weights`` (in ``state_dict`` order, as they arrive from the server)."""
-    names = list(model.state_dict())
-    device = model_device(model)
-    anchors = {
-        name: torch.from_numpy(array).clone().to(device)
-        for name, array in zip(names, anchor_weights, strict=True)
-    }
-
-    def term(current: nn.Module) -> torch.Tensor:
-        squared = [
-            (param - anchors[name]).pow(2).sum() for name, param in current.named_parameters()
-        ]
-        return 0.5 * mu * torch.stack(squared).sum()
-
-    return term
+        return proximal_to(self.model, global_weights, self.options.mu)
 
 
 @register_algorithm("fedprox", strategy=FedProxStrategy, client=FedProxClient)

@@ -19,10 +19,10 @@ Identity: with ``head_epochs = 0`` the head is never trained, so step 2 trains t
 Θ^0's head, exactly FedBABU's federated training (:mod:`pflower.strategies.fedbabu`); both share
 the body update path (stage L2 and the global body agree).
 
-What crosses the wire: as FedPer (:mod:`pflower.strategies.fedper`): the full global model down,
-the body up (the head as empty arrays). Client state: ``split_personal``, the head h_i.
-The head phase draws its batch order from its own seeded stream; the body phase from the same
-stream as every algorithm's local training.
+What crosses the wire: the split-model family's (:mod:`pflower.strategies.split`): the full
+global model down, the body up (the head as empty arrays). Client state: ``split_personal``, the
+head h_i. The head phase draws its batch order from its own seeded stream; the body phase from
+the same stream as every algorithm's local training.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from pflower.core.training import Regularizer, TrainSettings, train
 from pflower.models import split
 from pflower.searchspace import tunable
 from pflower.strategies.batches import data_generator
-from pflower.strategies.fedper import SplitClient, SplitStrategy
+from pflower.strategies.split import SplitClient, SplitStrategy
 
 
 class FedRepStrategy(SplitStrategy):

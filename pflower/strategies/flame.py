@@ -70,14 +70,8 @@ from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, get_weights
 from pflower.searchspace import tunable
-from pflower.strategies.moreau import (
-    PersonalAndGlobalClient,
-    anchor_tensors,
-    float_or,
-    moreau_term,
-    set_anchors,
-    steps_per_epoch,
-)
+from pflower.strategies.moreau import PersonalAndGlobalClient, float_or, steps_per_epoch
+from pflower.strategies.proximal import anchor_tensors, proximal_term, set_anchors
 
 THETA = "flame_theta"
 DUAL = "flame_pi"
@@ -210,7 +204,7 @@ class FLAMEClient(PersonalAndGlobalClient["FLAMEOptions"]):
         self._rho = options.lambda_ / m if options.rho is None else options.rho
         self._anchors = anchor_tensors(self.model, self._w_local)
         self._steps = 0
-        return moreau_term(self._anchors, options.lambda_, options.mu_l2)
+        return proximal_term(self._anchors, options.lambda_, options.mu_l2)
 
     def after_step(
         self, global_weights: NDArrays, config: dict[str, Scalar]

@@ -3,9 +3,8 @@ train it on a proximal (Moreau-envelope) objective: pFedMe (Dinh, Tran and Nguye
 Alg. 1), FLAME (Zhu et al., arXiv 2407.16397, Eq. 11), Ditto (Li et al., ICML 2021, Alg. 1
 line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
 
-- :func:`anchor_tensors`, :func:`moreau_term`, :func:`set_anchors`: the loss term
-  θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖² with an anchor that may move between steps (FLAME's w_i
-  after each ADMM update, pFedMe's local copy w_i after each w-step);
+- their loss term θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖², with an anchor that may move between
+  steps, is the regularized family's one proximal term (:mod:`pflower.strategies.proximal`);
 - :func:`steps_per_epoch`: the mini-batches of one pass (when the per-pass updates run);
 - :func:`float_or`: an elementwise closed-form update that leaves non-float arrays alone;
 - :class:`PersonalAndGlobalClient`: stage L1 evaluates the stored personalized model (PM) and
@@ -19,50 +18,12 @@ import math
 from typing import ClassVar
 
 import numpy as np
-import torch
 from flwr.common import NDArrays, Scalar
-from torch import nn
 
 from pflower.config import SelectionSplit
 from pflower.core.client import PersonalClient
 from pflower.core.options import OptionsT
-from pflower.core.training import Regularizer, evaluate, model_device, set_weights
-
-
-def anchor_tensors(model: nn.Module, weights: NDArrays) -> dict[str, torch.Tensor]:
-    """``weights`` (state_dict order) as tensors keyed by parameter name (trainable ones only)."""
-    names = list(model.state_dict())
-    trainable = {name for name, _ in model.named_parameters()}
-    device = model_device(model)
-    return {
-        name: torch.from_numpy(np.array(array, dtype=np.float32)).to(device)
-        for name, array in zip(names, weights, strict=True)
-        if name in trainable
-    }
-
-
-def moreau_term(anchors: dict[str, torch.Tensor], lambda_: float, mu: float) -> Regularizer:
-    """θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖² over trainable parameters; its gradient is
-    λ(θ − anchor) + μθ. ``anchors`` are read at every call, so updating them in place moves the
-    anchor between steps (FLAME's w_i after each ADMM update)."""
-
-    def term(model: nn.Module) -> torch.Tensor:
-        total = torch.zeros((), device=model_device(model))
-        for name, param in model.named_parameters():
-            if lambda_:
-                total = total + 0.5 * lambda_ * (param - anchors[name]).pow(2).sum()
-            if mu:
-                total = total + 0.5 * mu * param.pow(2).sum()
-        return total
-
-    return term
-
-
-def set_anchors(anchors: dict[str, torch.Tensor], model: nn.Module, weights: NDArrays) -> None:
-    """Overwrite ``anchors`` in place with ``weights`` (state_dict order)."""
-    for name, array in zip(model.state_dict(), weights, strict=True):
-        if name in anchors:
-            anchors[name].copy_(torch.from_numpy(np.asarray(array, dtype=np.float32)))
+from pflower.core.training import evaluate, set_weights
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:

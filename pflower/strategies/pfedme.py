@@ -54,14 +54,8 @@ from pflower.core.training import (
 )
 from pflower.searchspace import tunable
 from pflower.strategies.batches import train_batches
-from pflower.strategies.moreau import (
-    PersonalAndGlobalClient,
-    anchor_tensors,
-    float_or,
-    moreau_term,
-    set_anchors,
-    steps_per_epoch,
-)
+from pflower.strategies.moreau import PersonalAndGlobalClient, float_or, steps_per_epoch
+from pflower.strategies.proximal import anchor_tensors, proximal_term, set_anchors
 
 THETA = "pfedme_theta"
 
@@ -122,7 +116,7 @@ class PFedMeClient(PersonalAndGlobalClient["PFedMeOptions"]):
         self._w_local = list(global_weights)
         self._anchors = anchor_tensors(self.model, global_weights)
         self._steps = 0
-        return moreau_term(self._anchors, self.options.lambda_, self.options.mu_l2)
+        return proximal_term(self._anchors, self.options.lambda_, self.options.mu_l2)
 
     def after_step(
         self, global_weights: NDArrays, config: dict[str, Scalar]

@@ -111,10 +111,7 @@ class ScaffoldStrategy(ModelAndVariateStrategy["ScaffoldOptions"]):
     ) -> NDArrays:
         mask = require_mask(self)
         size = len(current)
-        models = [
-            ClientUpdate(u.partition_id, u.weights[:size], u.num_examples, u.metrics)
-            for u in updates
-        ]
+        models = [update.model_part(size) for update in updates]
         mean_y = self.average(models)
         eta = self.options.server_lr
         new_x: NDArrays = []
