@@ -168,6 +168,7 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         attempt, the last round checkpointed and, in a resumed run, the round it resumed from
         (see :mod:`pflower.core.checkpoint`)."""
         self.seal_configuration()  # all set above is configuration or a collaborator
+        self.init_declared_state()  # the algorithm's declared server state, before round 1
 
     # ------------------------------------------------------------------ hooks for algorithms
     def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:

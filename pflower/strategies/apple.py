@@ -71,6 +71,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
+from pflower.core.declared import state
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import (
@@ -153,14 +154,11 @@ class AppleUpload(StrEnum):
 class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
     """Sends every sampled client all N stored core models."""
 
-    checkpointed = ("initial_weights",)
-
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.initial_weights: NDArrays = self.global_weights
+    initial_weights: NDArrays = state(factory=lambda strategy: strategy.global_weights)
+    """Θ^0, the stored core of a client never sampled."""
 
     def client_messages(
         self, server_round: int, partition_ids: list[int], global_weights: NDArrays

@@ -27,6 +27,7 @@ from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters, pa
 from torch import nn
 
 from pflower.core.client import PersonalClient
+from pflower.core.declared import cache, state
 from pflower.core.options import OptionsT
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, model_device, trainable_mask
@@ -150,12 +151,13 @@ class ModelAndVariateStrategy(PersonalizedStrategy[OptionsT]):
     parameter; the same message for every client, built once per round); evaluate sends the
     model alone. The uploads start with the client's model."""
 
-    derived = ("_message",)  # the round's message, rebuilt when the round changes
+    _message: tuple[int, Parameters] | None = cache()
+    """This round's fit message (round, parameters), rebuilt when the round changes."""
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Refuses optimizers other than SGD (:func:`require_sgd`); the rest is the base's."""
         super().__init__(*args, **kwargs)
         require_sgd(self.settings.train.optimizer)
-        self._message: tuple[int, Parameters] | None = None
 
     variate_attribute: ClassVar[str]
     """The attribute holding the server's vector over the trainable parameters (SCAFFOLD's c,
@@ -240,7 +242,8 @@ class ClientAverageScoring:
     Before the first aggregation (round 0) both reports are the initial model.
     """
 
-    client_average: NDArrays | None = None
+    client_average: NDArrays | None = state()
+    """The average of the latest round's client models (None before the first aggregation)."""
     options: Any
 
     def remember_average(self, mean: NDArrays) -> None:

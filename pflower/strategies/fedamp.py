@@ -43,6 +43,7 @@ from flwr.common.logger import log
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.declared import state
 from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
@@ -85,12 +86,8 @@ def alpha_at(options: FedAMPOptions, server_round: int) -> float:
 class FedAMPStrategy(ModelMixingStrategy["FedAMPOptions"]):
     """The server's attentive message passing from the stored client models."""
 
-    checkpointed = ("guard_events",)
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.guard_events: list[tuple[int, int, float]] = []
-        """(round, partition id, off-diagonal sum) each time the guard rescaled a row."""
+    guard_events: list[tuple[int, int, float]] = state([])
+    """(round, partition id, off-diagonal sum) each time the guard rescaled a row."""
 
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
         return {

@@ -38,6 +38,7 @@ from pflower.config import require
 from pflower.core.aggregation import weighted_mean
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
+from pflower.core.declared import state
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import trainable_mask
@@ -84,13 +85,10 @@ def collaborators(overlap: np.ndarray, server_round: int, beta: float) -> list[l
 class FedCACStrategy(PersonalizedStrategy["FedCACOptions"]):
     """Global FedAvg model plus one customized model per client from its collaborators."""
 
-    checkpointed = ("last_collaborators",)
-
     keeps_client_models: ClassVar[bool] = True
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.last_collaborators: dict[int, list[int]] = {}
+    last_collaborators: dict[int, list[int]] = state({})
+    """Each client's collaborators in the latest round (partition ids)."""
 
     def _split(self, upload: NDArrays) -> tuple[NDArrays, np.ndarray]:
         size = len(self.global_weights)

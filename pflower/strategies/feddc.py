@@ -59,6 +59,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.declared import state
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
@@ -86,16 +87,12 @@ CORRECTION = "feddc_correction"
 class FedDCStrategy(ClientAverageScoring, ModelAndVariateStrategy["FedDCOptions"]):
     """Keeps G (sent after w) and every client's latest h_i; w = mean θ_i + mean h_i."""
 
-    checkpointed = ("client_average", "client_drifts", "global_correction")
-
     variate_attribute: ClassVar[str] = "global_correction"
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.global_correction: NDArrays | None = None
-        """G: one array per trainable parameter (None = zero, before the first update)."""
-        self.client_drifts: dict[int, NDArrays] = {}
-        """h_i by partition id: the latest drift each client uploaded."""
+    global_correction: NDArrays | None = state()
+    """G: one array per trainable parameter (None = zero, before the first update)."""
+    client_drifts: dict[int, NDArrays] = state({})
+    """h_i by partition id: the latest drift each client uploaded."""
 
     def expected_upload(self, current: NDArrays) -> NDArrays:
         """θ, then h_i, then ΔG_i."""

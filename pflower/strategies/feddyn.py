@@ -51,6 +51,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
+from pflower.core.declared import state
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, trainable_mask
@@ -73,12 +74,8 @@ LINEAR_TERM = "feddyn_grad"
 class FedDynStrategy(ClientAverageScoring, PersonalizedStrategy["FedDynOptions"]):
     """Averages the client models and subtracts h/α (Alg. 2, server side)."""
 
-    checkpointed = ("client_average", "server_h")
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.server_h: NDArrays | None = None
-        """h: one array per trainable parameter (None = zero, before the first update)."""
+    server_h: NDArrays | None = state()
+    """h: one array per trainable parameter (None = zero, before the first update)."""
 
     def aggregate(
         self, server_round: int, updates: list[ClientUpdate], current: NDArrays

@@ -41,6 +41,7 @@ from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.declared import state
 from pflower.core.experiment import ClientData, Experiment
 from pflower.core.options import AlgorithmOptions
 from pflower.core.state import ClientState
@@ -111,19 +112,15 @@ def hold_out(data: ClientData, fraction: float, seed: int) -> ClientData:
 class FedFomoStrategy(PersonalizedStrategy["FedFomoOptions"]):
     """Sends each client the M stored models it has the most affinity with; learns P."""
 
-    checkpointed = ("affinity", "chosen")
     text_metrics = frozenset({WEIGHTS_KEY})
 
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        count = self.settings.num_clients
-        self.affinity = np.zeros((count, count))
-        """P[i, n]: how much client i gained from client n's models so far."""
-        self.chosen: dict[int, list[int]] = {}
-        """The models sent to each client in the latest round (partition ids)."""
+    affinity: np.ndarray = state(factory=lambda s: np.zeros((s.settings.num_clients,) * 2))
+    """P[i, n]: how much client i gained from client n's models so far."""
+    chosen: dict[int, list[int]] = state({})
+    """The models sent to each client in the latest round (partition ids)."""
 
     def client_messages(
         self, server_round: int, partition_ids: list[int], global_weights: NDArrays

@@ -43,6 +43,7 @@ from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.declared import state
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import (
@@ -142,14 +143,10 @@ def class_prototypes(
 class FedProtoStrategy(PersonalizedStrategy["FedProtoOptions"]):
     """Averages the clients' class prototypes; sends the global prototypes to every client."""
 
-    checkpointed = ("prototypes",)
-
     has_global_model: ClassVar[bool] = False
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.prototypes: NDArrays | None = None
-        """The latest global prototypes ``[C × D, C counts]`` (None before round 1 ends)."""
+    prototypes: NDArrays | None = state()
+    """The latest global prototypes ``[C × D, C counts]`` (None before round 1 ends)."""
 
     def client_parameters(
         self, server_round: int, partition_id: int, global_parameters: Parameters

@@ -66,6 +66,7 @@ from torch import nn
 
 from pflower.config import RobustKind, require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.declared import state
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, get_weights
@@ -133,13 +134,10 @@ class AdmmCadence(StrEnum):
 class FLAMEStrategy(PersonalizedStrategy["FLAMEOptions"]):
     """Averages the cached z_i of all m clients (stale for clients not selected this round)."""
 
-    checkpointed = ("uploads", "_initial")
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.uploads: dict[int, NDArrays] = {}
-        """z_i by partition id: the last upload of every client that has trained."""
-        self._initial: NDArrays = self.global_weights
+    uploads: dict[int, NDArrays] = state({})
+    """z_i by partition id: the last upload of every client that has trained."""
+    _initial: NDArrays = state(factory=lambda strategy: strategy.global_weights)
+    """Θ^0, the z_i of a client that has not trained yet."""
 
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
         members = self.members

@@ -25,6 +25,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.core.aggregation import weighted_mean
 from pflower.core.client import PersonalClient
+from pflower.core.declared import state
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 
@@ -119,16 +120,13 @@ class ModelMixingStrategy(PersonalizedStrategy[OptionsT]):
     stage G evaluates the mean of the stored models. The neighbor set follows
     ``options.neighbors`` (this round's participants, or every client's latest upload)."""
 
-    checkpointed = ("initial_weights", "last_mixing")
-
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.initial_weights: NDArrays = self.global_weights
-        self.last_mixing: tuple[list[int], np.ndarray] | None = None
-        """The neighbor set and Ξ of the latest round (for logs and tests)."""
+    initial_weights: NDArrays = state(factory=lambda strategy: strategy.global_weights)
+    """Θ^0, the stored model of a client never sampled."""
+    last_mixing: tuple[list[int], np.ndarray] | None = state()
+    """The neighbor set and Ξ of the latest round (for logs and tests)."""
 
     def neighbor_ids(self, partition_ids: list[int]) -> list[int]:
         if self.options.neighbors == Neighbors.participants:

@@ -70,6 +70,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.declared import state
 from pflower.core.options import Aggregation, AlgorithmOptions
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
@@ -93,14 +94,10 @@ class ScaffoldStrategy(ModelAndVariateStrategy["ScaffoldOptions"]):
     """Keeps the server control variate c; sends (x, c) (Alg. 1 line 5); applies Alg. 1 lines
     16-17."""
 
-    checkpointed = ("server_control",)
-
     variate_attribute: ClassVar[str] = "server_control"
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.server_control: NDArrays | None = None
-        """c: one array per trainable parameter (None = zero, before the first update)."""
+    server_control: NDArrays | None = state()
+    """c: one array per trainable parameter (None = zero, before the first update)."""
 
     def expected_upload(self, current: NDArrays) -> NDArrays:
         """y_i followed by Δc_i."""
