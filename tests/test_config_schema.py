@@ -152,3 +152,28 @@ def test_help_lists_every_option_of_every_group() -> None:
         assert options, group
         line = next(line for line in result.stdout.splitlines() if line.startswith(f"{group}:"))
         assert line.split(":", 1)[1].replace(",", " ").split() == options, group
+
+
+def test_runs_recorded_before_the_blocks_group_with_runs_recorded_after(tmp_path: Path) -> None:
+    """A run recorded when the YAML restated every key (and ResNet-18 still had FedMPR's
+    regularization keys, at 0) is the same experiment as one recorded from the dataclasses."""
+    from pflower.compose import compose_config
+    from pflower.reporting.groups import experiment_key
+    from pflower.results.rundir import RunResult
+
+    now = OmegaConf.to_container(
+        compose_config(["strategy=fedavg", "model=resnet18", "split=fedmpr"]), resolve=True
+    )
+    assert isinstance(now, dict)
+    earlier = {**now, "model": {**now["model"], "dropout": 0.0, "noise_sigma": 0.0}}
+    earlier["model"]["noise_mode"] = "weight_relative"
+    earlier["model"]["reg_stages"] = [1, 2, 3, 4]
+    earlier["split"] = {k: v for k, v in now["split"].items() if k != "test_fraction"}
+    earlier["dataset"] = {k: v for k, v in now["dataset"].items() if k != "verify"}
+
+    def key(config: dict[str, Any]) -> Any:
+        return experiment_key(RunResult(path=tmp_path, config=config, status="completed"))
+
+    assert key(earlier) == key(now)
+    changed = {**earlier, "model": {**earlier["model"], "dropout": 0.2}}
+    assert key(changed) != key(now)
