@@ -942,7 +942,8 @@ def store_blocks() -> None:
     from pflower.datasets.split import SplitConfig
 
     store = ConfigStore.instance()
-    store.store(name=SCHEMA_NAME, node=ExperimentConfig)
+    if f"{SCHEMA_NAME}.yaml" in store.repo:
+        return  # stored once per process (the check before imports may have done it)
     for attack in AttackKind:
         store.store(group="attack", name=attack.value, node=AttackConfig(attack))
     for robust in RobustKind:
@@ -955,3 +956,4 @@ def store_blocks() -> None:
         store.store(group="backend", name=backend, node=BackendConfig(name=backend))
     for tracker in TrackingKind:
         store.store(group="tracking", name=tracker.value, node=TrackingConfig(name=tracker))
+    store.store(name=SCHEMA_NAME, node=ExperimentConfig)  # last: marks the rest as stored
