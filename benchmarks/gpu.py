@@ -358,11 +358,18 @@ SCALING_HEADER = (
 )
 
 
+def workload_of(case: str, args: argparse.Namespace) -> list[str]:
+    """The overrides of ``case``: the preset's, the smoke ones with ``--smoke`` (whose synthetic
+    dataset then replaces a ``dataset=`` of ``--set``), training rounds only, ``--set``."""
+    extra = [o for o in args.set if not (args.smoke and o.startswith("dataset="))]
+    return [*CASES[case], *(SMOKE if args.smoke else []), *TRAINING_ROUNDS_ONLY, *extra]
+
+
 def compare_with_floor(
     case: str, args: argparse.Namespace, execution: list[str], tmp: Path, stamp: dict[str, str]
 ) -> dict[str, Any]:
     """Measurement 1 for ``case``: pflower, then the floor; one row of the floor table."""
-    workload = [*CASES[case], *(SMOKE if args.smoke else []), *TRAINING_ROUNDS_ONLY, *args.set]
+    workload = workload_of(case, args)
     command = " ".join(["pflower", *workload, *execution, f"rounds={args.rounds}"])
     pflower = pflower_sampled([*workload, *execution], args.rounds, tmp / case, args.case_limit)
     floor = floor_in_child(workload, args.rounds, args.device, args.case_limit)
@@ -400,7 +407,7 @@ def scaling(
     case: str, args: argparse.Namespace, execution: list[str], tmp: Path, stamp: dict[str, str]
 ) -> list[dict[str, Any]]:
     """Measurement 2 for ``case``: one pflower run per worker count; rows of the scaling table."""
-    workload = [*CASES[case], *(SMOKE if args.smoke else []), *TRAINING_ROUNDS_ONLY, *args.set]
+    workload = workload_of(case, args)
     results: list[dict[str, Any]] = []
     one: float | None = None
     for workers in args.workers:
