@@ -312,7 +312,8 @@ def test_fedmpr_server_average_counts_zeros(tmp_path: Path) -> None:
     from pflower.core.strategy import ClientUpdate
 
     a = [np.array([0.0, 2.0, 4.0], dtype=np.float32)]
-    strategy = hand_built("fedmpr", [], a, [True], tmp_path)
+    pruning_only = ["strategy.dropout=0", "strategy.noise_sigma=0"]  # no ResNet: refused else
+    strategy = hand_built("fedmpr", pruning_only, a, [True], tmp_path)
     b = [np.array([6.0, 0.0, 8.0], dtype=np.float32)]
     new = strategy.aggregate(1, [ClientUpdate(0, a, 1, {}), ClientUpdate(1, b, 3, {})], a)
     np.testing.assert_allclose(new[0], [4.5, 0.5, 7.0])  # (1·a + 3·b)/4, zeros included
@@ -613,6 +614,7 @@ def test_fedmpr_shifts_high_is_disjoint_classes_low_is_all_classes(
     num_clients: int, tmp_path: Path
 ) -> None:
     common = ["dataset=digits", "split=fedmpr", f"num_clients={num_clients}", "strategy=fedmpr"]
+    common += ["strategy.dropout=0", "strategy.noise_sigma=0"]  # small_cnn: no ResNet blocks
     high = _experiment([*common, "partition=class_groups"], tmp_path).federation
     labels = [set(high.pool.labels[c.train].tolist()) for c in high.clients]
     for i in range(num_clients):
