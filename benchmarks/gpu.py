@@ -67,6 +67,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # is_available() without a context
 import torch
 from overhead import RunUnfinished, append_row, machine_description, run_pflower
 
@@ -193,9 +195,21 @@ class GpuSampler:
 
 
 def gpu_name() -> str:
+    """The GPUs' names, from ``nvidia-smi``: this process never creates a CUDA context of its
+    own, whose memory would count in every run's sampled peak."""
     if not torch.cuda.is_available():
         return "no CUDA device"
-    return ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    try:
+        return ", ".join(
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout.split("\n")[:-1]
+        )
+    except (OSError, subprocess.CalledProcessError):
+        return f"{torch.cuda.device_count()} CUDA device(s)"
 
 
 def nvidia_smi() -> str:
