@@ -280,7 +280,7 @@ def main() -> None:
         from pflower.deploy import main as deploy_main
 
         sys.exit(deploy_main(sys.argv[2:]))
-    task = _simulate
+    task: Callable[[DictConfig], None] = _simulate
     if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
         task = SUBCOMMANDS[sys.argv.pop(1)]
     _check_overrides(sys.argv[1:])

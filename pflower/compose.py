@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -31,6 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 import pflower.strategies  # noqa: F401  (importing registers every algorithm's options)
 from pflower.blocks import (
     BLOCK_GROUPS,
+    DatasetBlock,
     block_class,
     block_of,
     store_blocks,
@@ -123,6 +124,7 @@ def check_compatible(settings: ExperimentConfig) -> None:
         ConfigError: the combination and how to change it.
     """
     dataset = block_of("dataset", settings.dataset)
+    assert isinstance(dataset, DatasetBlock)
     input_shape, num_classes = dataset.data_shape()
     model = _meta_model(_frozen(settings.model), input_shape, num_classes)
     settings.strategy.check_experiment(settings, model)
@@ -152,7 +154,7 @@ def _block(cfg: DictConfig, key: str) -> Mapping[str, Any]:
     block = OmegaConf.to_container(cfg[key], resolve=True, enum_to_str=True)
     if not isinstance(block, dict) or ("name" not in block and key != "split"):
         raise ConfigError(f"the '{key}' block needs a name: choose one with {key}=<name>")
-    return block
+    return cast(dict[str, Any], block)
 
 
 def config_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:

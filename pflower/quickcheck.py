@@ -21,6 +21,7 @@ The cache is one JSON file per fingerprint in ``$PFLOWER_SCHEMA_CACHE`` (default
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import types
@@ -71,12 +72,12 @@ def _rebuild(description: Any) -> Any:
     if "enum" in description:
         members = description["members"]
         base = StrEnum if all(isinstance(v, str) for v in members.values()) else Enum
-        return base(description["enum"], members)  # type: ignore[misc]  # functional API
+        return base(description["enum"], members)  # type: ignore[call-arg]  # functional API
     if "optional" in description:
         return _rebuild(description["optional"]) | None
     if "list" in description:
         return list[_rebuild(description["list"])]  # type: ignore[misc]  # built at run time
-    return dict[str, _rebuild(description["dict"])]  # type: ignore[misc]
+    return dict[str, _rebuild(description["dict"])]  # type: ignore[misc]  # built at run time
 
 
 def _default(value: Any) -> Any:
@@ -109,7 +110,7 @@ def light_options(name: str, shape: dict[str, Any]) -> type:
             enum = get_args(annotation)[0] if get_origin(annotation) else annotation
             value: Any = field(default=enum[default["member"]])
         elif isinstance(default, list):
-            value = field(default_factory=lambda items=default: list(items))
+            value = field(default_factory=functools.partial(list, default))
         else:
             value = field(default=default)
         specs.append((key, annotation, value))

@@ -132,7 +132,7 @@ def tunable(
         is_int = is_int or (isinstance(step, int) and isinstance(low, int))
         param = Param("int" if is_int else "float", low, high, log, step, source=source)
     field: Any = dataclasses.field(default=default, metadata={METADATA_KEY: param})
-    return field  # type: ignore[no-any-return]
+    return field
 
 
 def declared_space(options_class: type, prefix: str) -> dict[str, Param]:

@@ -269,7 +269,7 @@ class NodeRoster:
                 )
                 next_log = now + every
             pause = min(1.0, every, max(0.0, limit - (now - start)))
-            client_manager.wait_for(expected, timeout=pause)  # type: ignore[arg-type]
+            client_manager.wait_for(expected, timeout=pause)  # type: ignore[arg-type]  # Flower: int; a float works
         if asking is not None:  # what the nodes answered so far; the others are left unanswered
             refused.update(self._record_answers(asking.answers, client_manager))
         report = self.report(client_manager, refused)

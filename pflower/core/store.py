@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from flwr.common import NDArrays
@@ -27,6 +27,14 @@ class ClientModelStore:
         self._models[partition_id] = [np.array(array, copy=True) for array in weights]
         self._rounds[partition_id] = server_round
 
+    def model(self, partition_id: int) -> NDArrays:
+        """Client ``partition_id``'s latest model (a copy); ``KeyError`` if it never uploaded."""
+        return [array.copy() for array in self._models[partition_id]]
+
+    @overload
+    def get(self, partition_id: int) -> NDArrays | None: ...
+    @overload
+    def get(self, partition_id: int, default: NDArrays) -> NDArrays: ...
     def get(self, partition_id: int, default: NDArrays | None = None) -> NDArrays | None:
         """Client ``partition_id``'s latest model (a copy), or ``default`` if it never uploaded."""
         if partition_id not in self._models:

@@ -59,7 +59,7 @@ from pflower.datasets.base import ImageSplit
 try:  # POSIX; elsewhere concurrent writers rely on the atomic rename alone
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # the module or None, tested before use
 
 CACHE_ENV = "PFLOWER_CACHE"
 """Environment variable naming the cache folder; ``off`` (or ``0``, ``false``, ``none``) disables

@@ -88,7 +88,7 @@ def batchnorm_mask(model: nn.Module) -> list[bool]:
 def represent(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The body's output for batch ``x``: the feature vector the head classifies."""
     head_name(model)
-    return model.represent(x)  # type: ignore[operator]
+    return model.represent(x)  # type: ignore[operator]  # declared by the model class, checked above
 
 
 def head_parameters(model: nn.Module) -> list[nn.Parameter]:

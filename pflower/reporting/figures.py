@@ -26,6 +26,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
@@ -59,7 +60,7 @@ def _method_styles(methods: Sequence[str]) -> dict[str, dict[str, str]]:
 
 def _legend_outside(fig: plt.Figure, axes: Sequence[plt.Axes]) -> None:
     """One legend for the figure, right of the panels (the first label of each name wins)."""
-    handles: dict[str, object] = {}
+    handles: dict[str, Artist] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             handles.setdefault(label, handle)
@@ -113,7 +114,7 @@ def accuracy_per_round(section: Section, stage: str, path: Path, title: str = ""
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for row in range(len(_CURVES)):
         axes[row][0].set_ylabel("client-mean accuracy\n(fraction; band ±1 std over seeds)")
-    _legend_outside(fig, axes.flat)
+    _legend_outside(fig, list(axes.flat))
     _title(fig, f"accuracy per round at stage {stage}, mean over seeds", title)
     return _save(fig, path)
 
@@ -202,7 +203,7 @@ def fairness(section: Section, stage: str, path: Path, title: str = "") -> Path:
         ax.set_xlabel("variance over clients of the local test loss (nats²)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("client-mean Acc(L) (fraction; ±1 std over seeds)")
-    _legend_outside(fig, axes.flat)
+    _legend_outside(fig, list(axes.flat))
     _title(fig, f"fairness at stage {stage} (marker: o PM or single model, s GM, ^ HM)", title)
     return _save(fig, path)
 
@@ -234,7 +235,7 @@ def robustness(panels: Panels, stage: str, path: Path, title: str = "") -> Path 
         ax.set_ylim(0, 1.03)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("benign clients' mean Acc(L)\n(fraction; ±1 std over seeds)")
-    _legend_outside(fig, axes.flat)
+    _legend_outside(fig, list(axes.flat))
     _title(fig, f"robustness at stage {stage} (dashed: robust aggregation)", title)
     return _save(fig, path)
 

@@ -18,6 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.lines import Line2D
 
 STAGE_STYLE: dict[str, dict[str, Any]] = {
@@ -116,7 +117,7 @@ def _accuracy_per_round(
         ax.set_ylim(0, 1.03)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy (fraction correct)")
-    handles = list(shown.values())
+    handles: list[Artist] = list(shown.values())
     handles.append(
         plt.Rectangle((0, 0), 1, 1, color="grey", alpha=0.2, label="±1 std over clients")
     )

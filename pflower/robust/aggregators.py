@@ -33,7 +33,7 @@ def multi_krum(
     to_keep = max(1, len(results) - num_malicious)
     # Flower annotates the weights as int sample counts; it only multiplies by them, and ours may
     # be fractional (re-weighted clients), so they are passed as they are.
-    return aggregate_krum(results, num_malicious=num_malicious, to_keep=to_keep)  # type: ignore[arg-type]
+    return aggregate_krum(results, num_malicious=num_malicious, to_keep=to_keep)  # type: ignore[arg-type]  # see above
 
 
 def robust_average(

@@ -63,9 +63,9 @@ def deliver_pending_messages(
     Flower does), so a round costs what its sampled clients cost. Same messages, same
     delivery. It reads the in-memory link state's ``message_ins_store`` under its ``lock``."""
     position = {node_id: index for index, node_id in enumerate(nodes_mapping)}
-    store: dict[str, Message] = state.message_ins_store  # type: ignore[attr-defined]
+    store: dict[str, Message] = state.message_ins_store  # type: ignore[attr-defined]  # InMemoryLinkState's
     while not f_stop.is_set():
-        with state.lock:  # type: ignore[attr-defined]
+        with state.lock:  # type: ignore[attr-defined]  # InMemoryLinkState's
             waiting = {
                 message.metadata.dst_node_id
                 for message in store.values()

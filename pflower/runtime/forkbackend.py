@@ -304,7 +304,7 @@ def forked_workers(app: ClientApp, prepare: Callable[[], None], count: int) -> I
     prepare()
     workers = ForkWorkers(app, count)
     stand_in = types.ModuleType(RAY_BACKEND_MODULE)
-    stand_in.RayBackend = ForkBackend  # type: ignore[attr-defined]
+    stand_in.RayBackend = ForkBackend  # type: ignore[attr-defined]  # a module built here
     real = sys.modules.get(RAY_BACKEND_MODULE)
     sys.modules[RAY_BACKEND_MODULE] = stand_in
     ForkBackend.workers = workers

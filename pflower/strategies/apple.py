@@ -60,7 +60,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, cast
 
 import numpy as np
 import torch
@@ -166,7 +166,7 @@ class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
         cores = [
             array
             for pid in range(self.settings.num_clients)
-            for array in self.client_models.get(pid, self.initial_weights)  # type: ignore[union-attr]
+            for array in self.client_models.get(pid, self.initial_weights)
         ]
         return dict.fromkeys(partition_ids, cores)
 
@@ -304,7 +304,7 @@ def apple_train(
         loss = criterion(model(prepare(images[index]).to(device)), labels[index].to(device))
         total += float(loss.detach())
         loss.backward()
-        grad = parameters_to_vector(param.grad for param in model.parameters())  # type: ignore[misc]
+        grad = parameters_to_vector([cast(torch.Tensor, p.grad) for p in model.parameters()])
         cores[own] -= settings.lr * len(cores) * float(p[own]) * grad
         p_grad = relationship_gradient(grad, cores, weights)
         p = p - options.drlr * (p_grad + lam_r * options.mu * (p - p0))

@@ -29,7 +29,7 @@ from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
-from pflower.blocks import blocks
+from pflower.blocks import PartitionBlock, blocks
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
@@ -38,6 +38,12 @@ from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Prepare, Regularizer, TrainSettings
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError
+
+
+def _input_noise(partition: str) -> bool:
+    """Whether partition scheme ``partition`` adds per-client input noise."""
+    block = blocks("partition")[partition]
+    return issubclass(block, PartitionBlock) and block.input_noise
 
 
 class CentralizedStrategy(PersonalizedStrategy["CentralizedOptions"]):
@@ -91,7 +97,7 @@ class CentralizedOptions(AlgorithmOptions):
     def check_experiment(self, settings: Any, model: Any) -> None:
         """The union of the clients' data does not exist under per-client input noise."""
         require(
-            not blocks("partition")[settings.partition["name"]].input_noise,
+            not _input_noise(settings.partition["name"]),
             "strategy=centralized trains on the union of the clients' data, which is not "
             f"defined under per-client input noise (partition={settings.partition['name']}); "
             "choose another partition",

@@ -68,10 +68,10 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import (
+    MixingOptions,
     ModelMixingStrategy,
     Neighbors,
     OwnModelClient,
@@ -205,7 +205,7 @@ class DiversiFedClient(OwnModelClient["DiversiFedOptions"]):
 
 @register_algorithm("diversifed", strategy=DiversiFedStrategy, client=DiversiFedClient)
 @dataclass
-class DiversiFedOptions(AlgorithmOptions):
+class DiversiFedOptions(MixingOptions):
     """Attributes:
     tau: τ of Eq. 4; with the default ``tau_scale`` a larger τ strengthens both attraction and
         repulsion, as the paper's Sec. V-G and V-H describe.

@@ -44,10 +44,10 @@ from flwr.common.logger import log
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
-from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import (
+    MixingOptions,
     ModelMixingStrategy,
     Neighbors,
     OwnModelClient,
@@ -131,7 +131,7 @@ class FedAMPClient(OwnModelClient["FedAMPOptions"]):
 
 @register_algorithm("fedamp", strategy=FedAMPStrategy, client=FedAMPClient)
 @dataclass
-class FedAMPOptions(AlgorithmOptions):
+class FedAMPOptions(MixingOptions):
     """Attributes:
     alpha_k: α_K, the server's step size (weights α_K·A'(d²)).
     sigma: σ of the attention function exp(−d²/σ)/σ (match the squared-distance scale).

@@ -106,7 +106,7 @@ class FedCACStrategy(PersonalizedStrategy["FedCACOptions"]):
         known = self.client_models.partition_ids
         customized: dict[int, NDArrays] = {}
         if known:
-            split = {pid: self._split(self.client_models.get(pid)) for pid in known}  # type: ignore[arg-type]
+            split = {pid: self._split(self.client_models.model(pid)) for pid in known}
             groups = collaborators(
                 overlaps([split[pid][1] for pid in known]), server_round, self.options.beta
             )

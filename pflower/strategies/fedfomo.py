@@ -133,7 +133,7 @@ class FedFomoStrategy(PersonalizedStrategy["FedFomoOptions"]):
                 self.affinity[pid], candidates, self.options.num_models, self.options.epsilon, rng
             )
             self.chosen[pid] = chosen
-            messages[pid] = [a for n in chosen for a in self.client_models.get(n)]  # type: ignore[union-attr]
+            messages[pid] = [a for n in chosen for a in self.client_models.model(n)]
         return messages
 
     def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:

@@ -181,7 +181,10 @@ class FedSelectClient(PersonalClient["FedSelectOptions"]):
                     if name in trainable
                 }
 
-                def restore(model: nn.Module, frozen=frozen) -> None:
+                def restore(
+                    model: nn.Module,
+                    frozen: dict[str, tuple[torch.Tensor, torch.Tensor]] = frozen,
+                ) -> None:
                     with torch.no_grad():
                         for name, param in model.named_parameters():
                             keep, value = frozen[name]

@@ -16,8 +16,9 @@ FedProto, APPLE, FedCAC).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import numpy as np
 import torch
@@ -26,7 +27,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.core.aggregation import weighted_mean
 from pflower.core.client import PersonalClient
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, OptionsT
+from pflower.core.options import Aggregation, AlgorithmOptions, OptionsT
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 
 MEAN_OF_CLIENT_MODELS = "mean_of_client_models"
@@ -102,17 +103,27 @@ def mean_of_stored(strategy: PersonalizedStrategy) -> NDArrays:
     client models, weighted by training-set sizes or uniform (``strategy.aggregation``)."""
     store = strategy.client_models
     pids = store.partition_ids
-    models = [store.get(pid) for pid in pids]
+    models = [store.get(pid, []) for pid in pids]  # every listed partition has a model
     if strategy.options.aggregation == Aggregation.uniform:
         weights = np.ones(len(pids))
     else:
         sizes = strategy.client_sizes
         weights = np.array([sizes.get(pid, 1) for pid in pids], dtype=np.float64)
-    return weighted_mean(models, weights)  # type: ignore[arg-type]
+    return weighted_mean(models, weights)
 
 
 # ----------------------------------------------- shared by the server-personalized methods
-class ModelMixingStrategy(PersonalizedStrategy[OptionsT]):
+@dataclass
+class MixingOptions(AlgorithmOptions):
+    """The option every model-mixing method has (see :class:`ModelMixingStrategy`)."""
+
+    neighbors: Neighbors = Neighbors.participants
+
+
+MixingOptionsT = TypeVar("MixingOptionsT", bound=MixingOptions)
+
+
+class ModelMixingStrategy(PersonalizedStrategy[MixingOptionsT]):
     """Sends every sampled client i its own u_i = Σ_j Ξ_ij w_j, an affine combination of the
     stored client models w_j (Θ^0 for a client never sampled) over the trainable parameters
     (buffers copied from the client's stored model). Subclasses give Ξ (:meth:`mixing`):
