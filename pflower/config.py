@@ -113,6 +113,36 @@ class Device(StrEnum):
 
 
 @dataclass
+class AugmentConfig:
+    """Training-time image augmentation (``train.augment.*``; off by default), per sample and
+    only on training batches (never at evaluation), the same for every algorithm; see
+    :mod:`pflower.core.augment` and docs/guide/augmentation.md.
+
+    Attributes:
+        rotation: rotate each training image by an angle drawn uniformly from
+            [-rotation, rotation] degrees (0: off; at most 180).
+        hflip: probability of mirroring a training image left-right (0: off).
+        vflip: probability of mirroring a training image top-bottom (0: off).
+    """
+
+    rotation: float = 0.0
+    hflip: float = 0.0
+    vflip: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(
+            0 <= self.rotation <= 180,
+            f"train.augment.rotation must be in [0, 180] degrees, got {self.rotation!r}",
+        )
+        for name in ("hflip", "vflip"):
+            value = getattr(self, name)
+            require(
+                0 <= value <= 1,
+                f"train.augment.{name} must be a probability in [0, 1], got {value!r}",
+            )
+
+
+@dataclass
 class TrainConfig:
     """Client-side local training, the same for every algorithm (``train.*``).
 
@@ -132,9 +162,11 @@ class TrainConfig:
             convolutions on GPUs with tensor cores).
         data_on_device: a client's data copied to the model's device once per message instead
             of every batch, when it fits in the device's free memory (a no-op on the CPU).
-        The last three are opt-in speed options of local training in ``pflower.core.training``
-        (algorithms with loops of their own ignore them; evaluation stays float32); with their
-        defaults results are unchanged (docs/guide/speed.md).
+        augment: random rotation and flips of training images (:class:`AugmentConfig`; off).
+        ``amp``, ``channels_last`` and ``data_on_device`` are opt-in speed options of local
+        training in ``pflower.core.training`` (algorithms with loops of their own ignore them;
+        evaluation stays float32); with their defaults results are unchanged
+        (docs/guide/speed.md).
     """
 
     local_epochs: int = tunable(
@@ -162,6 +194,7 @@ class TrainConfig:
     amp: Amp = Amp.off
     channels_last: bool = False
     data_on_device: bool = False
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
 
     def __post_init__(self) -> None:
         require(self.lr > 0, f"train.lr must be > 0, got {self.lr!r}")

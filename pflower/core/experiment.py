@@ -8,6 +8,7 @@ experiments are cached per process, keyed by the resolved configuration.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -19,6 +20,7 @@ from torch import nn
 
 from pflower.blocks import typed_settings
 from pflower.config import AttackKind, ClientGlobalTest
+from pflower.core.augment import Augmentation
 from pflower.core.training import Prepare, TrainSettings, get_weights, resolve_device
 from pflower.datasets.base import ImageSplit
 from pflower.datasets.federation import Federation, build_federation
@@ -221,6 +223,7 @@ class Experiment:
             amp=str(train.amp),
             channels_last=train.channels_last,
             data_on_device=train.data_on_device,
+            augment=Augmentation(**dataclasses.asdict(train.augment)),
         )
 
 

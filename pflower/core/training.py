@@ -22,6 +22,7 @@ import torch
 from flwr.common import NDArrays
 from torch import nn
 
+from pflower.core.augment import Augmentation, augmenter
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError
 
@@ -55,6 +56,8 @@ class TrainSettings:
     amp: str = "off"
     channels_last: bool = False
     data_on_device: bool = False
+    augment: Augmentation | None = None
+    """``train.augment``: random rotation and flips of training batches (None: off)."""
 
     def make_optimizer(self, parameters: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
         """A fresh optimizer (its state is reset every round, as in the papers)."""
@@ -229,7 +232,8 @@ def train(
     Batches go to the model's device; the loss is summed there in float64 (the same sum as Python
     floats on the CPU) and read once, so a GPU is not synchronized every step. The opt-in speed
     options of ``settings`` (``amp``, ``channels_last``, ``data_on_device``) apply to the forward
-    pass and the batches; the regularizer and the optimizer step stay in float32.
+    pass and the batches; the regularizer and the optimizer step stay in float32. With
+    ``settings.augment`` each batch is augmented before ``prepare`` (:mod:`pflower.core.augment`).
     """
     model.train()
     device = model_device(model)
@@ -244,12 +248,13 @@ def train(
     criterion = nn.CrossEntropyLoss()
     total_loss = torch.zeros((), dtype=torch.float64, device=device)
     batches = 0
+    augment = augmenter(settings.augment, generator)
     for index in batch_indices(
         len(data), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         optimizer.zero_grad(set_to_none=True)
         index = index.to(data.images.device)
-        images = prepare(data.images[index]).to(device, non_blocking=True)
+        images = prepare(augment(data.images[index])).to(device, non_blocking=True)
         images = to_memory_format(images, settings.channels_last)
         labels = data.labels[index].to(device, non_blocking=True)
         with autocast(device, settings.amp):

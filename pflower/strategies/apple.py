@@ -70,6 +70,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.augment import augmenter
 from pflower.core.client import PersonalClient
 from pflower.core.declared import state
 from pflower.core.options import AlgorithmOptions
@@ -296,12 +297,14 @@ def apple_train(
     if weights is not None:
         weights = weights.to(cores)
     total, batches = 0.0, 0
+    augment = augmenter(settings.augment, generator)
     for index in batch_indices(
         len(labels), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         set_personal(model, cores, p)
         model.zero_grad(set_to_none=True)
-        loss = criterion(model(prepare(images[index]).to(device)), labels[index].to(device))
+        images_in = prepare(augment(images[index])).to(device)
+        loss = criterion(model(images_in), labels[index].to(device))
         total += float(loss.detach())
         loss.backward()
         grad = parameters_to_vector([cast(torch.Tensor, p.grad) for p in model.parameters()])

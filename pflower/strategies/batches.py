@@ -17,6 +17,7 @@ import torch
 from flwr.common import Scalar
 from torch import nn
 
+from pflower.core.augment import augmenter
 from pflower.core.client import PersonalClient, server_round
 from pflower.core.training import Regularizer, TrainSettings, batch_indices, model_device
 
@@ -36,17 +37,17 @@ def train_batches(
     client: PersonalClient, settings: TrainSettings, config: dict[str, Scalar]
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(prepared inputs, labels) of the client's train split on its model's device, in the
-    shared loop's order: ``settings.epochs`` passes, or ``settings.steps`` batches."""
+    shared loop's order: ``settings.epochs`` passes, or ``settings.steps`` batches, augmented
+    as the shared loop augments them (``settings.augment``)."""
     data = client.data.train
+    generator = data_generator(client, config)
+    augment = augmenter(settings.augment, generator)
     for index in batch_indices(
-        len(data),
-        settings.batch_size,
-        data_generator(client, config),
-        settings.epochs,
-        settings.steps,
+        len(data), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         device = model_device(client.model)
-        yield client.data.prepare(data.images[index]).to(device), data.labels[index].to(device)
+        images = client.data.prepare(augment(data.images[index]))
+        yield images.to(device), data.labels[index].to(device)
 
 
 def optimizer_step(

@@ -43,6 +43,7 @@ from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.augment import augmenter
 from pflower.core.declared import state
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
@@ -267,12 +268,13 @@ def prototype_train(
     optimizer = settings.make_optimizer(model.parameters())
     criterion = nn.CrossEntropyLoss()
     total, batches = 0.0, 0
+    augment = augmenter(settings.augment, generator)
     for index in batch_indices(
         len(labels), settings.batch_size, generator, settings.epochs, settings.steps
     ):
         optimizer.zero_grad(set_to_none=True)
         y = labels[index].to(device)
-        features = represent(model, prepare(images[index]).to(device))
+        features = represent(model, prepare(augment(images[index])).to(device))
         loss = criterion(head(model)(features), y)
         total += float(loss.detach())
         if prototypes is not None and lam > 0:

@@ -35,6 +35,7 @@ from torch import nn
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.augment import augmenter
 from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
@@ -89,12 +90,10 @@ class PerFedAvgClient(PersonalClient["PerFedAvgOptions"]):
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
         model, data = self.model, self.data.train
+        generator = data_generator(self, config)
+        augment = augmenter(settings.augment, generator)
         outer = batch_indices(
-            len(data),
-            settings.batch_size,
-            data_generator(self, config),
-            settings.epochs,
-            settings.steps,
+            len(data), settings.batch_size, generator, settings.epochs, settings.steps
         )
         inner = self._stream(config, INNER_STREAM)
         alpha = self.alpha(settings)
@@ -108,7 +107,7 @@ class PerFedAvgClient(PersonalClient["PerFedAvgOptions"]):
             optimizer.zero_grad(set_to_none=True)
             device = model_device(model)
             loss = nn.functional.cross_entropy(
-                model(self.data.prepare(data.images[batch]).to(device)),
+                model(self.data.prepare(augment(data.images[batch])).to(device)),
                 data.labels[batch].to(device),
             )
             total += float(loss.detach())
