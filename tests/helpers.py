@@ -65,8 +65,8 @@ def stage_rows(rows: list[dict], stage: str, round_: int | None = None) -> list[
     )
 
 
-def comparable(rows: list[dict]) -> list[tuple]:
-    """The L1/L2/G results of ``rows`` as tuples, for exact run-to-run comparisons."""
+def comparable(rows: list[dict], stages: tuple[str, ...] = ("L1", "L2", "G")) -> list[tuple]:
+    """The results of ``rows`` at ``stages`` as tuples, for exact run-to-run comparisons."""
     keys = (
         "round",
         "stage",
@@ -78,7 +78,7 @@ def comparable(rows: list[dict]) -> list[tuple]:
         "acc",
         "loss",
     )
-    return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in ("L1", "L2", "G")]
+    return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in stages]
 
 
 def assert_arrays_close(left: NDArrays, right: NDArrays, **tolerance: float) -> None:

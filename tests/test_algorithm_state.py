@@ -21,7 +21,7 @@ from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import evaluate, get_weights, set_weights, train
+from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
 from pflower.strategies.fliu import LOCAL_MODEL, mix
 from pflower.strategies.proximal import proximal_to
 from tests.helpers import (
@@ -114,8 +114,8 @@ def test_fliu_at_gamma_0_3_recomputes_from_the_stored_state(tmp_path: Path) -> N
         # Round 3 starts from the mix of the stored θ_k^2 and the received Θ^2, then trains.
         start = mix(GAMMA, log.before[3, pid], log.received[3, pid])
         set_weights(model, start)
-        seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
-        train(model, data.train, data.prepare, settings, torch.Generator().manual_seed(int(seed)))
+        order = data_order(0, 3, pid)
+        train(model, data.train, data.prepare, settings, order)
         _assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
         # Stage L1 of round 3 evaluates the mix of θ_k^3 and Θ^3.
         set_weights(model, mix(GAMMA, log.after[3, pid], theta_final))

@@ -19,7 +19,7 @@ from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import evaluate, get_weights, set_weights, train
+from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
 from pflower.registry import ConfigError
 from pflower.strategies import apfl, ditto, flame, pfedme
 from pflower.strategies.flame import (
@@ -72,13 +72,13 @@ def retrain(
             epochs=settings.epochs if epochs is None else epochs,
         )
     data = experiment.client_data(pid)
-    seed = np.random.SeedSequence([experiment.settings.seed, round_, pid]).generate_state(1)[0]
+    order = data_order(experiment.settings.seed, round_, pid)
     train(
         model,
         data.train,
         data.prepare,
         settings,
-        torch.Generator().manual_seed(int(seed)),
+        order,
         term(model),
     )
     return get_weights(model)

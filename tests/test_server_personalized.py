@@ -22,7 +22,7 @@ from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.store import ClientModelStore
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import evaluate, get_weights, set_weights, train
+from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
 from pflower.strategies.diversifed import (
     PERSONAL,
     Distance,
@@ -250,14 +250,14 @@ def test_state_round_three_recomputed_from_stored_model_and_target(tmp_path: Pat
         assert_arrays_close(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
         data = experiment.client_data(pid)
         set_weights(model, log.before[3, pid])
-        seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
+        order = data_order(0, 3, pid)
         prox = proximal_to(model, log.received[3, pid], lam / eta)
         train(
             model,
             data.train,
             data.prepare,
             settings,
-            torch.Generator().manual_seed(int(seed)),
+            order,
             prox,
         )
         assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)

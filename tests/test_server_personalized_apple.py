@@ -16,7 +16,13 @@ from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import batch_indices, get_weights, set_weights, trainable_mask
+from pflower.core.training import (
+    batch_indices,
+    data_order,
+    get_weights,
+    set_weights,
+    trainable_mask,
+)
 from pflower.strategies.apple import (
     P_KEY,
     PERSONAL,
@@ -103,8 +109,8 @@ def test_apple_state_round_two(tmp_path: Path, upload: AppleUpload) -> None:
         ]
         data = experiment.client_data(pid)
         set_weights(model, received[pid * per_model : (pid + 1) * per_model])
-        seed = np.random.SeedSequence([0, round_, pid]).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
+        order = data_order(0, round_, pid)
+        generator = order
         for index in batch_indices(
             len(data.train), settings.batch_size, generator, settings.epochs
         ):

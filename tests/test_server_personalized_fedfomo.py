@@ -8,12 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import evaluate, get_weights, set_weights, train
+from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
 from pflower.strategies.fedfomo import (
     PERSONAL,
     choose_models,
@@ -111,8 +110,8 @@ def test_fedfomo_state_round_three(tmp_path: Path) -> None:
             for k, (a, m) in enumerate(zip(old, mask, strict=True))
         ]
         set_weights(model, start)
-        seed = np.random.SeedSequence([0, 3, pid]).generate_state(1)[0]
-        train(model, data.train, data.prepare, settings, torch.Generator().manual_seed(int(seed)))
+        order = data_order(0, 3, pid)
+        train(model, data.train, data.prepare, settings, order)
         assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-4, atol=2e-5)
         assert_arrays_close(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
         (l1,) = [r for r in rows if r["stage"] == "L1" and r["round"] == 3 and r["client"] == pid]

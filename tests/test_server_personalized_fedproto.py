@@ -14,7 +14,7 @@ from torch import nn
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import batch_indices, evaluate, get_weights, set_weights
+from pflower.core.training import batch_indices, data_order, evaluate, get_weights, set_weights
 from pflower.models.split import represent
 from pflower.strategies.fedproto import (
     MODEL,
@@ -105,8 +105,8 @@ def test_fedproto_state_round_two(tmp_path: Path) -> None:
         set_weights(model, log.before[2, pid])
         model.train()
         optimizer = settings.make_optimizer(model.parameters())
-        seed = np.random.SeedSequence([0, 2, pid]).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
+        order = data_order(0, 2, pid)
+        generator = order
         for index in batch_indices(
             len(data.train), settings.batch_size, generator, settings.epochs
         ):

@@ -19,7 +19,7 @@ from pflower.core.aggregation import weighted_mean, weighted_mean_partial
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import get_weights, set_weights, train
+from pflower.core.training import data_order, get_weights, set_weights, train
 from pflower.datasets.base import ImageSplit
 from pflower.models import build_model, split
 from pflower.models.zoo import MODELS
@@ -33,9 +33,7 @@ from pflower.strategies.ala import (
 )
 from pflower.strategies.proximal import anchor_tensors, proximal_term
 from pflower.strategies.split import PERSONAL
-from tests.helpers import (
-    tiny,
-)
+from tests.helpers import comparable, tiny
 from tests.inprocess import run_inprocess
 
 BASE = tiny("train.lr=0.05")
@@ -257,59 +255,44 @@ def test_every_split_family_method_learns(strategy: list[str], tmp_path: Path) -
 
 
 # --------------------------------------------------------------------------- identities
-def _comparable(rows: list[dict], stages: tuple[str, ...] = ("L1", "L2", "G")) -> list[tuple]:
-    keys = (
-        "round",
-        "stage",
-        "client",
-        "acc_local",
-        "loss_local",
-        "acc_global",
-        "loss_global",
-        "acc",
-        "loss",
-    )
-    return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in stages]
-
-
 def test_fedbn_on_a_model_without_batchnorm_is_fedavg(tmp_path: Path) -> None:
     fedbn, _ = run_inprocess([*BASE, "strategy=fedbn"], tmp_path / "bn")
     fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "avg")
-    assert _comparable(fedbn, ("L1", "L2")) == _comparable(fedavg, ("L1", "L2"))
+    assert comparable(fedbn, ("L1", "L2")) == comparable(fedavg, ("L1", "L2"))
 
 
 def test_fedala_with_p_0_is_fedavg(tmp_path: Path) -> None:
     """p = 0 (``layer_idx=0``): Eq. 4 overwrites everything, as FedAvg does."""
     ala, _ = run_inprocess([*BASE, "strategy=fedala", "strategy.layer_idx=0"], tmp_path / "a")
     fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "b")
-    assert _comparable(ala) == _comparable(fedavg)
+    assert comparable(ala) == comparable(fedavg)
 
 
 def test_fedprox_ala_with_mu_0_is_fedala(tmp_path: Path) -> None:
     prox, _ = run_inprocess([*BASE, "strategy=fedprox_ala", "strategy.mu=0"], tmp_path / "a")
     ala, _ = run_inprocess([*BASE, "strategy=fedala"], tmp_path / "b")
-    assert _comparable(prox) == _comparable(ala)
+    assert comparable(prox) == comparable(ala)
 
 
 def test_fedrep_ala_with_p_0_is_fedrep(tmp_path: Path) -> None:
     """ALA on the body with no mixed tensors overwrites the body: FedRep (small_cnn: no buffers)."""
     ala, _ = run_inprocess([*BASE, "strategy=fedrep_ala", "strategy.layer_idx=0"], tmp_path / "a")
     rep, _ = run_inprocess([*BASE, "strategy=fedrep"], tmp_path / "b")
-    assert _comparable(ala) == _comparable(rep)
+    assert comparable(ala) == comparable(rep)
 
 
 def test_ditto_ala_with_p_0_is_ditto(tmp_path: Path) -> None:
     ala, _ = run_inprocess([*BASE, "strategy=ditto_ala", "strategy.layer_idx=0"], tmp_path / "a")
     plain, _ = run_inprocess([*BASE, "strategy=ditto"], tmp_path / "b")
-    assert _comparable(ala) == _comparable(plain)
+    assert comparable(ala) == comparable(plain)
 
 
 def test_fedrep_without_head_epochs_shares_fedbabus_body_update(tmp_path: Path) -> None:
     """τ = 0: the head stays Θ^0's, the body trains under it: FedBABU's federated training."""
     rep, _ = run_inprocess([*BASE, "strategy=fedrep", "strategy.head_epochs=0"], tmp_path / "a")
     babu, _ = run_inprocess([*BASE, "strategy=fedbabu"], tmp_path / "b")
-    assert _comparable(rep, ("L2",)) == _comparable(babu, ("L2",))
-    assert len(_comparable(rep, ("L2",))) == 8
+    assert comparable(rep, ("L2",)) == comparable(babu, ("L2",))
+    assert len(comparable(rep, ("L2",))) == 8
 
 
 @pytest.mark.parametrize(
@@ -324,7 +307,7 @@ def test_reduces_to_fedavg(variant: list[str], tmp_path: Path) -> None:
     """Per-FedAvg with α = 0 (w̃ = w) and FedPHP with μ = λ = 0 are FedAvg exactly."""
     rows, _ = run_inprocess([*BASE, *variant], tmp_path / "a")
     fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "b")
-    assert _comparable(rows) == _comparable(fedavg)
+    assert comparable(rows) == comparable(fedavg)
 
 
 def test_fedprox_c_without_init_and_mu_0_is_fedavg_ft(tmp_path: Path) -> None:
@@ -333,7 +316,7 @@ def test_fedprox_c_without_init_and_mu_0_is_fedavg_ft(tmp_path: Path) -> None:
         tmp_path / "a",
     )
     ft, _ = run_inprocess([*BASE, "strategy=fedavg_ft"], tmp_path / "b")
-    assert _comparable(c) == _comparable(ft)
+    assert comparable(c) == comparable(ft)
 
 
 def test_mmd_matches_a_hand_computation() -> None:
@@ -400,13 +383,13 @@ def _train_from(experiment: Experiment, start: NDArrays, round_: int, pid: int) 
     model = experiment.new_model()
     set_weights(model, start)
     data = experiment.client_data(pid)
-    seed = np.random.SeedSequence([experiment.settings.seed, round_, pid]).generate_state(1)[0]
+    order = data_order(experiment.settings.seed, round_, pid)
     train(
         model,
         data.train,
         data.prepare,
         experiment.train_settings(round_),
-        torch.Generator().manual_seed(int(seed)),
+        order,
     )
     return get_weights(model)
 
@@ -486,13 +469,12 @@ def test_ditto_ala_trains_and_anchors_on_the_ala_model(tmp_path: Path) -> None:
         def personal(anchor: NDArrays, pid: int = pid, data=data) -> NDArrays:
             model = experiment.new_model()
             set_weights(model, log.after["fit", 1, pid][ditto.PERSONAL])
-            seed = np.random.SeedSequence([experiment.settings.seed, 2, pid]).generate_state(1)
             train(
                 model,
                 data.train,
                 data.prepare,
                 experiment.train_settings(2),
-                torch.Generator().manual_seed(int(seed[0])),
+                data_order(experiment.settings.seed, 2, pid),
                 proximal_term(anchor_tensors(model, anchor), 0.5, 0.0),
             )
             return get_weights(model)
@@ -537,20 +519,16 @@ def test_fedrep_stores_the_trained_head_and_uploads_the_body(tmp_path: Path) -> 
         settings = experiment.train_settings(2)
         from dataclasses import replace
 
-        gen = np.random.SeedSequence([0, 2, pid, 1]).generate_state(1)[0]
         with split.trainable_only(model, split.head_parameters(model)):
             train(
                 model,
                 data.train,
                 data.prepare,
                 replace(settings, epochs=1),
-                torch.Generator().manual_seed(int(gen)),
+                data_order(0, 2, pid, 1),
             )
-        gen = np.random.SeedSequence([0, 2, pid]).generate_state(1)[0]
         with split.trainable_only(model, split.body_parameters(model)):
-            train(
-                model, data.train, data.prepare, settings, torch.Generator().manual_seed(int(gen))
-            )
+            train(model, data.train, data.prepare, settings, data_order(0, 2, pid))
         expected = get_weights(model)
         _same(
             [a for a, m in zip(expected, mask, strict=True) if m],

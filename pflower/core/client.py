@@ -25,8 +25,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Generic
 
-import numpy as np
-import torch
 from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
@@ -38,6 +36,7 @@ from pflower.core.training import (
     Prepare,
     Regularizer,
     TrainSettings,
+    data_order,
     evaluate,
     get_weights,
     payload_bytes,
@@ -132,10 +131,9 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
         """Train ``self.model`` on :meth:`training_data`; data order seeded per round/client."""
-        seed = np.random.SeedSequence(
-            [self.experiment.settings.seed, server_round(config), self.partition_id]
-        ).generate_state(1)[0]
-        generator = torch.Generator().manual_seed(int(seed))
+        generator = data_order(
+            self.experiment.settings.seed, server_round(config), self.partition_id
+        )
         data, prepare = self.training_data()
         return train(self.model, data, prepare, settings, generator, regularizer, after_step)
 

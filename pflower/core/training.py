@@ -193,6 +193,14 @@ def set_weights(model: nn.Module, weights: NDArrays) -> None:
     model.load_state_dict(new_state, strict=True)
 
 
+def data_order(seed: int, server_round: int, partition_id: int, *extra: int) -> torch.Generator:
+    """The generator of a client's local-training data order in one round: seeded by (experiment
+    seed, round, partition id), so every run with the same seed visits the same batches; ``extra``
+    entries give a further, independent stream (e.g. a second pass over other batches)."""
+    state = np.random.SeedSequence([seed, server_round, partition_id, *extra]).generate_state(1)
+    return torch.Generator().manual_seed(int(state[0]))
+
+
 def batch_indices(
     num_samples: int,
     batch_size: int,

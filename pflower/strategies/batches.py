@@ -12,14 +12,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 from flwr.common import Scalar
 from torch import nn
 
 from pflower.core.augment import augmenter
 from pflower.core.client import PersonalClient, server_round
-from pflower.core.training import Regularizer, TrainSettings, batch_indices, model_device
+from pflower.core.training import (
+    Regularizer,
+    TrainSettings,
+    batch_indices,
+    data_order,
+    model_device,
+)
 
 
 def data_generator(
@@ -27,10 +32,9 @@ def data_generator(
 ) -> torch.Generator:
     """The generator of the shared loop's data order for ``client`` in this round; ``extra``
     entries give a further, independent stream (e.g. a second pass over other batches)."""
-    seed = np.random.SeedSequence(
-        [client.experiment.settings.seed, server_round(config), client.partition_id, *extra]
-    ).generate_state(1)[0]
-    return torch.Generator().manual_seed(int(seed))
+    return data_order(
+        client.experiment.settings.seed, server_round(config), client.partition_id, *extra
+    )
 
 
 def train_batches(
