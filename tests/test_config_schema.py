@@ -159,7 +159,7 @@ def test_runs_recorded_before_the_blocks_group_with_runs_recorded_after(tmp_path
     regularization keys, at 0) is the same experiment as one recorded from the dataclasses."""
     from pflower.compose import compose_config
     from pflower.reporting.groups import experiment_key
-    from pflower.results.rundir import RunResult
+    from pflower.results.runs import RunResult
 
     now = OmegaConf.to_container(
         compose_config(["strategy=fedavg", "model=resnet18", "split=fedmpr"]), resolve=True

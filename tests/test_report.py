@@ -15,7 +15,7 @@ import yaml
 from pflower.reporting.groups import group_runs
 from pflower.reporting.report import main, write_report
 from pflower.reporting.stats import experiment_cells
-from pflower.results.rundir import load_runs
+from pflower.results.runs import load_runs
 
 
 def _client(client: int, acc_local: float, acc_global: float, loss_local: float) -> dict[str, Any]:

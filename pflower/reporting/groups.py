@@ -32,7 +32,7 @@ from pflower.core.algorithm import options_from_block
 from pflower.core.options import AlgorithmOptions
 from pflower.datasets.split import SplitConfig
 from pflower.registry import ConfigError
-from pflower.results.rundir import RunResult
+from pflower.results.runs import RunResult
 
 NOT_GROUPED = ("seed", *EXECUTION_KEYS)
 """Top-level keys in which seeds of one experiment may differ: the seed, and how and where each

@@ -31,7 +31,7 @@ from pflower.reporting.figures import (
 from pflower.reporting.groups import group_runs
 from pflower.reporting.robustness import robustness_panels, robustness_table
 from pflower.reporting.tables import Section, markdown, sections, write_csv, write_values_csv
-from pflower.results.rundir import load_runs
+from pflower.results.runs import load_runs
 
 
 def _parser() -> argparse.ArgumentParser:

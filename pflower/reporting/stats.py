@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from pflower.reporting.groups import Experiment
-from pflower.results.rundir import CLIENT_STAGES, L2, G, RunResult
+from pflower.results.rundir import CLIENT_STAGES, L2, G
+from pflower.results.runs import RunResult
 from pflower.results.statistics import summarize_stage
 
 LAST10 = " last10"

@@ -16,7 +16,7 @@ from typing import Any
 
 from pflower.reporting.groups import Experiment, show, varying_keys
 from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
-from pflower.results.rundir import RunResult
+from pflower.results.runs import RunResult
 
 LEGEND = (
     "Cells: mean ± std over seeds (population std, ddof = 0), with the number of seeds in "

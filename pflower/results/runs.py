@@ -1,0 +1,105 @@
+"""Run directories read back (for ``pflower report``): see :mod:`pflower.results.rundir` for the
+layout these functions read."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from omegaconf import OmegaConf
+
+from pflower.results.rundir import (
+    STAGES,
+    TIME,
+    Row,
+    Status,
+    evaluated_rounds,
+    last_rounds,
+    read_rows,
+)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One run directory as read back: configuration, status and evaluation rows."""
+
+    path: Path
+    config: dict[str, Any]
+    status: Status
+    error: str | None = None
+    final_round: int | None = None
+    rows: list[Row] = field(default_factory=list)
+    fit_done: list[float] = field(default_factory=list)
+    """When each round's training was aggregated (Unix seconds, ``time`` rows), in round order."""
+    code: dict[str, Any] | None = None
+    """The pflower code that made the run (``summary.json``'s ``code``), None for an incomplete
+    run or one made before pflower recorded it."""
+
+    @property
+    def seed(self) -> Any:
+        """The run's seed."""
+        return self.config.get("seed")
+
+    @property
+    def rounds(self) -> int:
+        """The planned number of rounds."""
+        return int(self.config.get("rounds", self.final_round or 0))
+
+    def stage_rows(self, stage: str, server_round: int) -> list[Row]:
+        """Rows of ``stage`` in ``server_round``."""
+        return [r for r in self.rows if r["stage"] == stage and r["round"] == server_round]
+
+    def window(self) -> list[int]:
+        """The evaluated rounds averaged into the last-10% values."""
+        evaluated = evaluated_rounds(self.rows)
+        return [r for r in evaluated if r in last_rounds(self.rounds)] or evaluated[-1:]
+
+
+def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
+    """Run directories at or below ``paths`` (sweep directories are searched recursively),
+    each once, in path order. Hydra's own ``.hydra/config.yaml`` copies are not runs."""
+    found: set[Path] = set()
+    for path in paths:
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is not a directory (expected a sweep or run dir)")
+        for config in path.rglob("config.yaml"):
+            if ".hydra" not in config.relative_to(path).parts:
+                found.add(config.parent.resolve())
+    return sorted(found)
+
+
+def load_run(run_dir: Path) -> RunResult:
+    """Read one run directory; evaluation rows are kept only for completed runs.
+
+    A directory with a configuration but no summary is *incomplete* (still running, or killed).
+    """
+    loaded = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
+    assert isinstance(loaded, dict)
+    config = cast(dict[str, Any], loaded)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        return RunResult(run_dir, config, "incomplete")
+    summary = json.loads(summary_path.read_text())
+    code = summary.get("code")
+    if summary["status"] == "failed":
+        return RunResult(run_dir, config, "failed", error=summary.get("error"), code=code)
+    every = read_rows(run_dir)
+    rows = [row for row in every if row["stage"] in STAGES]
+    fit_done = [row["fit_done_unix_s"] for row in every if row["stage"] == TIME]
+    return RunResult(
+        run_dir,
+        config,
+        "completed",
+        final_round=summary["final_round"],
+        rows=rows,
+        fit_done=fit_done,
+        code=code,
+    )
+
+
+def load_runs(paths: Iterable[Path]) -> list[RunResult]:
+    """Every run at or below ``paths``."""
+    return [load_run(run_dir) for run_dir in find_run_dirs(paths)]
