@@ -26,6 +26,7 @@ import pflower.core.experiment as experiment_module
 from pflower.compose import compose_config
 from pflower.datasets.base import ImageSplit
 from pflower.reporting.leaderboard import load_setting, render, significantly_better
+from pflower.tuning import runner as trial_runner
 from pflower.tuning import search
 from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
 from pflower.tuning.suite import Setting, load_suite
@@ -119,6 +120,8 @@ def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
     monkeypatch.setattr(search, "HEARTBEAT_S", 1)
     monkeypatch.setattr(search, "POLL_S", 0.25)
     monkeypatch.setattr(search, "GRACE_S", 4)
+    monkeypatch.setattr(trial_runner, "HEARTBEAT_S", 1)
+    monkeypatch.setattr(trial_runner, "POLL_S", 0.25)
     # a pflower tune that was stopped while its trial ran: a RUNNING trial with a heartbeat
     study = open_study(layout, setting.name, "fedprox", 0, parallel=True)
     stale = study.ask()
@@ -312,7 +315,7 @@ def test_trials_run_as_ray_tasks(tmp_path: Path) -> None:
     ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=temp)
     try:
         study = search.tune(
-            suite, setting, "fedprox", layout, rounds=1, workers=2, runner=search.RayRunner()
+            suite, setting, "fedprox", layout, rounds=1, workers=2, runner=trial_runner.RayRunner()
         )
     finally:
         ray.shutdown()

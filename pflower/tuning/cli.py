@@ -200,7 +200,7 @@ def main(argv: Sequence[str]) -> int:
     if args.ray:
         import ray
 
-        from pflower.tuning.search import RayRunner
+        from pflower.tuning.runner import RayRunner
 
         ray.init(address=args.ray)
         runner = RayRunner(args.ray_cpus)

@@ -1,0 +1,188 @@
+"""How one tuning run is executed and read back: :func:`run_pflower` (a local process) and
+:class:`RayRunner` (a Ray task), both reporting each finished round's stage-L1 mean to the
+pruner, and the readers of the run's ``metrics.jsonl`` and ``summary.json``
+(:mod:`pflower.tuning.search` drives them)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+HEARTBEAT_S = 20
+POLL_S = 2.0
+
+
+# ------------------------------------------------------------------------------ run results
+def read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` written so far (a partly written last line is skipped)."""
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            rows.append(json.loads(line))
+    return rows
+
+
+def round_means(rows: Sequence[Mapping[str, Any]], stage: str = "L1") -> dict[int, float]:
+    """Per round, the unweighted mean over clients of ``acc_local`` at ``stage``."""
+    by_round: dict[int, list[float]] = {}
+    for row in rows:
+        if row.get("stage") == stage and "acc_local" in row and row.get("round", 0) > 0:
+            by_round.setdefault(int(row["round"]), []).append(float(row["acc_local"]))
+    return {r: sum(v) / len(v) for r, v in sorted(by_round.items())}
+
+
+def read_summary(run_dir: Path) -> dict[str, Any] | None:
+    path = run_dir / "summary.json"
+    if not path.exists():
+        return None
+    try:
+        summary: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    return summary
+
+
+def objective_of(summary: Mapping[str, Any]) -> float:
+    """The tuning objective from a completed run's ``summary.json``
+    (see :data:`pflower.tuning.search.OBJECTIVE`)."""
+    return float(summary["last10"]["L1"]["acc_local"]["mean"])
+
+
+class TrialFailed(RuntimeError):
+    """The trial's run did not complete (its reason is the message)."""
+
+
+class Pruned(RuntimeError):
+    """The pruner stopped the trial's run."""
+
+
+def run_pflower(
+    command: Sequence[str],
+    run_dir: Path,
+    on_round: Callable[[int, float], bool] | None = None,
+    heartbeat: Callable[[], None] | None = None,
+    timeout_s: float | None = None,
+) -> dict[str, Any]:
+    """Run one pflower process and return its ``summary.json``.
+
+    ``on_round(round, mean L1 Acc(L))`` is called once per finished round while it runs and
+    returning True stops it (raises :class:`Pruned`). The process and its children (a process
+    group of their own) are stopped on pruning, timeout or interruption.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log = (run_dir / "tune_stdout.log").open("w")
+    process = subprocess.Popen(
+        list(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    reported: set[int] = set()
+    started = last_beat = time.monotonic()
+    try:
+        while process.poll() is None:
+            time.sleep(POLL_S)
+            if heartbeat and time.monotonic() - last_beat > HEARTBEAT_S / 2:
+                heartbeat()
+                last_beat = time.monotonic()
+            if timeout_s and time.monotonic() - started > timeout_s:
+                raise TrialFailed(f"the run took longer than {timeout_s:.0f} s")
+            if on_round is None:
+                continue
+            means = round_means(read_rows(run_dir))
+            for server_round in sorted(means)[:-1]:  # the last round may still be evaluating
+                if server_round not in reported:
+                    reported.add(server_round)
+                    if on_round(server_round, means[server_round]):
+                        raise Pruned(f"pruned after round {server_round}")
+    finally:
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        log.close()
+    summary = read_summary(run_dir)
+    if process.returncode != 0 or summary is None or summary.get("status") != "completed":
+        reason = (summary or {}).get("error") or f"exit code {process.returncode}"
+        raise TrialFailed(f"{reason} (see {run_dir / 'tune_stdout.log'})")
+    return summary
+
+
+class Runner(Protocol):
+    """How one pflower run is executed: :func:`run_pflower` (a local process) or
+    :class:`RayRunner` (a Ray task on a cluster)."""
+
+    def __call__(
+        self,
+        command: Sequence[str],
+        run_dir: Path,
+        on_round: Callable[[int, float], bool] | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]: ...
+
+
+def _run_on_worker(command: Sequence[str], run_dir: str, timeout_s: float | None) -> dict[str, Any]:
+    """The body of a Ray task: the run as a process of the worker's node (with its Python)."""
+    return run_pflower([sys.executable, *command[1:]], Path(run_dir), timeout_s=timeout_s)
+
+
+@dataclass(frozen=True)
+class RayRunner:
+    """Runs every trial (and final run) as one Ray task on a running Ray cluster.
+
+    The driver (``pflower tune --ray auto``) keeps the study and the heartbeats; each task runs
+    ``python -m pflower ...`` on whichever node Ray picks, reserving ``num_cpus``. Run folders
+    must be on a filesystem every node and the driver see (the driver reads ``metrics.jsonl``
+    for the pruner and ``summary.json`` for the objective). A pruned run's task is cancelled,
+    which stops its process group.
+    """
+
+    num_cpus: float = 1.0
+
+    def __call__(
+        self,
+        command: Sequence[str],
+        run_dir: Path,
+        on_round: Callable[[int, float], bool] | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        import ray
+
+        task = ray.remote(num_cpus=self.num_cpus, max_retries=0)(_run_on_worker)
+        ref = task.remote(list(command), str(run_dir), timeout_s)
+        reported: set[int] = set()
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=POLL_S)
+                if heartbeat:
+                    heartbeat()
+                if ready:
+                    summary: dict[str, Any] = ray.get(ref)  # a TrialFailed re-raises here
+                    return summary
+                if on_round is None:
+                    continue
+                means = round_means(read_rows(run_dir))
+                for server_round in sorted(means)[:-1]:
+                    if server_round not in reported:
+                        reported.add(server_round)
+                        if on_round(server_round, means[server_round]):
+                            raise Pruned(f"pruned after round {server_round}")
+        except BaseException:
+            ray.cancel(ref)  # KeyboardInterrupt in the task: run_pflower stops its processes
+            raise
