@@ -1,0 +1,196 @@
+"""The ``dataset`` group: one structured config per dataset loader."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, ClassVar
+
+from pflower.blocks.base import Block
+from pflower.config import (
+    require,
+)
+
+# ----------------------------------------------------------------------------------------------
+# datasets
+
+
+@dataclass
+class DatasetBlock(Block):
+    """Options every dataset has.
+
+    Attributes:
+        mean: per-channel normalization mean (a number or a list, one per channel); null: the
+            dataset's own statistics.
+        std: per-channel normalization std, as ``mean``; null: the dataset's own.
+    """
+
+    mean: Any = None
+    std: Any = None
+
+    @classmethod
+    def group(cls) -> str:
+        return "dataset"
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        """The (C, H, W) of every image and the number of classes, known from the options."""
+        raise NotImplementedError
+
+
+@dataclass
+class DigitsDataset(DatasetBlock):
+    """scikit-learn's bundled 8x8 handwritten digits (1,797 images, no download).
+
+    Attributes:
+        image_size: side of the square images (8: the original; larger sizes are upsampled).
+    """
+
+    config_name: ClassVar[str] = "digits"
+    image_size: int = 8
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        return (1, self.image_size, self.image_size), 10
+
+
+@dataclass
+class SyntheticDataset(DatasetBlock):
+    """Seeded class prototypes plus Gaussian noise, for tests (no files).
+
+    Attributes:
+        image_shape: [C, H, W] of the images.
+        num_classes: number of classes (>= 2).
+        num_train: training images.
+        num_test: test images.
+        noise: std of the noise added to the class prototypes (>= 0).
+        seed: seed of the prototypes and the noise.
+    """
+
+    config_name: ClassVar[str] = "synthetic"
+    image_shape: list[int] = field(default_factory=lambda: [1, 16, 16])
+    num_classes: int = 10
+    num_train: int = 2000
+    num_test: int = 500
+    noise: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            len(self.image_shape) == 3 and min(self.image_shape) >= 1,
+            f"dataset.image_shape must be [C, H, W], got {list(self.image_shape)}",
+        )
+        require(self.num_classes >= 2, f"dataset.num_classes must be >= 2, got {self.num_classes}")
+        require(
+            self.num_train >= 1 and self.num_test >= 1,
+            "dataset.num_train and dataset.num_test must be >= 1",
+        )
+        require(self.noise >= 0, f"dataset.noise must be >= 0, got {self.noise}")
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        channels, height, width = (int(size) for size in self.image_shape)
+        return (channels, height, width), self.num_classes
+
+
+@dataclass
+class FileDataset(DatasetBlock):
+    """A dataset read from its original files under a data root.
+
+    Attributes:
+        root: the data root (null: ``$PFLOWER_DATA``, else a user cache directory).
+        download: let torchvision download missing files (checksums are verified).
+        verify: check the files' checksums before decoding them.
+    """
+
+    root: str | None = None
+    download: bool = False
+    verify: bool = True
+    shape: ClassVar[tuple[int, int, int]] = (1, 28, 28)
+    classes: ClassVar[int] = 10
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        return self.shape, self.classes
+
+
+@dataclass
+class MnistDataset(FileDataset):
+    """MNIST (LeCun et al.): 28x28 grey digits, original IDX files."""
+
+    config_name: ClassVar[str] = "mnist"
+
+
+@dataclass
+class FmnistDataset(FileDataset):
+    """Fashion-MNIST (Xiao et al.): 28x28 grey clothing images, original IDX files."""
+
+    config_name: ClassVar[str] = "fmnist"
+
+
+@dataclass
+class Cifar10Dataset(FileDataset):
+    """CIFAR-10: 32x32 colour images of 10 classes (cifar-10-batches-py)."""
+
+    config_name: ClassVar[str] = "cifar10"
+    shape: ClassVar[tuple[int, int, int]] = (3, 32, 32)
+
+
+@dataclass
+class Cifar100Dataset(FileDataset):
+    """CIFAR-100 (fine labels): 32x32 colour images of 100 classes."""
+
+    config_name: ClassVar[str] = "cifar100"
+    shape: ClassVar[tuple[int, int, int]] = (3, 32, 32)
+    classes: ClassVar[int] = 100
+
+
+@dataclass
+class SvhnDataset(FileDataset):
+    """SVHN: 32x32 colour house-number digits (train_32x32.mat, test_32x32.mat)."""
+
+    config_name: ClassVar[str] = "svhn"
+    shape: ClassVar[tuple[int, int, int]] = (3, 32, 32)
+
+
+class CelebaShift(StrEnum):
+    """How CelebA-Gender's attributes differ between clients (FedMPR, Sec. V-B)."""
+
+    low = "low"
+    high = "high"
+
+
+@dataclass
+class CelebaGenderDataset(FileDataset):
+    """CelebA gender classification with attribute groups (FedMPR, Sec. V-B).
+
+    Attributes:
+        num_attributes: how many mutually exclusive attributes make the groups (3..7).
+        shift: ``low`` or ``high`` covariate shift between the attribute groups.
+        image_size: side of the square images (64 reduced scale, 128 full scale).
+        test_size: images in the test split (null: the loader's choice; >= 2).
+        seed: seed of the balanced subsampling.
+    """
+
+    config_name: ClassVar[str] = "celeba_gender"
+    num_attributes: int = 5
+    shift: CelebaShift = CelebaShift.low
+    image_size: int = 64
+    test_size: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            3 <= self.num_attributes <= 7,
+            f"dataset.num_attributes must be 3..7, got {self.num_attributes}",
+        )
+        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
+        require(
+            self.test_size is None or self.test_size >= 2,
+            f"dataset.test_size must be null or >= 2, got {self.test_size}",
+        )
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        return (3, self.image_size, self.image_size), 2
