@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import hydra
@@ -82,16 +83,48 @@ def _preflight(cfg: DictConfig, settings: ExperimentConfig) -> None:
     _ = Experiment.of(cfg).federation
 
 
+def _run_dir(cfg: DictConfig) -> Path:
+    """Where a run (or ``pflower partition``) writes: ``output_dir``; else a sweep job's
+    directory, or the ``hydra.run.dir`` given on the command line; else ``runs/<date>/<time>``.
+    Hydra itself writes nothing there (``conf/config.yaml``)."""
+    if cfg.output_dir:
+        return Path(cfg.output_dir)
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    if HydraConfig.get().mode == RunMode.MULTIRUN or hydra_dir.resolve() != Path.cwd().resolve():
+        return hydra_dir
+    return Path("runs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+
+
+class UnwritableRunDirError(ConfigError):
+    """The run directory cannot be written (exit code 2, also in a sweep: no job could record
+    anything there)."""
+
+
+def _writable(run_dir: Path) -> None:
+    """Refuse (exit code 2) a run directory that cannot be written, before anything starts."""
+    from pflower.results.rundir import check_writable
+
+    try:
+        check_writable(run_dir)
+    except OSError as error:
+        raise UnwritableRunDirError(
+            f"cannot write results to {run_dir} ({error.strerror or error}): "
+            "choose another output_dir"
+        ) from error
+
+
 def _simulate(cfg: DictConfig) -> None:
     """Run one experiment. In a multirun sweep a failed job is recorded in its run directory
     (``summary.json`` with ``"status": "failed"``, ``error.txt``) and the sweep goes on; a single
-    run re-raises, so the exit code says it failed."""
-    run_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    run re-raises, so the exit code says it failed. SIGTERM or SIGINT record the run as failed
+    (``interrupted by SIGTERM``) before the process ends."""
+    run_dir = _run_dir(cfg)
     try:
         from pflower.compose import validate
 
         settings = validate(cfg, check_scheme=False)
         _preflight(cfg, settings)
+        _writable(run_dir)
         _quiet_flower_console(settings.progress)
         overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
         console.print(
@@ -99,11 +132,13 @@ def _simulate(cfg: DictConfig) -> None:
             f"{cfg.partition.name}, {settings.num_clients} clients, {settings.rounds} rounds "
             f"-> {run_dir}"
         )
+        from pflower.results.rundir import summary_on_signal
         from pflower.simulation import run_experiment
 
-        run_experiment(settings, overrides, run_dir)
+        with summary_on_signal(run_dir, cfg):
+            run_experiment(settings, overrides, run_dir)
     except Exception as error:
-        if HydraConfig.get().mode != RunMode.MULTIRUN:
+        if HydraConfig.get().mode != RunMode.MULTIRUN or isinstance(error, UnwritableRunDirError):
             raise
         from pflower.results.rundir import record_failure
 
@@ -126,7 +161,8 @@ def _partition(cfg: DictConfig) -> None:
     from pflower.datasets.partitioners.from_file import write_federation
     from pflower.datasets.report import report_partition
 
-    out_dir = Path(cfg.output_dir or HydraConfig.get().runtime.output_dir)
+    out_dir = _run_dir(cfg)
+    _writable(out_dir)
     federation = Experiment.of(cfg).federation
     written = report_partition(federation, out_dir, console)
     console.print(f"partition report written to {written}")
@@ -248,6 +284,7 @@ def resume(argv: Sequence[str]) -> int:
             )
             return 0
         _preflight(cfg, settings)
+        _writable(run_dir)
     except (ConfigError, DatasetNotFoundError, CorruptDatasetError) as error:
         console.print(f"[red]cannot resume:[/] {escape(str(error))}")
         return 2
@@ -255,9 +292,11 @@ def resume(argv: Sequence[str]) -> int:
     console.print(
         f"[bold]pflower[/] resuming {run_dir} after round {checkpoint.round} of {settings.rounds}"
     )
+    from pflower.results.rundir import summary_on_signal
     from pflower.simulation import run_experiment
 
-    run_experiment(settings, overrides, run_dir)
+    with summary_on_signal(run_dir, cfg):
+        run_experiment(settings, overrides, run_dir)
     return 0
 
 

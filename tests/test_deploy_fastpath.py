@@ -119,7 +119,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerProce
             preload_modules=("pflower.deploy.local", "pflower.client.app"),
         )
     try:
-        started.wait_ready(timeout=120)
+        started.wait_ready(timeout=300)
         yield started
     finally:
         started.stop()

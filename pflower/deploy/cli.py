@@ -13,7 +13,16 @@ import time
 from pathlib import Path
 
 from pflower.deploy.compose import render_compose
-from pflower.deploy.local import CONNECTION, DEFAULT_DIR, STATE_FILE, Deployment
+from pflower.deploy.local import (
+    CONNECTION,
+    DEFAULT_DIR,
+    FLWR_TIMEOUT_S,
+    START_TIMEOUT_S,
+    STATE_FILE,
+    Deployment,
+    DeployTimeoutError,
+    SuperLinkGoneError,
+)
 from pflower.deploy.topology import Endpoints, Security
 from pflower.registry import ConfigError
 
@@ -34,6 +43,7 @@ def _up(args: argparse.Namespace) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     endpoints = Endpoints(args.host, args.fleet_port, args.control_port, args.node_port)
     deployment = Deployment(directory, args.num_clients, endpoints, _security_from(args))
+    deployment.flwr_timeout = args.flwr_timeout
     try:
         deployment.start_superlink(args.timeout)
         if deployment.security.node_keys is not None:
@@ -44,7 +54,13 @@ def _up(args: argparse.Namespace) -> int:
         deployment.wait_for_nodes(args.num_clients, args.timeout)
     except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as error:
         deployment.stop_all()
-        print(f"deployment failed: {error}\nlogs: {deployment.logs}")
+        limits = (
+            f" (waits are bounded by --timeout {args.timeout:g} s and --flwr-timeout "
+            f"{args.flwr_timeout:g} s)"
+            if isinstance(error, TimeoutError)
+            else ""
+        )
+        print(f"deployment failed: {error}{limits}\nlogs: {deployment.logs}")
         return 1
     except BaseException:  # Ctrl-C or a bug: leave nothing running
         deployment.stop_all()
@@ -148,6 +164,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"no deployment in {directory}; `pflower deploy up` first")
         return 1
     deployment = Deployment.load(directory)
+    deployment.flwr_timeout = args.flwr_timeout
     overrides = list(args.overrides)
     if args.resume:
         try:
@@ -163,10 +180,22 @@ def _run(args: argparse.Namespace) -> int:
     if not any(o.startswith("output_dir=") for o in overrides):
         stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
         overrides.append(f"output_dir={Path('runs').resolve() / stamp}")
-    run_id = deployment.submit(overrides)
+    run_dir = next(o for o in reversed(overrides) if o.startswith("output_dir="))[11:]
+    try:
+        run_id = deployment.submit(overrides)
+    except DeployTimeoutError as error:
+        print(f"error: {error}")
+        return 1
     print(f"run {run_id} started; following its log (Ctrl-C stops following, not the run)")
     try:
         status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
+    except (SuperLinkGoneError, DeployTimeoutError) as error:
+        print(
+            f"\nstopped following run {run_id}: {error}. The deployment was stopped "
+            f"(`pflower deploy down`?) or cannot be reached; the run's results so far, and "
+            f"summary.json saying how it ended, are in {run_dir}"
+        )
+        return 1
     except KeyboardInterrupt:
         print(
             f"\nstopped following run {run_id}; it goes on. Stop it with: "
@@ -205,6 +234,18 @@ def _parser() -> argparse.ArgumentParser:
         )
         return command
 
+    def with_flwr_timeout(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add ``--flwr-timeout``, the most seconds one ``flwr`` command may take."""
+        command.add_argument(
+            "--flwr-timeout",
+            type=float,
+            default=FLWR_TIMEOUT_S,
+            metavar="SECONDS",
+            help="the most seconds one `flwr` command (run, list, supernode ...) may take "
+            f"(default: {FLWR_TIMEOUT_S:g}); the run itself is followed until it ends",
+        )
+        return command
+
     up = with_dir(commands.add_parser("up", help="start the SuperLink and the SuperNodes"))
     up.add_argument("-n", "--num-clients", type=int, default=3)
     up.add_argument(
@@ -229,8 +270,14 @@ def _parser() -> argparse.ArgumentParser:
         help="SuperNode authentication: directory with "
         "supernode-<i>[.pub] keys (needs --certificates)",
     )
-    up.add_argument("--timeout", type=float, default=60.0)
-    up.set_defaults(handler=_up)
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=START_TIMEOUT_S,
+        help="seconds to wait for the SuperLink and for the SuperNodes to come online "
+        f"(default: {START_TIMEOUT_S:g})",
+    )
+    with_flwr_timeout(up).set_defaults(handler=_up)
     with_dir(commands.add_parser("status", help="show the processes")).set_defaults(handler=_status)
     with_dir(commands.add_parser("down", help="stop every process")).set_defaults(handler=_down)
     run = with_dir(commands.add_parser("run", help="run an experiment on the deployment"))
@@ -240,7 +287,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="RUN_DIR",
         help="continue this run from its checkpoint (pass rounds=N to extend it)",
     )
-    run.set_defaults(handler=_run)
+    with_flwr_timeout(run).set_defaults(handler=_run)
     compose = commands.add_parser("compose", help="write the docker-compose files")
     compose.add_argument("-n", "--num-clients", type=int, default=3)
     compose.add_argument("--out", default="docker", help="directory (default: docker)")
@@ -256,3 +303,6 @@ def main(argv: list[str]) -> int:
     except ValueError as error:
         print(f"error: {error}")
         return 2
+    except DeployTimeoutError as error:  # every wait names the setting that bounds it
+        print(f"error: {error}")
+        return 1

@@ -48,6 +48,24 @@ CONNECTION = "pflower-local"
 STATE_FILE = "deployment.json"
 """The process table in the deployment directory, written by :meth:`Deployment.save`."""
 
+FLWR_TIMEOUT_S = 600.0
+"""Default of :attr:`Deployment.flwr_timeout` (``pflower deploy up|run --flwr-timeout``): the
+most seconds one ``flwr`` command (``run``, ``list``, ``supernode list|register``) may take. On
+a loaded 2-core machine ``flwr run`` (which packs and uploads the app) took over 120 s."""
+
+START_TIMEOUT_S = 300.0
+"""Default of ``pflower deploy up --timeout``: the most seconds to wait for the SuperLink's
+ports and for the SuperNodes to come online."""
+
+
+class DeployTimeoutError(TimeoutError):
+    """A wait of the deployment ran out; the message names the setting that bounds it."""
+
+
+class SuperLinkGoneError(RuntimeError):
+    """The SuperLink no longer answers (stopped, e.g. by ``pflower deploy down``)."""
+
+
 DEFAULT_DIR = (
     Path(os.environ.get("XDG_STATE_HOME", "~/.local/state")).expanduser() / "pflower/deploy"
 )
@@ -79,6 +97,9 @@ class Deployment:
     SuperLink ends, as these processes are) or the path of a SQLite file in an existing folder
     (Flower commits every change of state to it: the SuperLink then used about twice the CPU
     time per round, on 2 cores part of the round's time)."""
+    flwr_timeout: float = FLWR_TIMEOUT_S
+    """The most seconds one ``flwr`` command may take (:data:`FLWR_TIMEOUT_S`); not kept in
+    the state file: each ``pflower deploy`` command sets its own (``--flwr-timeout``)."""
     _popens: dict[str, subprocess.Popen[bytes]] = field(
         default_factory=dict, init=False, repr=False
     )
@@ -114,7 +135,7 @@ class Deployment:
         self.processes[name] = process
         self._popens[name] = popen
 
-    def start_superlink(self, timeout: float = 60.0) -> None:
+    def start_superlink(self, timeout: float = START_TIMEOUT_S) -> None:
         """Start the SuperLink and wait until its Fleet and Control APIs accept connections."""
         self._start(
             "superlink",
@@ -189,18 +210,28 @@ class Deployment:
         return path
 
     def flwr(
-        self, *args: str, timeout: float = 120.0, check: bool = True
+        self, *args: str, timeout: float | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        """Run ``flwr <args>`` against this deployment (its own ``FLWR_HOME``)."""
+        """Run ``flwr <args>`` against this deployment (its own ``FLWR_HOME``), for at most
+        ``timeout`` seconds (default :attr:`flwr_timeout`); :class:`DeployTimeoutError` after
+        that, naming the setting."""
         env = dict(os.environ, FLWR_HOME=str(self.cli_home))
-        return subprocess.run(
-            [executable("flwr"), *args],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=check,
-        )
+        limit = self.flwr_timeout if timeout is None else timeout
+        try:
+            return subprocess.run(
+                [executable("flwr"), *args],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=limit,
+                check=check,
+            )
+        except subprocess.TimeoutExpired as error:
+            raise DeployTimeoutError(
+                f"`flwr {args[0]}` did not finish within {limit:g} s (the setting "
+                f"--flwr-timeout of `pflower deploy up|run`, default {FLWR_TIMEOUT_S:g} s): "
+                "the machine may be loaded, or the SuperLink unreachable"
+            ) from error
 
     def register_nodes(self) -> None:
         """Register the public keys of all SuperNodes with the SuperLink."""
@@ -218,12 +249,15 @@ class Deployment:
         nodes = json.loads(result.stdout).get("nodes", [])
         return sum(1 for node in nodes if str(node.get("status", "")).startswith("online"))
 
-    def wait_for_nodes(self, count: int, timeout: float = 60.0) -> None:
+    def wait_for_nodes(self, count: int, timeout: float = START_TIMEOUT_S) -> None:
         """Block until ``count`` SuperNodes are online."""
         deadline = time.monotonic() + timeout
         while self.online_nodes() < count:
             if time.monotonic() > deadline:
-                raise TimeoutError(f"fewer than {count} SuperNodes online after {timeout:.0f}s")
+                raise DeployTimeoutError(
+                    f"fewer than {count} SuperNodes online after {timeout:.0f}s (the setting "
+                    f"--timeout of `pflower deploy up`, default {START_TIMEOUT_S:g} s)"
+                )
             time.sleep(2.0)
 
     def submit(self, overrides: Sequence[str]) -> str:
@@ -246,16 +280,27 @@ class Deployment:
         return str(json.loads(result.stdout)["run-id"])
 
     def run_status(self, run_id: str) -> str:
-        """Status of run ``run_id`` as ``flwr list`` reports it (e.g. ``finished:completed``)."""
-        result = self.flwr("list", CONNECTION, "--run-id", run_id, "--format", "json")
-        return str(json.loads(result.stdout)["runs"][0]["status"])
+        """Status of run ``run_id`` as ``flwr list`` reports it (e.g. ``finished:completed``);
+        :class:`SuperLinkGoneError` if the SuperLink does not answer with one."""
+        result = self.flwr("list", CONNECTION, "--run-id", run_id, "--format", "json", check=False)
+        try:
+            return str(json.loads(result.stdout)["runs"][0]["status"])
+        except (ValueError, LookupError, TypeError) as error:
+            # e.g. {"success": false, "error-message": ...} once the SuperLink has stopped
+            answer = " ".join((result.stdout + result.stderr).split())[:300]
+            raise SuperLinkGoneError(
+                f"the SuperLink at {self.endpoints.control_address} gave no status for run "
+                f"{run_id} ({answer or f'exit code {result.returncode}'})"
+            ) from error
 
     def wait_for_run(self, run_id: str, timeout: float | None, to_terminal: bool = False) -> str:
         """Block until run ``run_id`` finished; returns its final status.
 
         Follows the run's log with ``flwr log --stream``, which returns when the run ends (one
         process for the whole wait, not repeated polls), into ``logs/run-<id>.log`` or, with
-        ``to_terminal``, to this process's output.
+        ``to_terminal``, to this process's output. :class:`SuperLinkGoneError` if the SuperLink
+        stopped answering (``pflower deploy down`` while the run went on: the ServerApp then
+        records the run as failed, ``interrupted``, in its ``summary.json``).
         """
         env = dict(os.environ, FLWR_HOME=str(self.cli_home))
         command = [executable("flwr"), "log", run_id, CONNECTION, "--stream"]
@@ -273,7 +318,9 @@ class Deployment:
                     check=False,
                 )
             except subprocess.TimeoutExpired as error:
-                raise TimeoutError(f"run {run_id} did not finish in {timeout:.0f}s") from error
+                raise DeployTimeoutError(
+                    f"run {run_id} did not finish in {timeout:.0f}s"
+                ) from error
         for _ in range(30):  # the status may trail the end of the log by a moment
             if (status := self.run_status(run_id)).startswith("finished"):
                 return status

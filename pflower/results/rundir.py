@@ -40,15 +40,19 @@ are final-round values, shown beside the last-10% mean; never the best round.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -197,6 +201,66 @@ def record_failure(run_dir: Path, cfg: DictConfig, error: BaseException) -> None
     if summary_path.exists() and json.loads(summary_path.read_text())["status"] == "failed":
         return  # the strategy already recorded why the run stopped
     write_summary(run_dir, cfg, read_rows(run_dir), "failed", f"{type(error).__name__}: {error}")
+
+
+def check_writable(run_dir: Path) -> None:
+    """Make ``run_dir`` (if it does not exist) and write and remove a file in it; the
+    ``OSError`` says why a run could not write its results there."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile(dir=run_dir) as probe:
+        probe.write(b"pflower")
+
+
+INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""Signals that end a run as ``failed`` with the error ``interrupted by <signal>``."""
+
+
+def record_interrupted(run_dir: Path, cfg: DictConfig, reason: str) -> None:
+    """Write a failed ``summary.json`` (error ``reason``) from the rows ``metrics.jsonl`` holds,
+    unless the run already wrote its summary. A last row cut off mid-write is left out."""
+    if (run_dir / "summary.json").exists() or not run_dir.is_dir():
+        return
+    rows = []
+    path = run_dir / "metrics.jsonl"
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                rows.append(json.loads(line))
+    write_summary(run_dir, cfg, rows, "failed", reason)
+
+
+@contextlib.contextmanager
+def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
+    """While active, SIGTERM and SIGINT (``kill``, ``timeout``, Ctrl-C) first record the run in
+    ``run_dir`` as failed, ``interrupted by SIGTERM`` (:func:`record_interrupted`), then do what
+    they did before: a default disposition ends the process, a handler (Flower's graceful exit
+    in a ServerApp process) is called; an ignored signal stays ignored. SIGINT ends the process
+    as SIGTERM does (exit status 130): Python's KeyboardInterrupt would be swallowed by Flower's
+    simulation engine, whose server thread then finishes the run. Signal handlers
+    belong to the main thread: called on another thread (the ServerApp of a simulation), this
+    does nothing, and the caller on the main thread is the one to use it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous: dict[int, Any] = {}
+
+    def interrupted(signum: int, frame: Any) -> None:
+        record_interrupted(run_dir, cfg, f"interrupted by {signal.Signals(signum).name}")
+        before = previous[signum]
+        if callable(before) and before is not signal.default_int_handler:
+            before(signum, frame)
+        else:  # Flower's simulation would swallow a KeyboardInterrupt and go on
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    for signum in INTERRUPTING_SIGNALS:
+        if signal.getsignal(signum) != signal.SIG_IGN:  # an ignored signal stays ignored
+            previous[signum] = signal.signal(signum, interrupted)
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, signal.SIG_DFL if handler is None else handler)
 
 
 @dataclass(frozen=True)

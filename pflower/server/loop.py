@@ -19,6 +19,7 @@ each client is reached by Flower's ``fit_clients``/``evaluate_clients``.
 
 from __future__ import annotations
 
+import contextlib
 import timeit
 import uuid
 from collections.abc import Callable
@@ -44,7 +45,7 @@ from pflower.core.checkpoint import (
     set_random_state,
 )
 from pflower.core.strategy import GlobalEvaluation, PersonalizedStrategy
-from pflower.results.rundir import RunRecorder, resolved_config
+from pflower.results.rundir import RunRecorder, resolved_config, summary_on_signal
 from pflower.runtime.polling import (
     EvaluateResultsAndFailures,
     FitResultsAndFailures,
@@ -106,7 +107,10 @@ class CheckpointingServer(Server):
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         """Run the rounds after the checkpoint (all of them in a new run)."""
         history = History()
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflower-stage-g") as executor:
+        with (
+            self._summary_on_signal(),
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflower-stage-g") as executor,
+        ):
             stage_g = GlobalStage(executor, history)
             first_round = self._start(timeout, stage_g)
             start_time = timeit.default_timer()
@@ -127,6 +131,16 @@ class CheckpointingServer(Server):
                 if self.every and (current_round % self.every == 0 or current_round == num_rounds):
                     self._checkpoint(current_round)
         return history, timeit.default_timer() - start_time
+
+    def _summary_on_signal(self) -> contextlib.AbstractContextManager[None]:
+        """SIGTERM/SIGINT record the run as failed ("interrupted") before the process ends:
+        in a deployment's ServerApp process (e.g. ``pflower deploy down`` while it runs), whose
+        main thread runs this loop. In a simulation the loop runs on a thread, and ``pflower``
+        does the same on its main thread."""
+        recorder = self.personalized.recorder
+        if not isinstance(recorder, RunRecorder):
+            return contextlib.nullcontext()
+        return summary_on_signal(recorder.run_dir, recorder.cfg)
 
     def fit_round(
         self,

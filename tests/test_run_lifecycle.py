@@ -1,0 +1,136 @@
+"""A run's life from the command line, as real ``pflower`` processes (issue 37, item 9): it writes
+only its run directory (Hydra's own ``.hydra/`` and ``<job>.log`` nowhere), an output directory
+it cannot write is refused with exit code 2 before anything starts, and a run ended by SIGTERM
+or SIGINT (``kill``, ``timeout``, Ctrl-C) leaves a failed ``summary.json`` saying so.
+
+Timeouts are generous: these run beside other work on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = ["dataset=digits", "num_clients=2", "progress=false"]
+START_S = 300.0
+"""Most seconds a tiny run may take to reach its first rounds on a loaded 2-core machine."""
+
+
+def pflower(*args: str) -> list[str]:
+    return [sys.executable, "-m", "pflower", *args]
+
+
+def environment() -> dict[str, str]:
+    """This checkout first on the path: the commands run in a scratch directory."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+
+
+def every_file(directory: Path) -> list[str]:
+    return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
+
+
+@pytest.mark.slow
+def test_an_output_dir_that_cannot_be_written_is_refused_and_nothing_is_left(
+    tmp_path: Path,
+) -> None:
+    """``output_dir`` below a plain file cannot be made (by root either): exit code 2 with one
+    message, and the working directory holds what it held (no ``runs/.../.hydra``, no
+    ``cli.log``)."""
+    (tmp_path / "a-file").write_text("not a directory\n")
+    result = subprocess.run(
+        pflower(*TINY, "rounds=1", f"output_dir={tmp_path / 'a-file' / 'run'}"),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 2, output
+    assert "cannot write results to" in output and "output_dir" in output
+    assert "Traceback" not in output
+    assert every_file(tmp_path) == ["a-file"]
+
+
+@pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="no sysfs here")
+@pytest.mark.slow
+def test_an_output_dir_under_sys_is_refused(tmp_path: Path) -> None:
+    result = subprocess.run(
+        pflower(*TINY, "rounds=1", "output_dir=/sys/pflower-test-run"),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=START_S,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "cannot write results to /sys/pflower-test-run" in result.stdout
+    assert every_file(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_a_run_writes_only_its_run_directory(tmp_path: Path) -> None:
+    """Without ``output_dir`` a run writes ``runs/<date>/<time>/`` and nothing else: no Hydra
+    ``.hydra/`` folder or ``cli.log`` there or in the working directory."""
+    result = subprocess.run(
+        pflower(*TINY, "rounds=1"),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=2 * START_S,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    (day,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = day.iterdir()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    files = every_file(tmp_path)
+    assert all(f == "runs" or f.startswith(f"runs{os.sep}") for f in files), files
+    assert not [f for f in files if ".hydra" in f or f.endswith("cli.log")], files
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_run_ended_by_a_signal_records_a_failed_summary(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """The signal goes to the ``pflower`` process alone, as ``timeout`` or ``kill`` sends it:
+    the process ends (by that signal) and ``summary.json`` says the run failed, interrupted,
+    with the rounds recorded before."""
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
+        cwd=tmp_path,
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 2 * START_S
+        metrics = run_dir / "metrics.jsonl"
+        while time.monotonic() < deadline and process.poll() is None:
+            if metrics.exists() and '"round": 2,' in metrics.read_text():
+                break
+            time.sleep(0.2)
+        assert process.poll() is None, "the run ended before it could be interrupted"
+        process.send_signal(sig)
+        code = process.wait(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert code == -sig, code
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed"
+    assert summary["error"] == f"interrupted by {sig.name}"
+    assert summary["final_round"] is not None and summary["final_round"] >= 2
+    assert summary["rounds"] == 200
