@@ -27,12 +27,12 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.artist import Artist
-from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from pflower.reporting.robustness import Panels
 from pflower.reporting.stats import final_client_values, model_points, round_curve
 from pflower.reporting.tables import Section
+from pflower.results.plots import client_markers
 
 _CURVES = (
     ("acc_local", "Acc(L), own test split"),
@@ -151,21 +151,7 @@ def client_distribution(section: Section, stage: str, path: Path, title: str = "
         ax.grid(alpha=0.3, axis="y")
     axes[0][0].set_ylabel("Acc(L), own test split (fraction)")
     fig.legend(
-        handles=[
-            Line2D(
-                [], [], color="grey", marker="o", linestyle="none", alpha=0.6, label="one client"
-            ),
-            Line2D([], [], color="black", label="median"),
-            Line2D(
-                [],
-                [],
-                marker="D",
-                markerfacecolor="white",
-                markeredgecolor="black",
-                linestyle="none",
-                label="mean",
-            ),
-        ],
+        handles=client_markers(),
         loc="center left",
         bbox_to_anchor=(1.0, 0.5),
         fontsize=8,

@@ -37,6 +37,23 @@ _STAGE_NAMES = {
 }
 
 
+def client_markers() -> list[Artist]:
+    """Legend entries of a per-client accuracy plot: one dot a client, the median, the mean."""
+    return [
+        Line2D([], [], color="grey", marker="o", linestyle="none", alpha=0.6, label="one client"),
+        Line2D([], [], color="black", label="median"),
+        Line2D(
+            [],
+            [],
+            marker="D",
+            markerfacecolor="white",
+            markeredgecolor="black",
+            linestyle="none",
+            label="mean",
+        ),
+    ]
+
+
 def run_title(cfg: Mapping[str, Any]) -> str:
     """``fliu on digits / pathological, 10 clients, seed 0`` from a run's configuration."""
 
@@ -164,18 +181,8 @@ def _final_clients(
     ax.set_ylabel(f"accuracy at round {final_round} (fraction correct)")
     ax.set_ylim(0, 1.03)
     ax.grid(alpha=0.3, axis="y")
-    legend = [
-        Line2D([], [], color="grey", marker="o", linestyle="none", alpha=0.6, label="one client"),
-        Line2D([], [], color="black", label="median"),
-        Line2D(
-            [],
-            [],
-            marker="D",
-            markerfacecolor="white",
-            markeredgecolor="black",
-            linestyle="none",
-            label="mean",
-        ),
+    legend: list[Artist] = [
+        *client_markers(),
         plt.Rectangle((0, 0), 1, 1, fill=False, label="box: quartiles\nwhiskers: 1.5 IQR"),
     ]
     ax.legend(
