@@ -164,7 +164,8 @@ def _partition(cfg: DictConfig) -> None:
     out_dir = _run_dir(cfg)
     _writable(out_dir)
     federation = Experiment.of(cfg).federation
-    written = report_partition(federation, out_dir, console)
+    title = f"{cfg.dataset.name}, partition={cfg.partition.name}, {cfg.num_clients} clients"
+    written = report_partition(federation, out_dir, console, title=title)
     console.print(f"partition report written to {written}")
     indices = write_federation(out_dir / "partition_indices.json", federation, cfg.split.pool)
     console.print(f"client index lists (partition=from_file) written to {indices}")

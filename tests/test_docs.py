@@ -60,6 +60,28 @@ def test_every_algorithm_has_a_generated_page_with_its_options_table() -> None:
     assert "`adaptive` \\| `fixed`" in mode
 
 
+def test_every_partition_scheme_has_a_gallery_entry_with_options_and_heatmap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pflower.blocks import blocks
+
+    hook = _hook()
+    page = hook.partition_gallery()["datasets/gallery.md"][1]
+    for name, block in blocks("partition").items():
+        assert f"## `partition={name}`" in page
+        for field in dataclasses.fields(block):
+            if field.name != "name":
+                assert f"| `partition.{field.name}` |" in page, (name, field.name)
+        if name not in hook.NO_HEATMAP:
+            assert f"images/partitions/{name}.png)" in page
+    assert "tunable range" not in page  # no partition option declares one
+    # a scheme without its heatmap stops the build, naming the scheme and the command
+    (tmp_path / "docs" / "images" / "partitions").mkdir(parents=True)
+    monkeypatch.setattr(hook, "ROOT", tmp_path)
+    with pytest.raises(RuntimeError, match=r"without a heatmap .*iid.*tools/partition_gallery"):
+        hook.partition_gallery()
+
+
 def test_the_options_table_shows_tuning_metadata_where_a_field_declares_it() -> None:
     @dataclasses.dataclass
     class Options:

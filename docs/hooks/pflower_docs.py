@@ -6,6 +6,8 @@
   allowed values (enum members and the conditions its ``__post_init__`` checks with
   ``require``), the tuning range declared in the field's metadata where there is one, and the
   help text from the class's ``Attributes:`` docstring section.
+- ``datasets/gallery.md``: every partition scheme (its docstring, an options table generated
+  from its ``partition`` block and its heatmap from ``docs/images/partitions``).
 - ``reference/api/<package>.md``: one mkdocstrings page per subpackage of :mod:`pflower`.
 - ``benchmarks/recorded/*.md`` and ``deployment/docker.md``: the recorded benchmark notes
   (``benchmarks/results/*.md``) and ``docker/README.md``, which live beside their code.
@@ -206,8 +208,9 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def options_rows(cls: type) -> list[dict[str, str]]:
-    """One row per option of the options dataclass ``cls`` (the ``name`` key excluded)."""
+def options_rows(cls: type, prefix: str = "strategy") -> list[dict[str, str]]:
+    """One row per option of the options dataclass ``cls`` (the ``name`` key excluded), its key
+    under ``prefix`` (the config section)."""
     hints = typing.get_type_hints(cls)
     helps = attribute_help(cls)
     conditions = post_init_conditions(cls)
@@ -222,7 +225,7 @@ def options_rows(cls: type) -> list[dict[str, str]]:
         allowed.extend(f"`{c}`" for c in conditions.get(field.name, []))
         rows.append(
             {
-                "key": f"`strategy.{field.name}`",
+                "key": f"`{prefix}.{field.name}`",
                 "type": f"`{_type_name(annotation)}`",
                 "default": f"`{_default(field)}`",
                 "allowed": "; ".join(allowed) or "-",
@@ -233,15 +236,17 @@ def options_rows(cls: type) -> list[dict[str, str]]:
     return rows
 
 
-def options_table(cls: type) -> str:
-    """The Markdown table of :func:`options_rows`."""
-    head = "| key | type | default | allowed | tunable range | help |\n|---|---|---|---|---|---|\n"
-    body = "".join(
-        f"| {r['key']} | {r['type']} | {r['default']} | {r['allowed']} | {r['tunable']} | "
-        f"{r['help']} |\n"
-        for r in options_rows(cls)
-    )
-    return head + body
+def options_table(cls: type, prefix: str = "strategy") -> str:
+    """The Markdown table of :func:`options_rows` (without the tunable column where no option
+    declares a range)."""
+    rows = options_rows(cls, prefix)
+    columns = ["key", "type", "default", "allowed", "tunable", "help"]
+    if all(row["tunable"] == "-" for row in rows) and prefix != "strategy":
+        columns.remove("tunable")
+    titles = {"tunable": "tunable range"}
+    head = "| " + " | ".join(titles.get(c, c) for c in columns) + " |\n"
+    head += "|" + "---|" * len(columns) + "\n"
+    return head + "".join("| " + " | ".join(row[c] for c in columns) + " |\n" for row in rows)
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,6 +306,52 @@ def algorithm_pages() -> dict[str, tuple[str, str]]:
         pages[f"algorithms/{short}.md"] = (title, "\n".join(parts))
         ALGORITHM_MODULES.add(module_name)
     return pages
+
+
+GALLERY = Path("images") / "partitions"
+"""The partition heatmaps under ``docs/`` (drawn by ``tools/partition_gallery.py``)."""
+NO_HEATMAP = {"from_file": "it replays client index lists written by `pflower partition`."}
+
+
+def partition_gallery() -> dict[str, tuple[str, str]]:
+    """``datasets/gallery.md``: every registered partition scheme with its docstring, its options
+    and its heatmap. A scheme without a heatmap (and not in :data:`NO_HEATMAP`) fails the build:
+    run ``python tools/partition_gallery.py`` after adding one."""
+    from pflower.blocks import blocks
+
+    schemes = blocks("partition")
+    missing = [
+        name
+        for name in sorted(schemes)
+        if name not in NO_HEATMAP and not (ROOT / "docs" / GALLERY / f"{name}.png").is_file()
+    ]
+    if missing:
+        raise RuntimeError(
+            f"partition schemes without a heatmap in docs/{GALLERY}: {', '.join(missing)}; "
+            "run `python tools/partition_gallery.py`"
+        )
+    parts = [
+        "# Partition gallery\n",
+        "*Generated from `pflower.blocks.partitions` (each scheme's docstring and options) when "
+        "the site is built; the heatmaps are drawn by `python tools/partition_gallery.py`: every "
+        "scheme with its default options, 10 clients and seed 0 on MNIST's training labels (the "
+        "same call as a run's partition step). Rows are clients, columns classes, colour and "
+        "numbers each client's training samples. [Partitions](partitions.md) explains the "
+        "splits and the command that draws the same figure for any configuration: "
+        "`pflower partition dataset=mnist partition=<scheme> num_clients=10`.*\n",
+    ]
+    for name in sorted(schemes):
+        block = schemes[name]
+        parts.append(f"\n## `partition={name}`\n")
+        summary = (inspect.getdoc(block) or "").split("\nAttributes:")[0]
+        parts.append(rst_to_markdown(summary))
+        if options_rows(block, "partition"):
+            parts.append("\n" + options_table(block, "partition"))
+        if name in NO_HEATMAP:
+            parts.append(f"\nNo heatmap: {NO_HEATMAP[name]}\n")
+        else:
+            parts.append(f"\n![partition={name} of MNIST](../{GALLERY.as_posix()}/{name}.png)\n")
+    return {"datasets/gallery.md": ("Partition gallery", "\n".join(parts))}
 
 
 API_PACKAGES = (
@@ -433,6 +484,7 @@ def on_config(config: Any) -> Any:
     _GENERATED.clear()
     _GENERATED.update(algorithm_pages())
     _GENERATED.update(api_pages(ALGORITHM_MODULES))
+    _GENERATED.update(partition_gallery())
     _GENERATED.update(copied_pages())
     config["nav"] = _expand(config["nav"], Path(config["docs_dir"]))
     return config

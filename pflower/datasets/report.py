@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import textwrap
 from pathlib import Path
 from typing import Literal
 
@@ -79,22 +80,44 @@ def render_partition_table(federation: Federation) -> Table:
     return table
 
 
-def save_heatmap(federation: Federation, path: str | Path, share: Share = "train") -> Path:
-    """Write a PNG heatmap of ``clients x classes`` counts of ``share`` to ``path``."""
+def save_heatmap(
+    federation: Federation, path: str | Path, share: Share = "train", title: str | None = None
+) -> Path:
+    """Write a PNG heatmap of ``clients x classes`` counts of ``share`` to ``path``.
+
+    ``title`` names what was partitioned (default: the dataset's name).
+    """
+    subject = title or federation.dataset.name
+    return plot_counts(
+        class_histogram(federation, share),
+        path,
+        title=f"{subject}: {share} samples per client and class",
+        colour_label=f"{share} samples",
+    )
+
+
+def plot_counts(
+    counts: np.ndarray,
+    path: str | Path,
+    title: str,
+    colour_label: str = "samples",
+    column_label: str = "class",
+) -> Path:
+    """Write ``counts`` (``clients x columns``) as a PNG heatmap, with the counts written in the
+    cells when the grid is small enough to read them; rows are clients."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    counts = class_histogram(federation, share)
-    clients, classes = counts.shape
-    figure = Figure(figsize=(min(2.0 + 0.5 * classes, 30.0), min(1.5 + 0.3 * clients, 30.0)))
+    clients, columns = counts.shape
+    figure = Figure(figsize=(min(3.0 + 0.5 * columns, 14.0), min(1.8 + 0.3 * clients, 30.0)))
     axes = figure.add_subplot()
-    image = axes.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest")
-    figure.colorbar(image, ax=axes, label=f"{share} samples")
-    axes.set_xlabel("class")
+    image = axes.imshow(counts, aspect="auto", cmap="Blues", interpolation="nearest", vmin=0)
+    figure.colorbar(image, ax=axes, label=colour_label)
+    axes.set_xlabel(column_label)
     axes.set_ylabel("client")
-    axes.set_title(f"{federation.dataset.name}: {share} samples per client and class")
-    axes.set_xticks(range(classes) if classes <= 50 else [])
+    axes.set_title("\n".join(textwrap.wrap(title, 70)), fontsize=9)
+    axes.set_xticks(range(columns) if columns <= 50 else [])
     axes.set_yticks(range(clients) if clients <= 50 else [])
-    if clients * classes <= _MAX_ANNOTATED_CELLS:
+    if clients * columns <= _MAX_ANNOTATED_CELLS:
         threshold = counts.max() / 2 if counts.size else 0
         for (row, col), count in np.ndenumerate(counts):
             if count:
@@ -106,18 +129,22 @@ def save_heatmap(federation: Federation, path: str | Path, share: Share = "train
 
 
 def report_partition(
-    federation: Federation, out_dir: str | Path, console: Console | None = None
+    federation: Federation,
+    out_dir: str | Path,
+    console: Console | None = None,
+    title: str | None = None,
 ) -> Path:
     """Print the table; write the heatmap, the histogram CSV and a JSON summary to ``out_dir``.
 
     Returns ``out_dir``, which then holds :data:`HEATMAP_FILE`, :data:`HISTOGRAM_FILE` (rows
     ``client, share, total, class_0 ...`` for the train, test and, if any, val shares) and
-    :data:`SUMMARY_FILE` (sizes, histograms, global test size, noise std).
+    :data:`SUMMARY_FILE` (sizes, histograms, global test size, noise std). ``title`` heads the
+    heatmap (default: the dataset's name).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (console or Console()).print(render_partition_table(federation))
-    save_heatmap(federation, out_dir / HEATMAP_FILE)
+    save_heatmap(federation, out_dir / HEATMAP_FILE, title=title)
     shares: list[Share] = ["train", "test"]
     if any(len(client.val) for client in federation.clients):
         shares.append("val")
