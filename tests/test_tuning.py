@@ -178,14 +178,27 @@ def test_show_prints_the_space_with_its_sources() -> None:
     ).stdout
     assert "strategy.mu" in out and "log-uniform [0.0001, 1]" in out and "FedProx" in out
     assert "train.lr" in out
+    # a named setting shows its own knobs and ranges
+    show = ["--show", "fliu", "--suite", "claims", "--setting", "fliu_path"]
+    out = subprocess.run(
+        [sys.executable, "-m", "pflower", "tune", *show],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "setting fliu_path" in out and "log-uniform [0.0001, 0.01]" in out
+    assert "train.local_epochs" in out
 
 
 def test_suites_cover_every_method_with_new_final_seeds() -> None:
     from pflower.core.algorithm import ALGORITHMS
 
-    for name in ("cpu", "paper"):
+    for name in ("cpu", "paper", "claims"):
         suite = load_suite(name)
-        assert set(suite.methods) == set(ALGORITHMS)
+        if name == "claims":  # the contested claims' methods only
+            assert {"fedavg", "fliu", "local", "fedmpr"} <= set(suite.methods) <= set(ALGORITHMS)
+        else:
+            assert set(suite.methods) == set(ALGORITHMS)
         assert suite.tune_seed not in suite.final_seeds and len(suite.final_seeds) >= 3
         assert suite.budget
         for setting in suite.settings:  # every setting composes with every method

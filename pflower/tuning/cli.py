@@ -2,7 +2,7 @@
 
 ::
 
-    pflower tune --show fedprox [--suite cpu]          # the search space, with its sources
+    pflower tune --show fedprox [--suite cpu [--setting mnist_path]]   # the search space
     pflower tune fedavg fedprox --suite cpu --setting fmnist_dir01 --workers 2
     pflower tune --suite cpu                           # the whole suite (resumes; accumulates)
     pflower tune --suite cpu rounds=3 --trials 2       # overrides (key=value) go to every run
@@ -67,14 +67,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def show(method: str, suite: Suite | None) -> str:
-    """The method's search space as a table: key, range, default, source."""
+def show(method: str, suite: Suite | None, setting: str | None = None) -> str:
+    """The method's search space as a table: key, range, default, source (in ``setting`` of
+    ``suite`` where one is named: its own knobs and ranges)."""
     from pflower.core.algorithm import get_algorithm
 
     options = get_algorithm(method).options
     if suite is not None:
-        space = suite.space_for(method)
-        title = f"search space of {method} in suite {suite.name} ({suite.trials} trials)"
+        chosen = None if setting is None else suite.setting(setting)
+        space = suite.space_for(method, chosen)
+        where = f"suite {suite.name}" + ("" if setting is None else f", setting {setting}")
+        title = f"search space of {method} in {where} ({suite.trials} trials)"
     else:
         space = {**declared_space(TrainConfig, "train"), **declared_space(options, "strategy")}
         title = f"search space of {method} (shared train knobs: the suite picks which are tuned)"
@@ -175,7 +178,9 @@ def main(argv: Sequence[str]) -> int:
             return 0
         if args.show is not None:
             explicit = any(a == "--suite" or a.startswith("--suite=") for a in argv)
-            print(show(args.show, load_suite(args.suite) if explicit else None))
+            suite = load_suite(args.suite) if explicit else None
+            for name in (args.setting or [None]) if suite is not None else [None]:
+                print(show(args.show, suite, name))
             return 0
         suite = load_suite(args.suite)
         methods = [i for i in args.items if "=" not in i] or list(suite.methods)
