@@ -25,6 +25,7 @@ import yaml
 import pflower.core.experiment as experiment_module
 from pflower.compose import compose_config
 from pflower.datasets.base import ImageSplit
+from pflower.registry import ConfigError
 from pflower.reporting.leaderboard import load_setting, render, significantly_better
 from pflower.tuning import runner as trial_runner
 from pflower.tuning import search
@@ -201,16 +202,71 @@ def test_suites_cover_every_method_with_new_final_seeds() -> None:
             assert set(suite.methods) == set(ALGORITHMS)
         assert suite.tune_seed not in suite.final_seeds and len(suite.final_seeds) >= 3
         assert suite.budget
-        for setting in suite.settings:  # every setting composes with every method
-            compose_config(
-                [
-                    *setting.overrides,
-                    "strategy=fedavg",
-                    "split.val_fraction=0.2",
-                    "split.evaluate_on=val",
-                ],
-                check_scheme=False,
-            )
+        methods = ["fedavg"] if name == "claims" else suite.methods
+        for setting in suite.settings:  # every setting composes with every method (cpu, paper)
+            for method in methods:
+                compose_config(
+                    [
+                        *setting.overrides_for(method),
+                        f"strategy={method}",
+                        "split.val_fraction=0.2",
+                        "split.evaluate_on=val",
+                    ],
+                    check_scheme=False,
+                )
+
+
+PER_METHOD = """\
+name: adam
+trials: 1
+final_seeds: [1]
+methods: [fedavg, scaffold, feddc]
+settings:
+  - name: digits_adam
+    overrides: [dataset=digits, num_clients=4, rounds=2, train.optimizer=adam]
+    space: {train.lr: {low: 1.0e-4, high: 1.0e-2}}
+    per_method:
+      scaffold:
+        overrides: [train.optimizer=sgd]
+        space: {train.lr: {low: 1.0e-3, high: 0.3}}
+        reason: control variates assume SGD
+"""
+
+
+def test_per_method_changes_reach_every_run_and_refusals_are_reported(tmp_path: Path) -> None:
+    from pflower.tuning.cli import run_suite
+    from pflower.tuning.search import final_overrides
+
+    path = tmp_path / "adam.yaml"
+    path.write_text(PER_METHOD)
+    suite = load_suite(str(path))
+    setting = suite.settings[0]
+    # SCAFFOLD's runs get SGD after the setting's Adam, and SGD's lr range
+    trial = trial_overrides(suite, setting, "scaffold", {"train.lr": 0.05})
+    assert trial.index("train.optimizer=sgd") > trial.index("train.optimizer=adam")
+    final = final_overrides(suite, setting, "scaffold", ["strategy=scaffold"], 1)
+    assert final.index("train.optimizer=sgd") > final.index("train.optimizer=adam")
+    assert suite.space_for("scaffold", setting)["train.lr"].describe() == "log-uniform [0.001, 0.3]"
+    assert "train.optimizer=sgd" not in trial_overrides(suite, setting, "fedavg", {})
+    assert suite.space_for("fedavg", setting)["train.lr"].low == 1.0e-4
+    # FedDC, which the setting refuses and no per_method entry changes, is reported, not run
+    calls: list[list[str]] = []
+    out = tmp_path / "out"
+    run_suite(suite, ["feddc"], [setting], out, 1, True, None, lambda c, *a, **k: calls.append(c))
+    assert not calls
+    refusal = (out / "digits_adam" / "refused" / "feddc.txt").read_text()
+    assert "train.optimizer=adam" in refusal
+    _fake_run(out / "digits_adam" / "final" / "fedavg" / "seed_1", 0.9, 0.9)
+    text, _ = render(out)
+    assert "- scaffold: `train.optimizer=sgd`: control variates assume SGD" in text
+    assert "Methods this setting refuses (not run):" in text and "- feddc: " in text
+    # a change needs its reason, and only the suite's methods can be changed
+    path.write_text(PER_METHOD.replace("        reason: control variates assume SGD\n", ""))
+    with pytest.raises(ConfigError, match="say why"):
+        load_suite(str(path))
+    path.write_text(PER_METHOD.replace("methods: [fedavg, scaffold, feddc]", "methods: [fedavg]"))
+    with pytest.raises(ConfigError, match=r"changes methods \['scaffold'\]"):
+        load_suite(str(path))
 
 
 # ---------------------------------------------------------------------------- leaderboard

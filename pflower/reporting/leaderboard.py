@@ -238,6 +238,25 @@ def _commands(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
+def _exceptions(setting_dir: Path, changes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The methods whose runs differ from the setting's configuration (with the overrides and
+    the reason), and those the setting refuses (with the refusal)."""
+    lines = []
+    if changes:
+        lines += ["Methods run with changes to the setting (the suite's `per_method`):", ""]
+        lines += [
+            f"- {method}: `{' '.join(change.get('overrides', []))}`: {change.get('reason', '')}"
+            for method, change in sorted(changes.items())
+        ]
+        lines.append("")
+    refused = sorted((setting_dir / "refused").glob("*.txt"))
+    if refused:
+        lines += ["Methods this setting refuses (not run):", ""]
+        lines += [f"- {path.stem}: {path.read_text().strip()}" for path in refused]
+        lines.append("")
+    return lines
+
+
 def render(root: Path) -> tuple[str, list[list[str]]]:
     """The leaderboard page (markdown) and its CSV rows."""
     suite = (
@@ -269,6 +288,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             lines += [f"Setting: `{' '.join(overrides)}`", ""]
         rows = table(entries)
         lines += [*_markdown_table(rows), ""]
+        lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         csv_rows += [["setting", *rows[0]]] if not csv_rows else []
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:

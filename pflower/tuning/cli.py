@@ -123,7 +123,7 @@ def machine() -> str:
 def _rounds(setting: Setting, method: str) -> int:
     from pflower.compose import compose_config
 
-    cfg = compose_config([*setting.overrides, f"strategy={method}"], check_scheme=False)
+    cfg = compose_config([*setting.overrides_for(method), f"strategy={method}"], check_scheme=False)
     return int(cfg.rounds)
 
 
@@ -141,6 +141,7 @@ def run_suite(
     from pflower.tuning.search import Layout, final_runs, tune, write_chosen
 
     layout = Layout(out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "suite.yaml").write_text(
         yaml.safe_dump(
             {
@@ -153,6 +154,14 @@ def run_suite(
                 "val_fraction": suite.val_fraction,
                 "train_knobs": list(suite.train_knobs),
                 "settings": {s.name: list(s.overrides) for s in suite.settings},
+                "per_method": {
+                    s.name: {
+                        m: {"overrides": list(c.overrides), "reason": c.reason}
+                        for m, c in s.per_method.items()
+                    }
+                    for s in suite.settings
+                    if s.per_method
+                },
                 "methods": list(suite.methods),
             },
             sort_keys=False,
@@ -160,7 +169,15 @@ def run_suite(
     )
     for setting in settings:
         for method in methods:
-            rounds = _rounds(setting, method)
+            try:
+                rounds = _rounds(setting, method)
+            except ConfigError as error:  # the setting refuses the method: say so, go on
+                refusal = layout.refusal_file(setting.name, method)
+                refusal.parent.mkdir(parents=True, exist_ok=True)
+                refusal.write_text(f"{error}\n")
+                print(f"[{setting.name}] {method} cannot run here: {error}")
+                continue
+            layout.refusal_file(setting.name, method).unlink(missing_ok=True)
             print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
             study = tune(suite, setting, method, layout, rounds, workers, timeout_s, print, runner)
             chosen = write_chosen(study, suite, setting, method, layout)

@@ -75,6 +75,10 @@ class Layout:
     def final_dir(self, setting: str, method: str, seed: int) -> Path:
         return self.setting_dir(setting) / "final" / method / f"seed_{seed}"
 
+    def refusal_file(self, setting: str, method: str) -> Path:
+        """Why the setting's configuration refuses ``method`` (written instead of tuning it)."""
+        return self.setting_dir(setting) / "refused" / f"{method}.txt"
+
     def lock_file(self, setting: str) -> Path:
         return self.setting_dir(setting) / ".study.lock"
 
@@ -96,9 +100,10 @@ def run_command(overrides: Sequence[str], run_dir: Path) -> list[str]:
 def trial_overrides(
     suite: Suite, setting: Setting, method: str, values: Mapping[str, Any]
 ) -> list[str]:
-    """A tuning run: the setting, the method, the tuning seed, validation only, the values."""
+    """A tuning run: the setting (with the method's own changes), the method, the tuning seed,
+    validation only, the values."""
     return [
-        *setting.overrides,
+        *setting.overrides_for(method),
         f"strategy={method}",
         f"seed={suite.tune_seed}",
         f"split.val_fraction={suite.val_fraction}",
@@ -107,11 +112,14 @@ def trial_overrides(
     ]
 
 
-def final_overrides(suite: Suite, setting: Setting, chosen: Sequence[str], seed: int) -> list[str]:
-    """A final run: the setting, the chosen values, a new seed, scored on test. The validation
-    share is still carved out, so the clients train on exactly the data they were tuned on."""
+def final_overrides(
+    suite: Suite, setting: Setting, method: str, chosen: Sequence[str], seed: int
+) -> list[str]:
+    """A final run: the setting (with the method's own changes), the chosen values, a new seed,
+    scored on test. The validation share is still carved out, so the clients train on exactly
+    the data they were tuned on."""
     return [
-        *setting.overrides,
+        *setting.overrides_for(method),
         *chosen,
         f"seed={seed}",
         f"split.val_fraction={suite.val_fraction}",
@@ -429,7 +437,9 @@ def final_runs(
 
     def run(item: tuple[int, Path]) -> Path:
         seed, run_dir = item
-        command = run_command(final_overrides(suite, setting, chosen["overrides"], seed), run_dir)
+        command = run_command(
+            final_overrides(suite, setting, method, chosen["overrides"], seed), run_dir
+        )
         try:
             summary = execute(command, run_dir, timeout_s=timeout_s)
             acc = summary["final"]["L1"]["acc_local"]["mean"]

@@ -17,9 +17,18 @@ A suite file (``conf/suite/cpu.yaml``, or any path) holds::
         overrides: [+experiment=diversifed_table2_cpu, rounds=50]
         space: {train.lr: {low: 1e-4, high: 1e-2}}   # per setting (optional)
         train_knobs: [lr]                              # per setting (optional)
+        per_method:                                    # (optional) where a method cannot run
+          scaffold:                                    # the setting as it is
+            overrides: [train.optimizer=sgd]
+            space: {train.lr: {low: 1e-3, high: 0.3}}
+            reason: "SCAFFOLD's control variates assume SGD"
 
 Every run of a setting is ``pflower <overrides> strategy=<method> ...``: composed from the same
-``conf/`` tree as any other run.
+``conf/`` tree as any other run. ``per_method`` adds overrides (and narrower or other ranges) for a
+method that the setting's configuration refuses, for example SGD for SCAFFOLD in a setting that
+trains with Adam; the leaderboard prints each such change with its reason, so a reader sees which
+methods did not run exactly the setting's configuration. A method the setting refuses without a
+``per_method`` entry is reported as not run, with the refusal.
 """
 
 from __future__ import annotations
@@ -47,6 +56,22 @@ class Setting:
     space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     train_knobs: tuple[str, ...] | None = None
     """The shared ``train.*`` knobs tuned here (None: the suite's)."""
+    per_method: Mapping[str, MethodChange] = field(default_factory=dict)
+    """Changes for single methods (see the module docstring)."""
+
+    def overrides_for(self, method: str) -> tuple[str, ...]:
+        """The overrides of ``method``'s runs here: the setting's, then its own changes."""
+        change = self.per_method.get(method)
+        return self.overrides if change is None else (*self.overrides, *change.overrides)
+
+
+@dataclass(frozen=True)
+class MethodChange:
+    """How one method's runs differ from the setting's configuration, and why."""
+
+    overrides: tuple[str, ...] = ()
+    space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -84,7 +109,12 @@ class Suite:
         )
         space = {f"train.{knob}": shared[f"train.{knob}"] for knob in knobs}
         space.update(declared_space(get_algorithm(method).options, "strategy"))
-        for changes in (self.space, setting.space if setting else {}):
+        change = setting.per_method.get(method) if setting else None
+        for changes in (
+            self.space,
+            setting.space if setting else {},
+            change.space if change else {},
+        ):
             for key, change in changes.items():
                 if key in space:
                     space[key] = space[key].with_bounds(change)
@@ -109,6 +139,18 @@ def resolve_suite_path(name_or_path: str) -> Path:
     raise ConfigError(f"no suite {name_or_path!r}: give a YAML path or one of {', '.join(known)}")
 
 
+def _method_change(where: str, data: Any) -> MethodChange:
+    if not isinstance(data, Mapping) or set(data) - {"overrides", "space", "reason"}:
+        raise ConfigError(f"{where}: expected a mapping of overrides, space and reason")
+    if not data.get("reason"):
+        raise ConfigError(f"{where}: say why this method's runs differ (reason: ...)")
+    return MethodChange(
+        tuple(str(o) for o in _tuple(data.get("overrides", []), "overrides")),
+        dict(data.get("space") or {}),
+        str(data["reason"]),
+    )
+
+
 def load_suite(name_or_path: str) -> Suite:
     """Read and check a suite file (unknown keys, methods or shared knobs fail with the fix)."""
     path = resolve_suite_path(name_or_path)
@@ -123,6 +165,10 @@ def load_suite(name_or_path: str) -> Suite:
             tuple(str(o) for o in _tuple(s.get("overrides", []), "overrides")),
             dict(s.get("space") or {}),
             None if s.get("train_knobs") is None else tuple(s["train_knobs"]),
+            {
+                str(method): _method_change(f"{path}: {s['name']}.per_method.{method}", change)
+                for method, change in (s.get("per_method") or {}).items()
+            },
         )
         for s in data.get("settings", [])
     )
@@ -151,6 +197,13 @@ def check_suite(suite: Suite) -> None:
     unknown = sorted(set(suite.methods) - set(ALGORITHMS))
     if unknown:
         raise ConfigError(f"suite {suite.name}: unknown methods {unknown}")
+    for setting in suite.settings:
+        strays = sorted(set(setting.per_method) - set(suite.methods))
+        if strays:
+            raise ConfigError(
+                f"suite {suite.name}: setting {setting.name} changes methods {strays} that the "
+                "suite does not list"
+            )
     shared = declared_space(TrainConfig, "train")
     knobs = [*suite.train_knobs, *(k for s in suite.settings for k in s.train_knobs or ())]
     bad = sorted({k for k in knobs if f"train.{k}" not in shared})
