@@ -100,7 +100,8 @@ class Suite:
 
     def space_for(self, method: str, setting: Setting | None = None) -> dict[str, Param]:
         """The search space of ``method`` here: the suite's shared ``train.*`` knobs, then the
-        method's own declared options, with the suite's and the setting's narrower ranges."""
+        method's own declared options, with the suite's, the setting's and the setting's
+        ``per_method`` ranges."""
         shared = declared_space(TrainConfig, "train")
         knobs = (
             self.train_knobs
@@ -109,12 +110,8 @@ class Suite:
         )
         space = {f"train.{knob}": shared[f"train.{knob}"] for knob in knobs}
         space.update(declared_space(get_algorithm(method).options, "strategy"))
-        change = setting.per_method.get(method) if setting else None
-        for changes in (
-            self.space,
-            setting.space if setting else {},
-            change.space if change else {},
-        ):
+        own = setting.per_method.get(method) if setting else None
+        for changes in (self.space, setting.space if setting else {}, own.space if own else {}):
             for key, change in changes.items():
                 if key in space:
                     space[key] = space[key].with_bounds(change)
