@@ -326,6 +326,8 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert "mu=0.01, lr=0.05" in text and "3 (2 complete, 1 pruned)" in text
     assert "pflower tune --suite tiny" in text and "abc123" in text and "box" in text
     assert rows[0][0] == "setting" and len(rows) == 4
+    assert "![digits: final accuracy by method](leaderboard_digits.png)" in text
+    assert (root / "leaderboard_digits.png").stat().st_size > 0
     assert significantly_better([0.9, 0.9], [0.8, 0.8])
     assert not significantly_better([0.9], [0.8, 0.81])
 

@@ -13,7 +13,9 @@ panels:
 - robustness (one figure for the whole report, when some attack runs at two or more fractions,
   the attack-free run counting as fraction 0): the benign clients' final-round Acc(L) against the
   share of malicious clients, one panel per attack and partition, one line per method (with its
-  robust aggregator) and model type.
+  robust aggregator) and model type;
+- a tuned leaderboard's setting (:func:`leaderboard`, drawn by ``pflower report --leaderboard``):
+  every method's final accuracy, its seeds and the methods that share rank 1.
 """
 
 from __future__ import annotations
@@ -232,3 +234,44 @@ def _save(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
     return path
+
+
+def leaderboard(
+    rows: Sequence[tuple[str, Sequence[float], int]], path: Path, title: str = ""
+) -> Path:
+    """A tuned setting at a glance: per method (``label, final accuracies over seeds, rank``),
+    best mean on top, its seeds as dots and its mean ± std (ddof=1) over seeds as a bar; methods
+    that share rank 1 (no method beats them beyond the seeds' noise) in colour."""
+    ordered = sorted(rows, key=lambda row: -float(np.mean(row[1])))
+    fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.28 * len(ordered)))
+    for y, (_, values, rank) in enumerate(ordered):
+        percent = 100 * np.asarray(values, dtype=float)
+        first = rank == 1
+        color = "tab:blue" if first else "tab:gray"
+        std = float(percent.std(ddof=1)) if len(percent) > 1 else 0.0
+        ax.errorbar(
+            percent.mean(),
+            y,
+            xerr=std,
+            fmt="o" if first else "s",
+            color=color,
+            capsize=3,
+            markersize=6,
+            label="rank 1: no method better beyond the seeds' noise" if first else "ranked below",
+        )
+        ax.scatter(
+            percent,
+            [y] * len(percent),
+            s=10,
+            color="black",
+            alpha=0.5,
+            zorder=3,
+            label="one final seed",
+        )
+    ax.set_yticks(range(len(ordered)), [row[0] for row in ordered], fontsize=8)
+    ax.invert_yaxis()
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_xlabel("final-round L1 Acc(L), % (clients' own test shares; mean ± std over seeds)")
+    _legend_outside(fig, [ax])
+    _title(fig, "every method tuned on validation with the same budget", title)
+    return _save(fig, path)

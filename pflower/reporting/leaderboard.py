@@ -18,7 +18,9 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
 
 The page records the code fingerprint(s) of the final runs and of the code rendering it, the
 date, the machine(s) and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is
-written to ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``.
+written to ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``, with one figure per setting
+(``<root>/leaderboard_<setting>.png``: every method's final accuracy, its seeds and the methods
+that share rank 1; :func:`pflower.reporting.figures.leaderboard`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from scipy import stats
 
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
+from pflower.reporting import figures
 
 ALPHA = 0.05
 """Significance level of the Welch t-tests that separate ranks."""
@@ -287,6 +290,12 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         if overrides:
             lines += [f"Setting: `{' '.join(overrides)}`", ""]
         rows = table(entries)
+        figure = figures.leaderboard(
+            [(e.label, e.final, e.rank) for e in entries],
+            root / f"leaderboard_{setting_dir.name}.png",
+            f"{name} / {setting_dir.name}",
+        )
+        lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         csv_rows += [["setting", *rows[0]]] if not csv_rows else []
