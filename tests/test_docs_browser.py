@@ -116,6 +116,17 @@ def test_algorithm_page_renders_its_options_table(site: tuple[str, Path]) -> Non
     assert "<code>strategy.gamma</code>" in dom and "<th>allowed</th>" in dom
 
 
+def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, Path]) -> None:
+    from pflower.blocks import blocks
+
+    url, out = site
+    dom = _open(url + "/datasets/gallery/", out, "partition_gallery.png")
+    assert "<title>Partition gallery - pflower</title>" in dom
+    for name in set(blocks("partition")) - {"from_file"}:
+        assert f'src="../../images/partitions/{name}.png"' in dom, name
+    assert (out / "site" / "images" / "partitions" / "lsqs.png").is_file()
+
+
 def test_search_finds_a_page(site: tuple[str, Path]) -> None:
     websockets_sync = pytest.importorskip("websockets.sync.client")
     url, out = site

@@ -334,7 +334,8 @@ def partition_gallery() -> dict[str, tuple[str, str]]:
         "# Partition gallery\n",
         "*Generated from `pflower.blocks.partitions` (each scheme's docstring and options) when "
         "the site is built; the heatmaps are drawn by `python tools/partition_gallery.py`: every "
-        "scheme with its default options, 10 clients and seed 0 on MNIST's training labels (the "
+        "scheme with its default options, 10 clients (3 for `attribute_groups`) and seed 0 on "
+        "MNIST's training labels (the "
         "same call as a run's partition step). Rows are clients, columns classes, colour and "
         "numbers each client's training samples. [Partitions](partitions.md) explains the "
         "splits and the command that draws the same figure for any configuration: "
@@ -476,7 +477,7 @@ def _glob(prefix: str, docs_dir: Path) -> list[Any]:
         if uri.endswith("/index.md"):
             continue
         match = re.search(r"^# (.+)$", path.read_text(), flags=re.M)
-        entries[uri] = match.group(1).strip() if match else path.stem
+        entries[uri] = match.group(1).strip().replace("`", "") if match else path.stem
     return [{title: uri} for uri, title in sorted(entries.items(), key=lambda kv: kv[1].lower())]
 
 
