@@ -260,6 +260,7 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(tmp_path: 
     text, _ = render(out)
     assert "- scaffold: `train.optimizer=sgd`: control variates assume SGD" in text
     assert "Methods this setting refuses (not run):" in text and "- feddc: " in text
+    assert "1 of 3 methods have final runs; not yet: scaffold." in text
     # a change needs its reason, and only the suite's methods can be changed
     path.write_text(PER_METHOD.replace("        reason: control variates assume SGD\n", ""))
     with pytest.raises(ConfigError, match="say why"):

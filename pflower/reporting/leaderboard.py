@@ -16,6 +16,9 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   (array megabytes down and up per training client, from the ``bytes_down``/``bytes_up`` of the
   stage-L2 rows).
 
+Under each setting's table: the methods run with the suite's ``per_method`` changes (with the
+overrides and the reason), those the setting refuses, and those with no final runs yet.
+
 The page records the code fingerprint(s) of the final runs and of the code rendering it, the
 date, the machine(s) and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is
 written to ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``, with one figure per setting
@@ -260,6 +263,21 @@ def _exceptions(setting_dir: Path, changes: Mapping[str, Mapping[str, Any]]) -> 
     return lines
 
 
+def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]) -> list[str]:
+    """The suite's methods with no completed final run here yet (nor refused): how far the
+    setting is, since a suite completes over several invocations."""
+    done = {e.method for e in entries} | {p.stem for p in (setting_dir / "refused").glob("*.txt")}
+    pending = [m for m in methods if m not in done]
+    if not pending:
+        return []
+    tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
+    shown = [f"{m} (tuned, final runs pending)" if m in tuned else m for m in pending]
+    return [
+        f"{len(entries)} of {len(methods)} methods have final runs; not yet: {', '.join(shown)}.",
+        "",
+    ]
+
+
 def render(root: Path) -> tuple[str, list[list[str]]]:
     """The leaderboard page (markdown) and its CSV rows."""
     suite = (
@@ -298,6 +316,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
+        lines += _pending(setting_dir, suite.get("methods") or [], entries)
         csv_rows += [["setting", *rows[0]]] if not csv_rows else []
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:
