@@ -91,8 +91,9 @@ class Param:
     def with_bounds(self, changes: Mapping[str, Any]) -> Param:
         """This range with some attributes replaced (a suite narrowing a shared knob)."""
         values = dict(changes)
-        if "choices" in values:
+        if "choices" in values:  # a list replaces a range: the parameter becomes a choice
             values["choices"] = tuple(values["choices"])
+            values["kind"] = "choice"
         return dataclasses.replace(self, **values)
 
     def describe(self) -> str:

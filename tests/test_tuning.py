@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -188,7 +189,7 @@ def test_show_prints_the_space_with_its_sources() -> None:
         check=True,
     ).stdout
     assert "setting fliu_path" in out and "log-uniform [0.0001, 0.01]" in out
-    assert "train.local_epochs" in out
+    assert re.search(r"train\.local_epochs\s+one of 1, 2, 5", out)
 
 
 def test_suites_cover_every_method_with_new_final_seeds() -> None:
@@ -202,9 +203,8 @@ def test_suites_cover_every_method_with_new_final_seeds() -> None:
             assert set(suite.methods) == set(ALGORITHMS)
         assert suite.tune_seed not in suite.final_seeds and len(suite.final_seeds) >= 3
         assert suite.budget
-        methods = ["fedavg"] if name == "claims" else suite.methods
-        for setting in suite.settings:  # every setting composes with every method (cpu, paper)
-            for method in methods:
+        for setting in suite.settings:  # every setting composes with each of its methods
+            for method in suite.methods_of(setting):
                 compose_config(
                     [
                         *setting.overrides_for(method),
@@ -233,25 +233,43 @@ settings:
 """
 
 
-def test_per_method_changes_reach_every_run_and_refusals_are_reported(tmp_path: Path) -> None:
-    from pflower.tuning.cli import run_suite
-    from pflower.tuning.search import final_overrides
+def test_per_method_changes_reach_every_run_and_refusals_are_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import optuna
+
+    from pflower.tuning import cli
+    from pflower.tuning.search import final_overrides, write_chosen
 
     path = tmp_path / "adam.yaml"
     path.write_text(PER_METHOD)
     suite = load_suite(str(path))
-    setting = suite.settings[0]
-    # SCAFFOLD's runs get SGD after the setting's Adam, and SGD's lr range
+    setting = dataclasses.replace(suite.settings[0], extra=("rounds=3",))
+    # SCAFFOLD's runs get SGD after the setting's Adam, SGD's lr range, the command line last
     trial = trial_overrides(suite, setting, "scaffold", {"train.lr": 0.05})
     assert trial.index("train.optimizer=sgd") > trial.index("train.optimizer=adam")
-    final = final_overrides(suite, setting, "scaffold", ["strategy=scaffold"], 1)
-    assert final.index("train.optimizer=sgd") > final.index("train.optimizer=adam")
+    assert trial[-1] == "rounds=3" and "train.lr=0.05" in trial
     assert suite.space_for("scaffold", setting)["train.lr"].describe() == "log-uniform [0.001, 0.3]"
     assert "train.optimizer=sgd" not in trial_overrides(suite, setting, "fedavg", {})
     assert suite.space_for("fedavg", setting)["train.lr"].low == 1.0e-4
+    # the chosen file carries the change (with its reason), so it reproduces the runs
+    study = optuna.create_study(direction="maximize")
+    lr = optuna.distributions.FloatDistribution(1e-3, 0.3, log=True)
+    study.add_trial(
+        optuna.trial.create_trial(
+            params={"train.lr": 0.02}, distributions={"train.lr": lr}, value=0.7
+        )
+    )
+    chosen = write_chosen(study, suite, setting, "scaffold", Layout(tmp_path / "chosen"))
+    assert chosen["overrides"] == ["train.optimizer=sgd", "strategy=scaffold", "train.lr=0.02"]
+    assert chosen["reason"] == "control variates assume SGD"
+    final = final_overrides(suite, setting, chosen["overrides"], 1)
+    assert final.index("train.optimizer=sgd") > final.index("train.optimizer=adam")
+    assert final[-1] == "rounds=3" and "split.evaluate_on=test" in final
     # FedDC, which the setting refuses and no per_method entry changes, is reported, not run
     calls: list[list[str]] = []
     out = tmp_path / "out"
+    run_suite = cli.run_suite
     run_suite(suite, ["feddc"], [setting], out, 1, True, None, lambda c, *a, **k: calls.append(c))
     assert not calls
     refusal = (out / "digits_adam" / "refused" / "feddc.txt").read_text()
@@ -261,13 +279,49 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(tmp_path: 
     assert "- scaffold: `train.optimizer=sgd`: control variates assume SGD" in text
     assert "Methods this setting refuses (not run):" in text and "- feddc: " in text
     assert "1 of 3 methods have final runs; not yet: scaffold." in text
-    # a change needs its reason, and only the suite's methods can be changed
+    # a typo in the setting is an error, not a refusal of every method
+    typo = dataclasses.replace(setting, extra=("rounds=three",))
+    with pytest.raises(ConfigError, match="rounds"):
+        run_suite(suite, ["fedavg"], [typo], tmp_path / "typo", 1, True, None, None)
+    assert not (tmp_path / "typo" / "digits_adam" / "refused").exists()
+    # `pflower tune <some methods>` on a suite with per_method entries for others runs them
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(cli, "run_suite", lambda *a: seen.update(methods=a[1], settings=a[2]))
+    assert cli.main(["fedavg", "--suite", str(path), "rounds=3", "--out", str(tmp_path / "o")]) == 0
+    assert seen["methods"] == ["fedavg"]
+    assert [s.extra for s in seen["settings"]] == [("rounds=3",)]  # type: ignore[attr-defined]
+    # a change needs its reason, names the suite's methods and keys its method searches
     path.write_text(PER_METHOD.replace("        reason: control variates assume SGD\n", ""))
     with pytest.raises(ConfigError, match="say why"):
         load_suite(str(path))
     path.write_text(PER_METHOD.replace("methods: [fedavg, scaffold, feddc]", "methods: [fedavg]"))
     with pytest.raises(ConfigError, match=r"changes methods \['scaffold'\]"):
         load_suite(str(path))
+    path.write_text(
+        PER_METHOD.replace("space: {train.lr: {low: 1.0e-3", "space: {train.lrr: {low: 1.0e-3")
+    )
+    with pytest.raises(ConfigError, match=r"per_method.scaffold.space names \['train.lrr'\]"):
+        load_suite(str(path))
+
+
+def test_a_study_resumes_only_the_search_it_started(tmp_path: Path) -> None:
+    from pflower.searchspace import Param
+    from pflower.tuning.search import check_study_space, search_record
+
+    suite = load_suite(_suite_file(tmp_path))
+    setting = suite.settings[0]
+    layout = Layout(tmp_path / "out")
+    space = suite.space_for("fedprox", setting)
+    record = search_record(space, setting, "fedprox")
+    check_study_space(open_study(layout, setting.name, "fedprox", 0, False), record, "digits")
+    again = open_study(layout, setting.name, "fedprox", 0, False)
+    check_study_space(again, record, "digits")  # the same search resumes
+    narrower = {**space, "train.lr": space["train.lr"].with_bounds({"high": 0.1})}
+    with pytest.raises(ConfigError, match="delete the study"):
+        check_study_space(again, search_record(narrower, setting, "fedprox"), "digits")
+    # a list of choices replaces a range: the parameter becomes a choice
+    fixed = space["train.lr"].with_bounds({"choices": [0.05]})
+    assert isinstance(fixed, Param) and fixed.describe() == "one of 0.05"
 
 
 # ---------------------------------------------------------------------------- leaderboard

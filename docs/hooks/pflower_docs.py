@@ -336,8 +336,9 @@ def partition_gallery() -> dict[str, tuple[str, str]]:
         "the site is built; the heatmaps are drawn by `python tools/partition_gallery.py`: every "
         "scheme with its default options, 10 clients (3 for `attribute_groups`) and seed 0 on "
         "MNIST's training labels (the "
-        "same call as a run's partition step). Rows are clients, columns classes, colour and "
-        "numbers each client's training samples. [Partitions](partitions.md) explains the "
+        "same call as a run's partition step). Rows are clients, columns classes (made-up group "
+        "ids for `feature_skew` and `attribute_groups`, whose datasets are not here), colour "
+        "and numbers each client's training samples. [Partitions](partitions.md) explains the "
         "splits and the command that draws the same figure for any configuration: "
         "`pflower partition dataset=mnist partition=<scheme> num_clients=10`.*\n",
     ]

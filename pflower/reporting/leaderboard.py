@@ -266,14 +266,15 @@ def _exceptions(setting_dir: Path, changes: Mapping[str, Mapping[str, Any]]) -> 
 def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]) -> list[str]:
     """The suite's methods with no completed final run here yet (nor refused): how far the
     setting is, since a suite completes over several invocations."""
-    done = {e.method for e in entries} | {p.stem for p in (setting_dir / "refused").glob("*.txt")}
-    pending = [m for m in methods if m not in done]
+    finished = {e.method for e in entries} & set(methods)
+    refused = {p.stem for p in (setting_dir / "refused").glob("*.txt")}
+    pending = [m for m in methods if m not in finished | refused]
     if not pending:
         return []
     tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
     shown = [f"{m} (tuned, final runs pending)" if m in tuned else m for m in pending]
     return [
-        f"{len(entries)} of {len(methods)} methods have final runs; not yet: {', '.join(shown)}.",
+        f"{len(finished)} of {len(methods)} methods have final runs; not yet: {', '.join(shown)}.",
         "",
     ]
 
@@ -308,15 +309,17 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         if overrides:
             lines += [f"Setting: `{' '.join(overrides)}`", ""]
         rows = table(entries)
-        figure = figures.leaderboard(
-            [(e.label, e.final, e.rank) for e in entries],
-            root / f"leaderboard_{setting_dir.name}.png",
-            f"{name} / {setting_dir.name}",
-        )
-        lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
+        if entries:
+            figure = figures.leaderboard(
+                [(e.label, e.final, e.rank) for e in entries],
+                root / f"leaderboard_{setting_dir.name}.png",
+                f"{name} / {setting_dir.name}",
+            )
+            lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
-        lines += _pending(setting_dir, suite.get("methods") or [], entries)
+        compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
+        lines += _pending(setting_dir, compared or suite.get("methods") or [], entries)
         csv_rows += [["setting", *rows[0]]] if not csv_rows else []
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:

@@ -32,10 +32,11 @@ from pathlib import Path
 import yaml
 
 from pflower.config import TrainConfig
+from pflower.core.algorithm import ALGORITHMS
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value
-from pflower.tuning.search import Runner
-from pflower.tuning.suite import Setting, Suite, load_suite
+from pflower.tuning.search import Layout, Runner
+from pflower.tuning.suite import Setting, Suite, check_suite, load_suite
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -121,15 +122,36 @@ def machine() -> str:
 
 
 def _rounds(setting: Setting, method: str) -> int:
+    """The rounds of ``method``'s runs here (composing them: a refused method raises)."""
     from pflower.compose import compose_config
 
-    cfg = compose_config([*setting.overrides_for(method), f"strategy={method}"], check_scheme=False)
-    return int(cfg.rounds)
+    overrides = setting.overrides_for(method, [f"strategy={method}"])
+    return int(compose_config(list(overrides), check_scheme=False).rounds)
+
+
+def _refused(setting: Setting, method: str, layout: Layout) -> str | None:
+    """Why the setting's configuration refuses ``method`` (written to the layout's refusal
+    file), or None. A setting that does not compose at all (a typo), or a method whose
+    ``per_method`` change still fails, is an error, not a refusal."""
+    refusal = layout.refusal_file(setting.name, method)
+    try:
+        _rounds(setting, method)
+    except ConfigError as error:
+        if method in setting.per_method:
+            raise ConfigError(
+                f"setting {setting.name}: {method} with its per_method change fails: {error}"
+            ) from error
+        _rounds(setting, "fedavg")  # the setting itself composes, or this raises
+        refusal.parent.mkdir(parents=True, exist_ok=True)
+        refusal.write_text(f"{error}\n")
+        return str(error)
+    refusal.unlink(missing_ok=True)
+    return None
 
 
 def run_suite(
     suite: Suite,
-    methods: Sequence[str],
+    methods: Sequence[str] | None,
     settings: Sequence[Setting],
     out: Path,
     workers: int,
@@ -137,8 +159,9 @@ def run_suite(
     timeout_s: float | None,
     runner: Runner | None = None,
 ) -> None:
-    """Tune every method on every setting, write the chosen values, run the final seeds."""
-    from pflower.tuning.search import Layout, final_runs, tune, write_chosen
+    """Tune every method (None: each setting's) on every setting, write the chosen values, run
+    the final seeds. ``<out>/suite.yaml`` records the whole suite, whichever settings run."""
+    from pflower.tuning.search import final_runs, tune, write_chosen
 
     layout = Layout(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -154,6 +177,7 @@ def run_suite(
                 "val_fraction": suite.val_fraction,
                 "train_knobs": list(suite.train_knobs),
                 "settings": {s.name: list(s.overrides) for s in suite.settings},
+                "setting_methods": {s.name: list(suite.methods_of(s)) for s in suite.settings},
                 "per_method": {
                     s.name: {
                         m: {"overrides": list(c.overrides), "reason": c.reason}
@@ -168,16 +192,12 @@ def run_suite(
         )
     )
     for setting in settings:
-        for method in methods:
-            try:
-                rounds = _rounds(setting, method)
-            except ConfigError as error:  # the setting refuses the method: say so, go on
-                refusal = layout.refusal_file(setting.name, method)
-                refusal.parent.mkdir(parents=True, exist_ok=True)
-                refusal.write_text(f"{error}\n")
-                print(f"[{setting.name}] {method} cannot run here: {error}")
+        for method in suite.methods_of(setting) if methods is None else methods:
+            refusal = _refused(setting, method, layout)
+            if refusal is not None:  # the setting refuses the method: say so, go on
+                print(f"[{setting.name}] {method} cannot run here: {refusal}")
                 continue
-            layout.refusal_file(setting.name, method).unlink(missing_ok=True)
+            rounds = _rounds(setting, method)
             print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
             study = tune(suite, setting, method, layout, rounds, workers, timeout_s, print, runner)
             chosen = write_chosen(study, suite, setting, method, layout)
@@ -194,25 +214,25 @@ def main(argv: Sequence[str]) -> int:
             print(" ".join(shlex.quote(o) for o in data["overrides"]))
             return 0
         if args.show is not None:
-            explicit = any(a == "--suite" or a.startswith("--suite=") for a in argv)
+            explicit = args.setting or any(a.split("=")[0] == "--suite" for a in argv)
             suite = load_suite(args.suite) if explicit else None
             for name in (args.setting or [None]) if suite is not None else [None]:
                 print(show(args.show, suite, name))
             return 0
         suite = load_suite(args.suite)
-        methods = [i for i in args.items if "=" not in i] or list(suite.methods)
+        methods = [i for i in args.items if "=" not in i] or None
+        unknown = sorted(set(methods or ()) - set(ALGORITHMS))
+        if unknown:
+            raise ConfigError(f"unknown methods {unknown}; known: {', '.join(sorted(ALGORITHMS))}")
         extra = tuple(i for i in args.items if "=" in i)
         if args.trials is not None:
             suite = replace(suite, trials=args.trials)
         if args.final_seeds is not None:
             seeds = tuple(int(s) for s in args.final_seeds.split(","))
             suite = replace(suite, final_seeds=seeds)
+        check_suite(suite)  # again: --trials and --final-seeds may have changed it
         settings = [suite.setting(n) for n in args.setting] if args.setting else suite.settings
-        settings = [replace(s, overrides=(*s.overrides, *extra)) for s in settings]
-        suite = replace(suite, settings=tuple(settings))
-        from pflower.tuning.suite import check_suite
-
-        check_suite(replace(suite, methods=tuple(methods)))
+        settings = [replace(s, extra=extra) for s in settings]
     except ConfigError as error:
         print(f"configuration error: {error}", file=sys.stderr)
         return 2

@@ -36,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from pflower.registry import ConfigError
 from pflower.searchspace import Param, format_value
 from pflower.tuning.runner import (
     HEARTBEAT_S,
@@ -102,28 +103,32 @@ def trial_overrides(
 ) -> list[str]:
     """A tuning run: the setting (with the method's own changes), the method, the tuning seed,
     validation only, the values."""
-    return [
-        *setting.overrides_for(method),
-        f"strategy={method}",
-        f"seed={suite.tune_seed}",
-        f"split.val_fraction={suite.val_fraction}",
-        "split.evaluate_on=val",
-        *(f"{key}={format_value(value)}" for key, value in values.items()),
-    ]
+    return list(
+        setting.overrides_for(
+            method,
+            [
+                f"strategy={method}",
+                f"seed={suite.tune_seed}",
+                f"split.val_fraction={suite.val_fraction}",
+                "split.evaluate_on=val",
+                *(f"{key}={format_value(value)}" for key, value in values.items()),
+            ],
+        )
+    )
 
 
-def final_overrides(
-    suite: Suite, setting: Setting, method: str, chosen: Sequence[str], seed: int
-) -> list[str]:
-    """A final run: the setting (with the method's own changes), the chosen values, a new seed,
-    scored on test. The validation share is still carved out, so the clients train on exactly
-    the data they were tuned on."""
+def final_overrides(suite: Suite, setting: Setting, chosen: Sequence[str], seed: int) -> list[str]:
+    """A final run: the setting, the chosen file's overrides (the method's own changes, the
+    method, the chosen values), a new seed, scored on test, the command line's overrides last.
+    The validation share is still carved out, so the clients train on exactly the data they were
+    tuned on."""
     return [
-        *setting.overrides_for(method),
+        *setting.overrides,
         *chosen,
         f"seed={seed}",
         f"split.val_fraction={suite.val_fraction}",
         "split.evaluate_on=test",
+        *setting.extra,
     ]
 
 
@@ -351,7 +356,8 @@ def tune(
                 raise
 
     with file_lock(lock):  # create the study once before the workers open it
-        open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
+        study = open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
+        check_study_space(study, search_record(space, setting, method), setting.name)
     if workers == 1:
         worker(0)
     else:
@@ -365,11 +371,42 @@ def tune(
     return open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
 
 
+SEARCH_ATTR = "search"
+"""The study's user attribute holding what it searches (see :func:`check_study_space`)."""
+
+
+def search_record(space: Mapping[str, Param], setting: Setting, method: str) -> dict[str, Any]:
+    """What a study searches: every key's range and the method's own overrides here."""
+    change = setting.per_method.get(method)
+    return {
+        "space": {key: param.describe() for key, param in space.items()},
+        "method_overrides": list(change.overrides) if change else [],
+    }
+
+
+def check_study_space(study: Any, record: Mapping[str, Any], setting: str) -> None:
+    """Record what a new study searches; refuse to resume one that searched something else (a
+    changed range or a changed per-method override would mix trials of two searches, and the
+    best of them would be run with the new overrides)."""
+    stored = study.user_attrs.get(SEARCH_ATTR)
+    if stored is None:
+        study.set_user_attr(SEARCH_ATTR, dict(record))
+    elif stored != dict(record):
+        raise ConfigError(
+            f"the study of {study.study_name} in setting {setting} searched {stored}, but the "
+            f"suite now says {dict(record)}: restore the suite's entry, or delete the study "
+            f"(optuna delete-study --study-name {study.study_name} --storage <setting>/study.db) "
+            "and its chosen file to search again"
+        )
+
+
 # ---------------------------------------------------------------------------------- chosen
 def write_chosen(
     study: Any, suite: Suite, setting: Setting, method: str, layout: Layout
 ) -> dict[str, Any]:
-    """Write ``chosen/<method>.yaml``: the best trial's values as Hydra overrides."""
+    """Write ``chosen/<method>.yaml``: the best trial's values as Hydra overrides, after the
+    method's own changes to the setting (``per_method``), so that the setting's overrides plus
+    these reproduce the method's runs."""
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
@@ -381,7 +418,10 @@ def write_chosen(
         value, number = float(best.value), best.number
     else:  # every trial failed or was pruned: fall back to the declared defaults
         params, value, number = {}, None, None
-    overrides = [f"strategy={method}", *(f"{k}={format_value(v)}" for k, v in params.items())]
+    change = setting.per_method.get(method)
+    own = list(change.overrides) if change else []
+    values = [f"{k}={format_value(v)}" for k, v in params.items()]
+    overrides = [*own, f"strategy={method}", *values]
     chosen = {
         "method": method,
         "setting": setting.name,
@@ -392,6 +432,8 @@ def write_chosen(
         "budget": {"trials": suite.trials, **{k: v for k, v in states.items() if v}},
         "space": {k: p.describe() for k, p in suite.space_for(method, setting).items()},
         "params": {k: v for k, v in params.items()},
+        "method_overrides": own,
+        "reason": change.reason if change else "",
         "overrides": overrides,
     }
     path = layout.chosen_file(setting.name, method)
@@ -437,9 +479,7 @@ def final_runs(
 
     def run(item: tuple[int, Path]) -> Path:
         seed, run_dir = item
-        command = run_command(
-            final_overrides(suite, setting, method, chosen["overrides"], seed), run_dir
-        )
+        command = run_command(final_overrides(suite, setting, chosen["overrides"], seed), run_dir)
         try:
             summary = execute(command, run_dir, timeout_s=timeout_s)
             acc = summary["final"]["L1"]["acc_local"]["mean"]

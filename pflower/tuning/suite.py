@@ -17,6 +17,7 @@ A suite file (``conf/suite/cpu.yaml``, or any path) holds::
         overrides: [+experiment=diversifed_table2_cpu, rounds=50]
         space: {train.lr: {low: 1e-4, high: 1e-2}}   # per setting (optional)
         train_knobs: [lr]                              # per setting (optional)
+        methods: [fedavg, fedprox]                     # per setting (optional; default: all)
         per_method:                                    # (optional) where a method cannot run
           scaffold:                                    # the setting as it is
             overrides: [train.optimizer=sgd]
@@ -34,7 +35,7 @@ methods did not run exactly the setting's configuration. A method the setting re
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,11 +59,17 @@ class Setting:
     """The shared ``train.*`` knobs tuned here (None: the suite's)."""
     per_method: Mapping[str, MethodChange] = field(default_factory=dict)
     """Changes for single methods (see the module docstring)."""
+    methods: tuple[str, ...] | None = None
+    """The methods compared here (None: the suite's)."""
+    extra: tuple[str, ...] = ()
+    """Overrides given on the command line (``pflower tune ... rounds=3``): applied last."""
 
-    def overrides_for(self, method: str) -> tuple[str, ...]:
-        """The overrides of ``method``'s runs here: the setting's, then its own changes."""
+    def overrides_for(self, method: str, then: Sequence[str] = ()) -> tuple[str, ...]:
+        """The overrides of ``method``'s runs here: the setting's, the method's own changes,
+        ``then`` (the run's own: strategy, seed, values) and the command line's, last."""
         change = self.per_method.get(method)
-        return self.overrides if change is None else (*self.overrides, *change.overrides)
+        own = change.overrides if change else ()
+        return (*self.overrides, *own, *then, *self.extra)
 
 
 @dataclass(frozen=True)
@@ -90,6 +97,10 @@ class Suite:
     pruner: Mapping[str, Any] = field(default_factory=dict)
     budget: str = ""
     source: str = ""
+
+    def methods_of(self, setting: Setting) -> tuple[str, ...]:
+        """The methods compared in ``setting``: its own list, else the suite's."""
+        return self.methods if setting.methods is None else setting.methods
 
     def setting(self, name: str) -> Setting:
         for setting in self.settings:
@@ -166,6 +177,7 @@ def load_suite(name_or_path: str) -> Suite:
                 str(method): _method_change(f"{path}: {s['name']}.per_method.{method}", change)
                 for method, change in (s.get("per_method") or {}).items()
             },
+            None if s.get("methods") is None else tuple(str(m) for m in s["methods"]),
         )
         for s in data.get("settings", [])
     )
@@ -186,7 +198,29 @@ def load_suite(name_or_path: str) -> Suite:
         source=str(path),
     )
     check_suite(suite)
+    _check_per_method(suite)
     return suite
+
+
+def _check_per_method(suite: Suite) -> None:
+    """A setting's ``methods`` and ``per_method`` name methods of the suite, and a change's
+    ranges name keys of that method's space there."""
+    for setting in suite.settings:
+        where = f"suite {suite.name}: setting {setting.name}"
+        strays = sorted(set(setting.methods or ()) - set(suite.methods))
+        if strays:
+            raise ConfigError(f"{where} compares methods {strays} that the suite does not list")
+        strays = sorted(set(setting.per_method) - set(suite.methods))
+        if strays:
+            raise ConfigError(f"{where} changes methods {strays} that the suite does not list")
+        for method, change in setting.per_method.items():
+            known = suite.space_for(method, replace(setting, per_method={}))
+            unknown = sorted(set(change.space) - set(known))
+            if unknown:
+                raise ConfigError(
+                    f"{where}: per_method.{method}.space names {unknown}, which {method} does "
+                    f"not search here; it searches {', '.join(known)}"
+                )
 
 
 def check_suite(suite: Suite) -> None:
@@ -194,13 +228,6 @@ def check_suite(suite: Suite) -> None:
     unknown = sorted(set(suite.methods) - set(ALGORITHMS))
     if unknown:
         raise ConfigError(f"suite {suite.name}: unknown methods {unknown}")
-    for setting in suite.settings:
-        strays = sorted(set(setting.per_method) - set(suite.methods))
-        if strays:
-            raise ConfigError(
-                f"suite {suite.name}: setting {setting.name} changes methods {strays} that the "
-                "suite does not list"
-            )
     shared = declared_space(TrainConfig, "train")
     knobs = [*suite.train_knobs, *(k for s in suite.settings for k in s.train_knobs or ())]
     bad = sorted({k for k in knobs if f"train.{k}" not in shared})
