@@ -105,8 +105,15 @@ def test_the_readme_is_a_front_page_listing_every_algorithm_module() -> None:
     for algorithm in ALGORITHMS.values():
         module = algorithm.options.__module__.replace(".", "/")
         assert f"]({module}.py)" in readme, module
-    for match in re.finditer(r"\]\(((?:docs|pflower)/[^)#]+)", readme):
+    for match in re.finditer(r"\]\(((?:docs|pflower|results)/[^)#]+)", readme):
         assert (ROOT / match.group(1)).exists(), match.group(1)
+    # the README's figures reach the site's home page, those outside docs/ copied into it
+    hook = _hook()
+    _, home = hook.home_page()
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", home):
+        assert (image.startswith("results/") and image in hook.IMAGES) or (
+            ROOT / "docs" / image
+        ).is_file()
 
 
 def test_every_readme_command_block_is_run_by_a_test_or_by_ci() -> None:

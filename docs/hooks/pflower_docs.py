@@ -38,6 +38,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 _GENERATED: dict[str, str] = {}
+IMAGES: dict[str, Path] = {}
+"""Images outside ``docs/`` that the README shows, copied into the site at the same path."""
 ALGORITHM_MODULES: set[str] = set()
 
 
@@ -414,7 +416,8 @@ def _unlink(text: str) -> str:
 
 def home_page() -> tuple[str, str]:
     """The site's home page: the README, its links turned into site links (``docs/X`` -> ``X``,
-    an algorithm module -> its generated page, other repository files -> code spans)."""
+    an algorithm module -> its generated page, an image elsewhere in the repository -> the same
+    image copied into the site (:data:`IMAGES`), other repository files -> code spans)."""
     text = (ROOT / "README.md").read_text()
 
     def rep(match: re.Match[str]) -> str:
@@ -423,6 +426,9 @@ def home_page() -> tuple[str, str]:
             return match.group(0)
         if target.startswith("docs/"):
             return f"{bang}[{label}]({target[len('docs/') :]})"
+        if bang and (ROOT / target).is_file():
+            IMAGES[target] = ROOT / target
+            return match.group(0)
         module = re.fullmatch(r"pflower/strategies/(\w+)\.py", target)
         if module and (ROOT / target).is_file():
             return f"[{label}](algorithms/{module.group(1)}.md)"
@@ -484,6 +490,7 @@ def _glob(prefix: str, docs_dir: Path) -> list[Any]:
 
 def on_config(config: Any) -> Any:
     _GENERATED.clear()
+    IMAGES.clear()
     _GENERATED.update(algorithm_pages())
     _GENERATED.update(api_pages(ALGORITHM_MODULES))
     _GENERATED.update(partition_gallery())
@@ -500,4 +507,6 @@ def on_files(files: Any, config: Any) -> Any:
         if existing is not None:
             files.remove(existing)
         files.append(File.generated(config, uri, content=content))
+    for uri, path in IMAGES.items():
+        files.append(File.generated(config, uri, content=path.read_bytes()))
     return files
