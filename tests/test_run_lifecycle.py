@@ -105,7 +105,10 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
 ) -> None:
     """The signal goes to the ``pflower`` process alone, as ``timeout`` or ``kill`` sends it:
     the process ends (by that signal) and ``summary.json`` says the run failed, interrupted,
-    with the rounds recorded before."""
+    with the rounds recorded before. The run starts with the signal's default disposition, as
+    one started from a terminal does: a test suite started as a background job of a
+    non-interactive shell has SIGINT ignored, its children inherit that, and pflower keeps an
+    ignored signal ignored (by design), so without the reset the run would not be interrupted."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
@@ -113,6 +116,7 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
         env=environment(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 2 * START_S
