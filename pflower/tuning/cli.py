@@ -129,13 +129,14 @@ def _rounds(setting: Setting, method: str) -> int:
     return int(compose_config(list(overrides), check_scheme=False).rounds)
 
 
-def _refused(setting: Setting, method: str, layout: Layout) -> str | None:
-    """Why the setting's configuration refuses ``method`` (written to the layout's refusal
-    file), or None. A setting that does not compose at all (a typo), or a method whose
-    ``per_method`` change still fails, is an error, not a refusal."""
+def _rounds_unless_refused(setting: Setting, method: str, layout: Layout) -> int | None:
+    """The rounds of ``method``'s runs here, or None where the setting's configuration refuses
+    the method (why: written to the layout's refusal file and printed). A setting that does not
+    compose at all (a typo), or a method whose ``per_method`` change still fails, is an error,
+    not a refusal."""
     refusal = layout.refusal_file(setting.name, method)
     try:
-        _rounds(setting, method)
+        rounds = _rounds(setting, method)
     except ConfigError as error:
         if method in setting.per_method:
             raise ConfigError(
@@ -144,9 +145,10 @@ def _refused(setting: Setting, method: str, layout: Layout) -> str | None:
         _rounds(setting, "fedavg")  # the setting itself composes, or this raises
         refusal.parent.mkdir(parents=True, exist_ok=True)
         refusal.write_text(f"{error}\n")
-        return str(error)
+        print(f"[{setting.name}] {method} cannot run here: {error}")
+        return None
     refusal.unlink(missing_ok=True)
-    return None
+    return rounds
 
 
 def run_suite(
@@ -193,15 +195,14 @@ def run_suite(
     )
     for setting in settings:
         for method in suite.methods_of(setting) if methods is None else methods:
-            refusal = _refused(setting, method, layout)
-            if refusal is not None:  # the setting refuses the method: say so, go on
-                print(f"[{setting.name}] {method} cannot run here: {refusal}")
+            rounds = _rounds_unless_refused(setting, method, layout)
+            if rounds is None:  # the setting refuses the method: said so; go on
                 continue
-            rounds = _rounds(setting, method)
             print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
             study = tune(suite, setting, method, layout, rounds, workers, timeout_s, print, runner)
             chosen = write_chosen(study, suite, setting, method, layout)
-            print(f"[{setting.name}] {method} chose {' '.join(chosen['overrides'][1:]) or '-'}")
+            values = " ".join(f"{k}={format_value(v)}" for k, v in chosen["params"].items())
+            print(f"[{setting.name}] {method} chose {values or 'the defaults'}")
             if final:
                 final_runs(suite, setting, method, layout, workers, timeout_s, print, runner)
 

@@ -377,10 +377,9 @@ SEARCH_ATTR = "search"
 
 def search_record(space: Mapping[str, Param], setting: Setting, method: str) -> dict[str, Any]:
     """What a study searches: every key's range and the method's own overrides here."""
-    change = setting.per_method.get(method)
     return {
         "space": {key: param.describe() for key, param in space.items()},
-        "method_overrides": list(change.overrides) if change else [],
+        "method_overrides": list(setting.own_overrides(method)),
     }
 
 
@@ -419,7 +418,7 @@ def write_chosen(
     else:  # every trial failed or was pruned: fall back to the declared defaults
         params, value, number = {}, None, None
     change = setting.per_method.get(method)
-    own = list(change.overrides) if change else []
+    own = list(setting.own_overrides(method))
     values = [f"{k}={format_value(v)}" for k, v in params.items()]
     overrides = [*own, f"strategy={method}", *values]
     chosen = {

@@ -64,12 +64,15 @@ class Setting:
     extra: tuple[str, ...] = ()
     """Overrides given on the command line (``pflower tune ... rounds=3``): applied last."""
 
+    def own_overrides(self, method: str) -> tuple[str, ...]:
+        """``method``'s own changes to the setting (its ``per_method`` overrides; none: ())."""
+        change = self.per_method.get(method)
+        return change.overrides if change else ()
+
     def overrides_for(self, method: str, then: Sequence[str] = ()) -> tuple[str, ...]:
         """The overrides of ``method``'s runs here: the setting's, the method's own changes,
         ``then`` (the run's own: strategy, seed, values) and the command line's, last."""
-        change = self.per_method.get(method)
-        own = change.overrides if change else ()
-        return (*self.overrides, *own, *then, *self.extra)
+        return (*self.overrides, *self.own_overrides(method), *then, *self.extra)
 
 
 @dataclass(frozen=True)
