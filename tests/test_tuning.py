@@ -361,6 +361,7 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
         yaml.safe_dump(
             {
                 "params": {"strategy.mu": 0.01, "train.lr": 0.05},
+                "space": {"strategy.mu": "log-uniform", "train.lr": "log-uniform"},
                 "value": 0.8,
                 "budget": {"trials": 3, "complete": 2, "pruned": 1},
             }
@@ -379,6 +380,7 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     text, rows = render(root)
     assert "| 1 | FedProx | 90.67 ± 0.76 |" in text
     assert "mu=0.01, lr=0.05" in text and "3 (2 complete, 1 pruned)" in text
+    assert "Shared knobs searched for every method: train.lr." in text
     assert "pflower tune --suite tiny" in text and "abc123" in text and "box" in text
     assert rows[0][0] == "setting" and len(rows) == 4
     assert "![digits: final accuracy by method](leaderboard_digits.png)" in text

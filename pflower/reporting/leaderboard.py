@@ -17,7 +17,8 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   stage-L2 rows).
 
 Under each setting's table: the methods run with the suite's ``per_method`` changes (with the
-overrides and the reason), those the setting refuses, and those with no final runs yet.
+overrides and the reason), those the setting refuses, and those with no final runs yet. Above
+it, the shared ``train.*`` knobs every method of the setting searched (from the chosen files).
 
 The page records the code fingerprint(s) of the final runs and of the code rendering it, the
 date, the machine(s) and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is
@@ -135,6 +136,16 @@ def load_setting(setting_dir: Path) -> list[Entry]:
             entries.append(entry)
     rank_with_ties(entries)
     return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final)))
+
+
+def shared_knobs(entries: Sequence[Entry]) -> list[str]:
+    """The ``train.*`` keys every method of a setting searched, read from the chosen files'
+    spaces (a setting may search more than the suite's ``train_knobs``, e.g. the local epochs)."""
+    spaces = [set((e.chosen.get("space") or {}).keys()) for e in entries if e.chosen]
+    if not spaces:
+        return []
+    common = set.intersection(*spaces)
+    return sorted(k for k in common if k.startswith("train."))
 
 
 def significantly_better(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:
@@ -290,8 +301,8 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
     lines += [
         "Every method was tuned on the clients' validation shares with the same budget "
         f"({suite.get('trials', '?')} Optuna TPE trials per method and setting, tuning seed "
-        f"{suite.get('tune_seed', '?')}, shared knobs "
-        f"{', '.join('train.' + k for k in suite.get('train_knobs', []))}), then run with the "
+        f"{suite.get('tune_seed', '?')}, the same shared train.* knobs for every method of a "
+        "setting, listed under it), then run with the "
         f"chosen values and new seeds {suite.get('final_seeds', '?')} on test. Accuracy is "
         "stage L1 Acc(L), the clients' deployable models on their own test shares, mean ± std "
         "over seeds; never the best round. Ranks are tied unless a Welch t-test over the final "
@@ -308,6 +319,9 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         lines += [f"## {setting_dir.name}", ""]
         if overrides:
             lines += [f"Setting: `{' '.join(overrides)}`", ""]
+        knobs = shared_knobs(entries)
+        if knobs:
+            lines += [f"Shared knobs searched for every method: {', '.join(knobs)}.", ""]
         rows = table(entries)
         if entries:
             figure = figures.leaderboard(
