@@ -367,6 +367,15 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
             }
         )
     )
+    # a setting's shared knobs: the train.* keys every method searched (not its own options)
+    (chosen / "fedavg.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "params": {"train.lr": 0.1, "train.local_epochs": 2},
+                "space": {"train.lr": "log-uniform", "train.local_epochs": "one of 1, 2"},
+            }
+        )
+    )
     (root / "suite.yaml").write_text(yaml.safe_dump({"name": "tiny", "trials": 3}))
     (root / "commands.log").write_text(
         json.dumps({"date": "2026-01-01", "command": "pflower tune --suite tiny", "machine": "box"})
