@@ -6,6 +6,7 @@
 - a study resumes: a trial left running by a stopped ``pflower tune`` is failed by Optuna's
   heartbeat check and retried with the same values, finished trials count, and a second
   invocation with the budget spent runs nothing; 2 workers run trials at the same time;
+- a trial that diverges is failed with its error and counts toward the budget;
 - the leaderboard ranks with ties by Welch t-tests and shows the chosen values and provenance.
 """
 
@@ -169,6 +170,32 @@ def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
         check=True,
     ).stdout.split()
     assert printed == chosen["overrides"]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:Fixed parameter train.lr:UserWarning")  # 1e6, enqueued
+def test_a_diverging_trial_is_failed_with_its_error_and_spends_the_budget(tmp_path: Path) -> None:
+    """A trial whose run diverges (every client's update NaN) is recorded FAIL with the run's
+    error and folder, counts toward the budget like any other trial (it is not retried: only
+    interrupted trials are), and the chosen values come from the trial that completed."""
+    from optuna.trial import TrialState
+
+    suite = load_suite(_suite_file(tmp_path))
+    setting = dataclasses.replace(suite.settings[0], extra=("rounds=2",))
+    layout = Layout(tmp_path / "out")
+    study = open_study(layout, setting.name, "fedprox", 0, parallel=False)
+    study.enqueue_trial({"train.lr": 1.0e6, "strategy.mu": 0.01}, skip_if_exists=False)
+    study = search.tune(suite, setting, "fedprox", layout, rounds=2, workers=1)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE]
+    failed = trials[0]
+    assert failed.params["train.lr"] == 1.0e6
+    assert "NaN" in failed.user_attrs["error"] and "tune_stdout.log" in failed.user_attrs["error"]
+    assert (Path(failed.user_attrs["run_dir"]) / "tune_stdout.log").is_file()
+    assert budget_counts(study) == (2, 0)
+    chosen = search.write_chosen(study, suite, setting, "fedprox", layout)
+    assert chosen["params"] == trials[1].params
+    assert chosen["budget"] == {"trials": 2, "complete": 1, "fail": 1}
 
 
 def test_show_prints_the_space_with_its_sources() -> None:
