@@ -116,6 +116,25 @@ def test_the_readme_is_a_front_page_listing_every_algorithm_module() -> None:
         ).is_file()
 
 
+def test_every_recorded_leaderboard_is_a_site_page_with_its_figures() -> None:
+    hook = _hook()
+    hook.IMAGES.clear()
+    pages = hook.leaderboard_pages()
+    recorded = sorted((ROOT / "results" / "tuning").glob("*/leaderboard.md"))
+    assert recorded and sorted(pages) == [f"leaderboard/{p.parent.name}.md" for p in recorded]
+    for uri, (_, text) in pages.items():
+        suite = uri.removeprefix("leaderboard/").removesuffix(".md")
+        figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+        assert figures, uri
+        for figure in figures:  # relative to the page, copied into the site at that path
+            assert figure.startswith(f"../results/tuning/{suite}/"), figure
+            assert hook.IMAGES[figure.removeprefix("../")].is_file()
+        assert not re.search(r"(?<!!)\[[^\]]+\]\((?!https?:|#)", text), "a repository link"
+    # the README's links to a leaderboard become links to its page on the home page
+    _, home = hook.home_page()
+    assert "](leaderboard/cpu.md)" in home and "results/tuning/cpu/leaderboard.md" not in home
+
+
 def test_every_readme_command_block_is_run_by_a_test_or_by_ci() -> None:
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```bash\n", readme)

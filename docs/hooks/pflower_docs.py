@@ -11,11 +11,12 @@
 - ``reference/api/<package>.md``: one mkdocstrings page per subpackage of :mod:`pflower`.
 - ``benchmarks/recorded/*.md`` and ``deployment/docker.md``: the recorded benchmark notes
   (``benchmarks/results/*.md``) and ``docker/README.md``, which live beside their code.
+- ``leaderboard/<suite>.md``: each suite's recorded leaderboard (``results/tuning/<suite>/``).
 
 The navigation in ``mkdocs.yml`` names these with placeholders that this hook expands:
 ``algorithms/*`` (every generated algorithm page), ``reference/api/*``, ``benchmarks/recorded/*``,
-and ``guide/*`` (every page under ``docs/guide/``), so a new algorithm module or a new guide page
-appears without editing the navigation.
+``leaderboard/*`` and ``guide/*`` (every page under ``docs/guide/``), so a new algorithm module,
+a new suite's leaderboard or a new guide page appears without editing the navigation.
 """
 
 from __future__ import annotations
@@ -416,8 +417,9 @@ def _unlink(text: str) -> str:
 
 def home_page() -> tuple[str, str]:
     """The site's home page: the README, its links turned into site links (``docs/X`` -> ``X``,
-    an algorithm module -> its generated page, an image elsewhere in the repository -> the same
-    image copied into the site (:data:`IMAGES`), other repository files -> code spans)."""
+    an algorithm module -> its generated page, a suite's leaderboard -> its page, an image
+    elsewhere in the repository -> the same image copied into the site (:data:`IMAGES`), other
+    repository files -> code spans)."""
     text = (ROOT / "README.md").read_text()
 
     def rep(match: re.Match[str]) -> str:
@@ -426,6 +428,9 @@ def home_page() -> tuple[str, str]:
             return match.group(0)
         if target.startswith("docs/"):
             return f"{bang}[{label}]({target[len('docs/') :]})"
+        board = LEADERBOARD.fullmatch(target)
+        if board and (ROOT / target).is_file():
+            return f"[{label}](leaderboard/{board.group(1)}.md)"
         if bang and (ROOT / target).is_file():
             IMAGES[target] = ROOT / target
             return match.group(0)
@@ -437,9 +442,33 @@ def home_page() -> tuple[str, str]:
     return "pflower", re.sub(r"(!?)\[([^\]]+)\]\(([^)]+)\)", rep, text)
 
 
+LEADERBOARD = re.compile(r"results/tuning/([\w-]+)/leaderboard\.md")
+"""A suite's leaderboard in the repository; the site shows it as ``leaderboard/<suite>.md``."""
+
+
+def leaderboard_pages() -> dict[str, tuple[str, str]]:
+    """Every recorded leaderboard (``results/tuning/<suite>/leaderboard.md``, written by
+    ``pflower report --leaderboard``) as ``leaderboard/<suite>.md``, its figures copied into the
+    site at their repository paths (:data:`IMAGES`) and its other links turned into code spans."""
+    pages = {}
+    for source in sorted((ROOT / "results" / "tuning").glob("*/leaderboard.md")):
+        folder = source.parent.relative_to(ROOT).as_posix()
+        suite = source.parent.name
+
+        def figure(match: re.Match[str], folder: str = folder) -> str:
+            alt, target = match.group(1), match.group(2)
+            IMAGES[f"{folder}/{target}"] = ROOT / folder / target
+            return f"![{alt}](../{folder}/{target})"
+
+        text = re.sub(r"!\[([^\]]*)\]\(([^)/:]+\.png)\)", figure, source.read_text())
+        note = f"*Copied from `{folder}/leaderboard.md` when the site is built.*\n\n"
+        pages[f"leaderboard/{suite}.md"] = (f"Suite {suite}", note + _unlink(text))
+    return pages
+
+
 def copied_pages() -> dict[str, tuple[str, str]]:
     """Markdown files kept beside their code, shown in the site."""
-    pages = {"index.md": home_page()}
+    pages = {"index.md": home_page(), **leaderboard_pages()}
     for source in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
         text = source.read_text()
         title = "Notes and history" if source.stem == "README" else source.stem.replace("_", " ")
