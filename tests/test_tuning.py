@@ -154,6 +154,7 @@ def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
     again = search.tune(suite, setting, "fedprox", layout, rounds=2, workers=2)
     assert len(again.get_trials()) == len(trials)
     chosen = search.write_chosen(again, suite, setting, "fedprox", layout)
+    assert chosen["budget"] == {"trials": 2, "complete": 2, "interrupted": 1}
     best = max(complete, key=lambda t: t.value)
     assert chosen["params"] == best.params and chosen["overrides"][0] == "strategy=fedprox"
     printed = subprocess.run(
@@ -390,7 +391,7 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
                 "params": {"strategy.mu": 0.01, "train.lr": 0.05},
                 "space": {"strategy.mu": "log-uniform", "train.lr": "log-uniform"},
                 "value": 0.8,
-                "budget": {"trials": 3, "complete": 2, "pruned": 1},
+                "budget": {"trials": 3, "complete": 2, "pruned": 1, "interrupted": 1},
             }
         )
     )
@@ -415,7 +416,7 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert entries["fedavg"].mb_per_client_round == [1.5] * 3
     text, rows = render(root)
     assert "| 1 | FedProx | 90.67 ± 0.76 |" in text
-    assert "mu=0.01, lr=0.05" in text and "3 (2 complete, 1 pruned)" in text
+    assert "mu=0.01, lr=0.05" in text and "3 (2 complete, 1 pruned; 1 interrupted, retried)" in text
     assert "Shared knobs searched for every method: train.lr." in text
     assert "pflower tune --suite tiny" in text and "abc123" in text and "box" in text
     assert rows[0][0] == "setting" and len(rows) == 4

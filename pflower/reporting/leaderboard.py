@@ -10,7 +10,8 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
 - final-round and last-10%-of-rounds stage-L1 Acc(L) (the deployable models on the clients' test
   shares), mean ± std (ddof=1) over the seeds, and the number of seeds;
 - the chosen hyperparameters (``chosen/<method>.yaml``), the validation objective they reached
-  and the trials spent (complete / pruned / failed);
+  and the trials spent (complete / pruned / failed; trials interrupted by a stopped command and
+  retried with the same values are listed apart, they are not part of the budget);
 - seconds per round (median time between the ends of successive rounds' training phases;
   the run's wall time over its rounds where a run has fewer than two) and MB per client-round
   (array megabytes down and up per training client, from the ``bytes_down``/``bytes_up`` of the
@@ -198,7 +199,8 @@ def _trials(chosen: Mapping[str, Any]) -> str:
     if not budget:
         return "-"
     done = [f"{budget.get(k, 0)} {k}" for k in ("complete", "pruned", "fail") if budget.get(k)]
-    return f"{budget.get('trials', '?')} ({', '.join(done)})"
+    retried = f"; {budget['interrupted']} interrupted, retried" if budget.get("interrupted") else ""
+    return f"{budget.get('trials', '?')} ({', '.join(done)}{retried})"
 
 
 def table(entries: Sequence[Entry]) -> list[list[str]]:

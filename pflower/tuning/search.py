@@ -410,7 +410,10 @@ def write_chosen(
 
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    states = {s.name.lower(): sum(t.state == s for t in trials) for s in TrialState}
+    interrupted = retried_numbers(trials)  # retried with the same values: not in the budget
+    counted = [t for t in trials if t.number not in interrupted]
+    states = {s.name.lower(): sum(t.state == s for t in counted) for s in TrialState}
+    states["interrupted"] = len(interrupted)
     if complete:
         best = max(complete, key=lambda t: t.value)
         params = dict(best.params)
