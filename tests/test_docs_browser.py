@@ -3,6 +3,7 @@
 
 - the home page renders with the site's title and the README's sections;
 - an algorithm page (FLIU, generated from its module) renders its options table;
+- the cpu suite's leaderboard page renders its table, and its figures are served;
 - the search (Material's client-side search, a web worker over ``search/search_index.json``)
   finds a page: the test drives Chromium over its DevTools protocol, opens ``/?q=<word>`` and
   waits for a search hit.
@@ -19,11 +20,13 @@ import functools
 import http.server
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +128,19 @@ def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, 
     for name in set(blocks("partition")) - {"from_file"}:
         assert f'src="../../images/partitions/{name}.png"' in dom, name
     assert (out / "site" / "images" / "partitions" / "lsqs.png").is_file()
+
+
+def test_leaderboard_page_renders_its_table_and_figures(site: tuple[str, Path]) -> None:
+    url, out = site
+    page = url + "/leaderboard/cpu/"
+    dom = _open(page, out, "leaderboard_cpu.png")
+    assert "<title>Suite cpu - pflower</title>" in dom
+    assert "<th>rank</th>" in dom and "fmnist_dir01" in dom
+    figures = re.findall(r'<img[^>]*src="([^"]*leaderboard_[^"]+\.png)"', dom)
+    assert figures
+    for figure in figures:  # each served as an image
+        with urllib.request.urlopen(urllib.parse.urljoin(page, figure)) as response:
+            assert response.status == 200 and response.headers["Content-Type"] == "image/png"
 
 
 def test_search_finds_a_page(site: tuple[str, Path]) -> None:
