@@ -415,6 +415,10 @@ def _unlink(text: str) -> str:
     return re.sub(r"(?<!!)\[([^\]]+)\]\(([^)]+)\)", rep, text)
 
 
+LEADERBOARD = re.compile(r"results/tuning/([\w-]+)/leaderboard\.md")
+"""A suite's leaderboard in the repository; the site shows it as ``leaderboard/<suite>.md``."""
+
+
 def home_page() -> tuple[str, str]:
     """The site's home page: the README, its links turned into site links (``docs/X`` -> ``X``,
     an algorithm module -> its generated page, a suite's leaderboard -> its page, an image
@@ -440,10 +444,6 @@ def home_page() -> tuple[str, str]:
         return f"{label} (`{target}`)"
 
     return "pflower", re.sub(r"(!?)\[([^\]]+)\]\(([^)]+)\)", rep, text)
-
-
-LEADERBOARD = re.compile(r"results/tuning/([\w-]+)/leaderboard\.md")
-"""A suite's leaderboard in the repository; the site shows it as ``leaderboard/<suite>.md``."""
 
 
 def leaderboard_pages() -> dict[str, tuple[str, str]]:

@@ -207,6 +207,13 @@ def retried_numbers(trials: Sequence[Any]) -> set[int]:
     return {n for n in numbers if n is not None}
 
 
+def counted_trials(trials: Sequence[Any]) -> tuple[list[Any], set[int]]:
+    """The trials that count toward the budget, and the numbers of those that do not: the
+    interrupted ones, retried with the same values."""
+    interrupted = retried_numbers(trials)
+    return [t for t in trials if t.number not in interrupted], interrupted
+
+
 def budget_counts(study: Any) -> tuple[int, int]:
     """(finished trials that count toward the budget, running trials)."""
     from optuna.trial import TrialState
@@ -214,11 +221,9 @@ def budget_counts(study: Any) -> tuple[int, int]:
     storage = study._storage
     backend = getattr(storage, "_backend", storage)  # past Optuna's per-process trial cache
     trials = backend.get_all_trials(study._study_id, deepcopy=False)
-    interrupted = retried_numbers(trials)
+    counted, _ = counted_trials(trials)
     finished = sum(
-        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
-        and t.number not in interrupted
-        for t in trials
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted
     )
     running = sum(t.state == TrialState.RUNNING for t in trials)
     return finished, running
@@ -410,8 +415,7 @@ def write_chosen(
 
     trials = study.get_trials(deepcopy=False)
     complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    interrupted = retried_numbers(trials)  # retried with the same values: not in the budget
-    counted = [t for t in trials if t.number not in interrupted]
+    counted, interrupted = counted_trials(trials)
     states = {s.name.lower(): sum(t.state == s for t in counted) for s in TrialState}
     states["interrupted"] = len(interrupted)
     if complete:
