@@ -28,7 +28,15 @@ import pflower.core.experiment as experiment_module
 from pflower.compose import compose_config
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError
-from pflower.reporting.leaderboard import load_setting, render, significantly_better
+from pflower.reporting.leaderboard import (
+    Entry,
+    _inversion_notes,
+    load_setting,
+    rank_with_ties,
+    ranked_above_higher_means,
+    render,
+    significantly_better,
+)
 from pflower.tuning import runner as trial_runner
 from pflower.tuning import search
 from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
@@ -424,6 +432,31 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert (root / "leaderboard_digits.png").stat().st_size > 0
     assert significantly_better([0.9, 0.9], [0.8, 0.8])
     assert not significantly_better([0.9], [0.8, 0.81])
+
+
+def test_a_widely_spread_method_ranked_above_higher_means_is_named() -> None:
+    """A rank counts the methods significantly better: with three seeds, one bad seed (as
+    SCAFFOLD's on mnist_path) leaves a method tied with the leader far below it, above a tight
+    method with a higher mean. The leaderboard names such methods under the table."""
+    entries = [
+        Entry("fedphp", final=[0.993, 0.994, 0.992]),
+        Entry("apple", final=[0.985, 0.984, 0.986]),
+        Entry("scaffold", final=[0.738, 0.873, 0.880]),
+    ]
+    rank_with_ties(entries)
+    assert [e.rank for e in entries] == [1, 2, 1]
+    inversions = ranked_above_higher_means(entries)
+    assert [(e.method, [h.method for h in higher]) for e, higher in inversions] == [
+        ("scaffold", ["apple"])
+    ]
+    notes = "\n".join(_inversion_notes(entries))
+    assert (
+        "- SCAFFOLD (rank 1, 83.03 ± 8.00) is ranked above 1 method(s) with a higher mean: APPLE"
+        in notes
+    )
+    ordered = [Entry("a", final=[0.9, 0.91]), Entry("b", final=[0.8, 0.81])]
+    rank_with_ties(ordered)
+    assert ranked_above_higher_means(ordered) == [] and _inversion_notes(ordered) == []
 
 
 # ------------------------------------------------------------------ Hydra's joblib launcher

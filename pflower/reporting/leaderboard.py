@@ -17,9 +17,11 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   (array megabytes down and up per training client, from the ``bytes_down``/``bytes_up`` of the
   stage-L2 rows).
 
-Under each setting's table: the methods run with the suite's ``per_method`` changes (with the
-overrides and the reason), those the setting refuses, and those with no final runs yet. Above
-it, the shared ``train.*`` knobs every method of the setting searched (from the chosen files).
+Under each setting's table: the methods ranked above a method with a higher mean (their seeds
+spread widely, so the test separates few methods from them: :func:`ranked_above_higher_means`),
+the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
+those the setting refuses, and those with no final runs yet. Above it, the shared ``train.*``
+knobs every method of the setting searched (from the chosen files).
 
 The page records the code fingerprint(s) of the final runs and of the code rendering it, the
 date, the machine(s) and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is
@@ -168,6 +170,44 @@ def rank_with_ties(entries: Sequence[Entry]) -> None:
             for other in entries
             if other is not entry
         )
+
+
+def ranked_above_higher_means(entries: Sequence[Entry]) -> list[tuple[Entry, list[Entry]]]:
+    """The methods holding a better rank than some method with a higher mean, each with those
+    methods. A rank counts the methods significantly better, and with few seeds a method whose
+    seeds spread widely is separated from few: it can share rank 1 far below the leaders, above
+    a tighter method with a higher mean. Listed under the table so the rank is read with its std.
+    """
+    inversions = []
+    for entry in entries:
+        mean = statistics.fmean(entry.final) if entry.final else math.nan
+        higher = [
+            other
+            for other in entries
+            if other.rank > entry.rank and other.final and statistics.fmean(other.final) > mean
+        ]
+        if higher:
+            inversions.append((entry, higher))
+    return sorted(inversions, key=lambda item: -len(item[1]))
+
+
+def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
+    inversions = ranked_above_higher_means(entries)
+    if not inversions:
+        return []
+    lines = [
+        "Ranks above a higher mean (a rank counts the methods significantly better; a method "
+        "whose seeds spread widely is separated from few, so read its rank with its std):",
+        "",
+    ]
+    for entry, higher in inversions:
+        names = ", ".join(other.label for other in higher[:3])
+        more = f" and {len(higher) - 3} more" if len(higher) > 3 else ""
+        lines.append(
+            f"- {entry.label} (rank {entry.rank}, {_mean_std(entry.final)}) is ranked above "
+            f"{len(higher)} method(s) with a higher mean: {names}{more}"
+        )
+    return [*lines, ""]
 
 
 def _mean_std(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
@@ -333,6 +373,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
+        lines += _inversion_notes(entries)
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
         lines += _pending(setting_dir, compared or suite.get("methods") or [], entries)
