@@ -177,14 +177,13 @@ def ranked_above_higher_means(entries: Sequence[Entry]) -> list[tuple[Entry, lis
     methods. A rank counts the methods significantly better, and with few seeds a method whose
     seeds spread widely is separated from few: it can share rank 1 far below the leaders, above
     a tighter method with a higher mean. Listed under the table so the rank is read with its std.
+    Every entry has final runs (:func:`load_setting` keeps no other).
     """
+    means = [statistics.fmean(e.final) for e in entries]
     inversions = []
-    for entry in entries:
-        mean = statistics.fmean(entry.final) if entry.final else math.nan
+    for entry, mean in zip(entries, means, strict=True):
         higher = [
-            other
-            for other in entries
-            if other.rank > entry.rank and other.final and statistics.fmean(other.final) > mean
+            o for o, m in zip(entries, means, strict=True) if o.rank > entry.rank and m > mean
         ]
         if higher:
             inversions.append((entry, higher))
