@@ -373,9 +373,10 @@ SCALING_HEADER = (
 
 
 def workload_of(case: str, args: argparse.Namespace) -> list[str]:
-    """The overrides of ``case``: the preset's, the smoke ones with ``--smoke`` (whose synthetic
-    dataset then replaces a ``dataset=`` of ``--set``), training rounds only, ``--set``."""
-    extra = [o for o in args.set if not (args.smoke and o.startswith("dataset="))]
+    """The overrides of ``case``: the preset's, the smoke ones with ``--smoke`` (whose tiny
+    synthetic dataset then replaces the ``dataset`` overrides of ``--set``), training rounds
+    only, ``--set``."""
+    extra = [o for o in args.set if not (args.smoke and o.startswith(("dataset=", "dataset.")))]
     return [*CASES[case], *(SMOKE if args.smoke else []), *TRAINING_ROUNDS_ONLY, *extra]
 
 
