@@ -3,10 +3,12 @@
 For every setting of the folder (``<root>/<setting>/``), one row per method with final runs:
 
 - **rank**, with ties: a method's rank is 1 + the number of methods whose final-round accuracy is
-  higher *beyond the seeds' noise*, i.e. with a two-sided Welch t-test p < 0.05 over the final
-  seeds (unequal variances; two zero-variance samples differ when their means differ). Methods
-  no other method beats significantly share rank 1, and so on: a rank is a statement about
-  the evidence, not about the order of the means;
+  higher *beyond the seeds' noise*, i.e. with a two-sided paired t-test p < 0.05 over the final
+  seeds both methods ran. The test pairs the seeds because a final seed fixes the partition, the
+  initial model and the batches for every method alike, and partitions differ in difficulty for
+  all methods at once, which an unpaired test would count as noise (differences that are all
+  equal and positive count as separated). Methods no other method beats significantly share
+  rank 1, and so on: a rank is a statement about the evidence, not about the order of the means;
 - final-round and last-10%-of-rounds stage-L1 Acc(L) (the deployable models on the clients' test
   shares), mean ± std (ddof=1) over the seeds, and the number of seeds;
 - the chosen hyperparameters (``chosen/<method>.yaml``), the validation objective they reached
@@ -51,7 +53,7 @@ from pflower.provenance import code_version
 from pflower.reporting import figures
 
 ALPHA = 0.05
-"""Significance level of the Welch t-tests that separate ranks."""
+"""Significance level of the paired t-tests that separate ranks."""
 
 
 @dataclass
@@ -60,12 +62,20 @@ class Entry:
 
     method: str
     final: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    """The final seed of each value of ``final`` (none given: 1, 2, ... in order)."""
     last10: list[float] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
     mb_per_client_round: list[float] = field(default_factory=list)
     chosen: Mapping[str, Any] = field(default_factory=dict)
     codes: set[str] = field(default_factory=set)
     rank: int = 0
+
+    @property
+    def by_seed(self) -> dict[int, float]:
+        """Final accuracy by final seed."""
+        seeds = self.seeds or range(1, len(self.final) + 1)
+        return dict(zip(seeds, self.final, strict=True))
 
     @property
     def label(self) -> str:
@@ -131,6 +141,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
                 continue
             rows = _rows(run_dir)
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
+            entry.seeds.append(int(run_dir.name.removeprefix("seed_")))
             entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
             entry.seconds_per_round.append(seconds_per_round(rows, summary))
             entry.mb_per_client_round.append(mb_per_client_round(rows))
@@ -151,14 +162,19 @@ def shared_knobs(entries: Sequence[Entry]) -> list[str]:
     return sorted(k for k in common if k.startswith("train."))
 
 
-def significantly_better(a: Sequence[float], b: Sequence[float], alpha: float = ALPHA) -> bool:
-    """Is sample ``a``'s mean above ``b``'s beyond the noise (two-sided Welch t-test)?"""
-    mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
-    if mean_a <= mean_b or len(a) < 2 or len(b) < 2:
+def significantly_better(
+    a: Mapping[int, float], b: Mapping[int, float], alpha: float = ALPHA
+) -> bool:
+    """Is ``a`` above ``b`` beyond the seeds' noise? Both map a final seed to an accuracy; the
+    seeds both ran pair up (see the module docstring): a two-sided paired t-test on the
+    differences, p < ``alpha``, with a positive mean difference (equal positive differences
+    count as separated; fewer than two common seeds never do)."""
+    differences = [a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())]
+    if len(differences) < 2 or statistics.fmean(differences) <= 0:
         return False
-    if statistics.stdev(a) == 0 and statistics.stdev(b) == 0:
+    if statistics.stdev(differences) == 0:
         return True
-    p_value = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    p_value = float(stats.ttest_1samp(differences, 0.0).pvalue)
     return math.isfinite(p_value) and p_value < alpha
 
 
@@ -166,7 +182,7 @@ def rank_with_ties(entries: Sequence[Entry]) -> None:
     """rank = 1 + the number of methods significantly better (see the module docstring)."""
     for entry in entries:
         entry.rank = 1 + sum(
-            significantly_better(other.final, entry.final)
+            significantly_better(other.by_seed, entry.by_seed)
             for other in entries
             if other is not entry
         )
@@ -175,9 +191,10 @@ def rank_with_ties(entries: Sequence[Entry]) -> None:
 def ranked_above_higher_means(entries: Sequence[Entry]) -> list[tuple[Entry, list[Entry]]]:
     """The methods holding a better rank than some method with a higher mean, each with those
     methods. A rank counts the methods significantly better, and with few seeds a method whose
-    seeds spread widely is separated from few: it can share rank 1 far below the leaders, above
-    a tighter method with a higher mean. Listed under the table so the rank is read with its std.
-    Every entry has final runs (:func:`load_setting` keeps no other).
+    differences to the others vary widely across seeds (one bad seed, say) is separated from few:
+    it can share rank 1 far below the leaders, above a steadier method with a higher mean.
+    Listed under the table so the rank is read with its std. Every entry has final runs
+    (:func:`load_setting` keeps no other).
     """
     means = [statistics.fmean(e.final) for e in entries]
     inversions = []
@@ -196,7 +213,8 @@ def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
         return []
     lines = [
         "Ranks above a higher mean (a rank counts the methods significantly better; a method "
-        "whose seeds spread widely is separated from few, so read its rank with its std):",
+        "whose results swing from seed to seed is separated from few, so read its rank with its "
+        "std):",
         "",
     ]
     for entry, higher in inversions:
@@ -346,8 +364,9 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         "setting, listed under it), then run with the "
         f"chosen values and new seeds {suite.get('final_seeds', '?')} on test. Accuracy is "
         "stage L1 Acc(L), the clients' deployable models on their own test shares, mean ± std "
-        "over seeds; never the best round. Ranks are tied unless a Welch t-test over the final "
-        f"seeds separates them (two-sided, p < {ALPHA}).",
+        "over seeds; never the best round. Ranks are tied unless a paired t-test over the final "
+        f"seeds separates them (two-sided, p < {ALPHA}; a seed fixes the partition, the initial "
+        "model and the batches for every method alike, so the seeds pair up).",
         "",
     ]
     if suite.get("budget"):
