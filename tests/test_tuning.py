@@ -458,6 +458,33 @@ def test_ranks_pair_the_seeds_because_a_seed_fixes_the_partition() -> None:
     assert follower.rank == twin.rank == 1
 
 
+def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
+    """A final run that diverged is in no mean and no test, but the table counts it and a note
+    under it names the seed and the error, since the mean over the other seeds flatters the
+    method; a method whose every final run failed is said to have failed, not to be pending."""
+    setting = tmp_path / "suite" / "digits"
+    for seed, value in enumerate([0.90, 0.91, 0.92], start=1):
+        _fake_run(setting / "final" / "fedavg" / f"seed_{seed}", value, value)
+    _fake_run(setting / "final" / "scaffold" / "seed_1", 0.85, 0.85)
+    _fake_run(setting / "final" / "scaffold" / "seed_2", 0.86, 0.86)
+    for method, seed in [("scaffold", 3), ("feddc", 1)]:
+        failed = setting / "final" / method / f"seed_{seed}"
+        failed.mkdir(parents=True)
+        error = "Round 14: 15 of 20 clients failed.\n  client 4: array 0 contains NaN or Inf"
+        (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": error}))
+    (tmp_path / "suite" / "suite.yaml").write_text(
+        yaml.safe_dump({"name": "tiny", "methods": ["fedavg", "scaffold", "feddc"]})
+    )
+    entries = {e.method: e for e in load_setting(setting)}
+    assert set(entries) == {"fedavg", "scaffold"}
+    assert entries["scaffold"].by_seed == {1: 0.85, 2: 0.86}
+    assert entries["scaffold"].failed == {3: "Round 14: 15 of 20 clients failed."}
+    text, _ = render(tmp_path / "suite")
+    assert "| SCAFFOLD | 85.50 ± 0.71 | 85.50 ± 0.71 | 2 (+1 failed) |" in text
+    assert "- SCAFFOLD, seed 3: Round 14: 15 of 20 clients failed." in text
+    assert "feddc (every final run so far failed)" in text
+
+
 def test_a_widely_spread_method_ranked_above_higher_means_is_named() -> None:
     """A rank counts the methods significantly better: with three seeds, one bad seed (as
     SCAFFOLD's on mnist_path) leaves a method tied with the leader far below it, above a tight

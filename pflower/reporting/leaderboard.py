@@ -21,6 +21,8 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
 
 Under each setting's table: the methods ranked above a method with a higher mean (their seeds
 spread widely, so the test separates few methods from them: :func:`ranked_above_higher_means`),
+the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
+column and named with the error, since the mean over the other seeds flatters the method),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
 those the setting refuses, and those with no final runs yet. Above it, the shared ``train.*``
 knobs every method of the setting searched (from the chosen files).
@@ -64,6 +66,9 @@ class Entry:
     final: list[float] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     """The final seed of each value of ``final`` (none given: 1, 2, ... in order)."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """Final runs that stopped with an error (a diverged run, say): seed -> the error's first
+    line. They are in no mean and no test; the table and a note under it say so."""
     last10: list[float] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
     mb_per_client_round: list[float] = field(default_factory=list)
@@ -126,7 +131,8 @@ def mb_per_client_round(rows: Sequence[Mapping[str, Any]]) -> float:
 
 
 def load_setting(setting_dir: Path) -> list[Entry]:
-    """Every method of a setting folder with completed final runs."""
+    """Every method of a setting folder with completed final runs (and the failed ones of each,
+    in :attr:`Entry.failed`)."""
     entries = []
     final_root = setting_dir / "final"
     methods = sorted(p.name for p in final_root.iterdir()) if final_root.is_dir() else []
@@ -137,11 +143,15 @@ def load_setting(setting_dir: Path) -> list[Entry]:
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
         for run_dir in sorted((final_root / method).glob("seed_*")):
             summary = _load_json(run_dir / "summary.json")
+            seed = int(run_dir.name.removeprefix("seed_"))
+            if summary and summary.get("status") == "failed":
+                error = summary.get("error") or "no error recorded"
+                entry.failed[seed] = str(error).splitlines()[0]
             if not summary or summary.get("status") != "completed":
                 continue
             rows = _rows(run_dir)
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
-            entry.seeds.append(int(run_dir.name.removeprefix("seed_")))
+            entry.seeds.append(seed)
             entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
             entry.seconds_per_round.append(seconds_per_round(rows, summary))
             entry.mb_per_client_round.append(mb_per_client_round(rows))
@@ -227,6 +237,19 @@ def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
     return [*lines, ""]
 
 
+def _failure_notes(entries: Sequence[Entry]) -> list[str]:
+    failures = [(e, seed, error) for e in entries for seed, error in sorted(e.failed.items())]
+    if not failures:
+        return []
+    lines = [
+        "Final runs that failed (in no mean and no test, so the method's mean over its other "
+        "seeds flatters it; the seeds column counts them apart):",
+        "",
+    ]
+    lines += [f"- {e.label}, seed {seed}: {error}" for e, seed, error in failures]
+    return [*lines, ""]
+
+
 def _mean_std(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
     if not values:
         return "-"
@@ -282,7 +305,7 @@ def table(entries: Sequence[Entry]) -> list[list[str]]:
                 e.label,
                 _mean_std(e.final),
                 _mean_std(e.last10),
-                str(len(e.final)),
+                str(len(e.final)) + (f" (+{len(e.failed)} failed)" if e.failed else ""),
                 _chosen(e.chosen),
                 "-" if value is None else f"{100 * float(value):.2f}",
                 _trials(e.chosen),
@@ -342,7 +365,14 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
     if not pending:
         return []
     tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
-    shown = [f"{m} (tuned, final runs pending)" if m in tuned else m for m in pending]
+
+    def state(method: str) -> str:
+        summaries = (setting_dir / "final" / method).glob("seed_*/summary.json")
+        if any((_load_json(s) or {}).get("status") == "failed" for s in summaries):
+            return f"{method} (every final run so far failed)"
+        return f"{method} (tuned, final runs pending)" if method in tuned else method
+
+    shown = [state(m) for m in pending]
     return [
         f"{len(finished)} of {len(methods)} methods have final runs; not yet: {', '.join(shown)}.",
         "",
@@ -392,6 +422,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
         lines += _inversion_notes(entries)
+        lines += _failure_notes(entries)
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
         lines += _pending(setting_dir, compared or suite.get("methods") or [], entries)
