@@ -47,7 +47,9 @@ exec > >(tee -a "$log") 2>&1
 export PYTHONUNBUFFERED=1 PFLOWER_DATA=${PFLOWER_DATA:-$PWD/.gpu/data}
 python=${PYTHON:-python3}
 
-if ! $python -c "import flwr, hydra" 2>/dev/null; then
+if PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} $python -c "import flwr, hydra" 2>/dev/null; then
+    [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}  # a warm machine
+else
     if ls .gpu/wheels/*.whl >/dev/null 2>&1; then
         $python -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .gpu/wheels/*.whl || exit 3
@@ -82,7 +84,7 @@ steps=("$@")
 resnet=(train.local_epochs=1 dataset.num_train=20000 dataset.num_test=4000)
 for name in "${steps[@]}"; do
     case $name in
-        floor-resnet) step "$name" 120 --rounds 3 --cases resnet18-cifar --case-limit 60 \
+        floor-resnet) step "$name" 135 --rounds 3 --cases resnet18-cifar --case-limit 60 \
             --set "${resnet[@]}" ;;
         floor-mlp-cnn) step "$name" 160 --rounds 3 --cases flame fedala --case-limit 60 ;;
         floor-small) step "$name" 130 --rounds 4 --cases fliu diversifed --case-limit 45 \
@@ -94,7 +96,7 @@ for name in "${steps[@]}"; do
         options)
             step "$name-amp" 110 --rounds 3 --cases resnet18-cifar --case-limit 50 \
                 --set "${resnet[@]}" train.amp=bf16 train.channels_last=true
-            step "$name-resident" 70 --rounds 3 --cases flame --case-limit 35 \
+            step "$name-resident" 85 --rounds 3 --cases flame --case-limit 35 \
                 --set train.data_on_device=true ;;
         *) echo "gpu_all.sh: unknown step $name" ;;
     esac

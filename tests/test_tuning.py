@@ -432,8 +432,11 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert rows[0][0] == "setting" and len(rows) == 4
     assert "![digits: final accuracy by method](leaderboard_digits.png)" in text
     assert (root / "leaderboard_digits.png").stat().st_size > 0
-    assert significantly_better({1: 0.9, 2: 0.9}, {1: 0.8, 2: 0.8})
-    assert not significantly_better({1: 0.9}, {1: 0.8, 2: 0.81})  # one common seed
+    # samples that vary, with a difference constant up to rounding: separated
+    assert significantly_better({1: 0.9, 2: 0.95, 3: 0.93}, {1: 0.8, 2: 0.85, 3: 0.83})
+    assert not significantly_better({1: 0.95, 2: 0.9}, {2: 0.8, 3: 0.81})  # one common seed
+    # twins one ulp apart on every seed are not separated
+    assert not significantly_better({1: 0.1 + 0.2, 2: 0.6}, {1: 0.3, 2: 0.6})
 
 
 def test_ranks_pair_the_seeds_because_a_seed_fixes_the_partition() -> None:
@@ -467,6 +470,7 @@ def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
         _fake_run(setting / "final" / "fedavg" / f"seed_{seed}", value, value)
     _fake_run(setting / "final" / "scaffold" / "seed_1", 0.85, 0.85)
     _fake_run(setting / "final" / "scaffold" / "seed_2", 0.86, 0.86)
+    (setting / "final" / "fedavg" / "seed_1.bak").mkdir()  # not a run folder: skipped
     for method, seed in [("scaffold", 3), ("feddc", 1)]:
         failed = setting / "final" / method / f"seed_{seed}"
         failed.mkdir(parents=True)

@@ -19,8 +19,9 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   (array megabytes down and up per training client, from the ``bytes_down``/``bytes_up`` of the
   stage-L2 rows).
 
-Under each setting's table: the methods ranked above a method with a higher mean (their seeds
-spread widely, so the test separates few methods from them: :func:`ranked_above_higher_means`),
+Under each setting's table: the methods ranked above a method with a higher mean (their
+differences to the others vary from seed to seed, so the test separates few methods from
+them: :func:`ranked_above_higher_means`),
 the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
 column and named with the error, since the mean over the other seeds flatters the method),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
@@ -142,8 +143,11 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
         for run_dir in sorted((final_root / method).glob("seed_*")):
+            suffix = run_dir.name.removeprefix("seed_")
+            if not suffix.isdigit():  # not a run folder (a copy, say)
+                continue
+            seed = int(suffix)
             summary = _load_json(run_dir / "summary.json")
-            seed = int(run_dir.name.removeprefix("seed_"))
             if summary and summary.get("status") == "failed":
                 error = summary.get("error") or "no error recorded"
                 entry.failed[seed] = str(error).splitlines()[0]
@@ -179,7 +183,8 @@ def significantly_better(
     seeds both ran pair up (see the module docstring): a two-sided paired t-test on the
     differences, p < ``alpha``, with a positive mean difference (equal positive differences
     count as separated; fewer than two common seeds never do)."""
-    differences = [a[seed] - b[seed] for seed in sorted(a.keys() & b.keys())]
+    # rounded: equal differences stay equal, and twins one ulp apart are not "separated"
+    differences = [round(a[seed] - b[seed], 12) for seed in sorted(a.keys() & b.keys())]
     if len(differences) < 2 or statistics.fmean(differences) <= 0:
         return False
     if statistics.stdev(differences) == 0:
@@ -223,8 +228,8 @@ def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
         return []
     lines = [
         "Ranks above a higher mean (a rank counts the methods significantly better; a method "
-        "whose results swing from seed to seed is separated from few, so read its rank with its "
-        "std):",
+        "whose differences to the others vary from seed to seed is separated from few, so read "
+        "its rank with its per-seed values):",
         "",
     ]
     for entry, higher in inversions:
