@@ -42,7 +42,7 @@ import datetime
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
 from pathlib import Path
@@ -131,6 +131,16 @@ def mb_per_client_round(rows: Sequence[Mapping[str, Any]]) -> float:
     return float(sum(sizes) / len(sizes)) if sizes else math.nan
 
 
+def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
+    """``(seed, run folder, summary)`` of every ``seed_<n>`` folder of a method that has a
+    summary (other folders, a copy say, are not runs)."""
+    for run_dir in sorted(method_dir.glob("seed_*")):
+        suffix = run_dir.name.removeprefix("seed_")
+        summary = _load_json(run_dir / "summary.json") if suffix.isdigit() else None
+        if summary:
+            yield int(suffix), run_dir, summary
+
+
 def load_setting(setting_dir: Path) -> list[Entry]:
     """Every method of a setting folder with completed final runs (and the failed ones of each,
     in :attr:`Entry.failed`)."""
@@ -142,16 +152,11 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         chosen_path = setting_dir / "chosen" / f"{method}.yaml"
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
-        for run_dir in sorted((final_root / method).glob("seed_*")):
-            suffix = run_dir.name.removeprefix("seed_")
-            if not suffix.isdigit():  # not a run folder (a copy, say)
-                continue
-            seed = int(suffix)
-            summary = _load_json(run_dir / "summary.json")
-            if summary and summary.get("status") == "failed":
+        for seed, run_dir, summary in _final_runs(final_root / method):
+            if summary.get("status") == "failed":
                 error = summary.get("error") or "no error recorded"
                 entry.failed[seed] = str(error).splitlines()[0]
-            if not summary or summary.get("status") != "completed":
+            if summary.get("status") != "completed":
                 continue
             rows = _rows(run_dir)
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
@@ -208,7 +213,7 @@ def ranked_above_higher_means(entries: Sequence[Entry]) -> list[tuple[Entry, lis
     methods. A rank counts the methods significantly better, and with few seeds a method whose
     differences to the others vary widely across seeds (one bad seed, say) is separated from few:
     it can share rank 1 far below the leaders, above a steadier method with a higher mean.
-    Listed under the table so the rank is read with its std. Every entry has final runs
+    Listed under the table so the rank is read with its per-seed values. Every entry has final runs
     (:func:`load_setting` keeps no other).
     """
     means = [statistics.fmean(e.final) for e in entries]
@@ -372,8 +377,8 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
     tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
 
     def state(method: str) -> str:
-        summaries = (setting_dir / "final" / method).glob("seed_*/summary.json")
-        if any((_load_json(s) or {}).get("status") == "failed" for s in summaries):
+        runs = _final_runs(setting_dir / "final" / method)
+        if any(summary.get("status") == "failed" for _, _, summary in runs):
             return f"{method} (every final run so far failed)"
         return f"{method} (tuned, final runs pending)" if method in tuned else method
 
