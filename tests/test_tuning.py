@@ -612,6 +612,9 @@ def test_tune_command_then_leaderboard(tmp_path: Path) -> None:
     assert final["status"] == "completed" and final["scored_on"] == "test"
     assert final["config"]["seed"] == 5 and final["config"]["rounds"] == 1
     assert final["config"]["train"]["lr"] == pytest.approx(chosen["params"]["train.lr"], rel=1e-5)
+    # never resumed (an interrupted run starts afresh), so no run keeps resume state on disk
+    assert final["config"]["checkpoint"]["every"] == 0
+    assert [p.name for p in out.rglob("*") if p.name in ("checkpoint.pkl", "client_state")] == []
     report = subprocess.run(
         [sys.executable, "-m", "pflower", "report", "--leaderboard", str(out)],
         check=True,
