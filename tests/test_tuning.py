@@ -486,7 +486,7 @@ def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
     text, _ = render(tmp_path / "suite")
     assert "| SCAFFOLD | 85.50 ± 0.71 | 85.50 ± 0.71 | 2 (+1 failed) |" in text
     assert "- SCAFFOLD, seed 3: Round 14: 15 of 20 clients failed." in text
-    assert "feddc (every final run so far failed)" in text
+    assert "feddc (every final run so far failed, seeds 1; seed 1: Round 14: 15 of 20" in text
 
 
 def test_a_widely_spread_method_ranked_above_higher_means_is_named() -> None:

@@ -377,9 +377,16 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
     tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
 
     def state(method: str) -> str:
-        runs = _final_runs(setting_dir / "final" / method)
-        if any(summary.get("status") == "failed" for _, _, summary in runs):
-            return f"{method} (every final run so far failed)"
+        failed = {
+            seed: str(summary.get("error") or "no error recorded").splitlines()[0]
+            for seed, _, summary in _final_runs(setting_dir / "final" / method)
+            if summary.get("status") == "failed"
+        }
+        if failed:
+            first = min(failed)
+            seeds = ", ".join(map(str, sorted(failed)))
+            error = f"seed {first}: {failed[first]}"
+            return f"{method} (every final run so far failed, seeds {seeds}; {error})"
         return f"{method} (tuned, final runs pending)" if method in tuned else method
 
     shown = [state(m) for m in pending]
