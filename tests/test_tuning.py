@@ -33,7 +33,9 @@ from pflower.registry import ConfigError
 from pflower.reporting.leaderboard import (
     Entry,
     _inversion_notes,
+    fdr_better_counts,
     load_setting,
+    paired_test,
     rank_with_ties,
     ranked_above_higher_means,
     render,
@@ -421,11 +423,11 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     )
     entries = {e.method: e for e in load_setting(root / "digits")}
     assert entries["fedavg"].rank == entries["fedprox"].rank == 1
-    assert entries["local"].rank == 3
+    assert entries["local"].rank == entries["local"].rank_fdr == 3
     assert entries["fedavg"].seconds_per_round == [3.0] * 3
     assert entries["fedavg"].mb_per_client_round == [1.5] * 3
     text, rows = render(root)
-    assert "| 1 | FedProx | 90.67 ± 0.76 |" in text
+    assert "| 1 | 1 | FedProx | 90.67 ± 0.76 |" in text
     assert "mu=0.01, lr=0.05" in text and "3 (2 complete, 1 pruned; 1 interrupted, retried)" in text
     assert "Shared knobs searched for every method: train.lr." in text
     assert "pflower tune --suite tiny" in text and "abc123" in text and "box" in text
@@ -459,6 +461,34 @@ def test_ranks_pair_the_seeds_because_a_seed_fixes_the_partition() -> None:
     twin = Entry("fedbn", final=list(follower.final))
     rank_with_ties([follower, twin])
     assert follower.rank == twin.rank == 1
+
+
+def test_fdr_rank_keeps_the_separations_that_survive_all_the_pairs() -> None:
+    """The plain rank tests each pair at p < 0.05, so among many methods some separate by chance;
+    the FDR rank adjusts the p-values of all pairs together (Benjamini-Hochberg). Among 17 peers
+    tied with it, a method is below a 1-point lead that varies from seed to seed (p = 0.012) in
+    the plain rank only, and below a 10-point lead that holds on every seed in both."""
+    base = [0.900, 0.880, 0.910, 0.870, 0.895]
+
+    def entry(method: str, offsets: list[float]) -> Entry:
+        final = [b + o for b, o in zip(base, offsets, strict=True)]
+        return Entry(method, final=final, seeds=[1, 2, 3, 4, 5])
+
+    entries = [
+        entry("method", [0.0] * 5),
+        entry("leader", [0.004, 0.016, 0.006, 0.014, 0.010]),
+        entry("strong", [0.100, 0.101, 0.099, 0.100, 0.102]),
+    ]
+    # peers: differences to the method and to each other that cancel out (mean 0, p = 1)
+    entries += [entry(f"peer{k}", [c := 0.001 * (k % 3 + 1), -c, c, -c, 0.0]) for k in range(17)]
+    rank_with_ties(entries)
+    by = {e.method: e for e in entries}
+    lead = paired_test(by["leader"].by_seed, by["method"].by_seed)
+    assert lead is not None and 0.01 < lead[1] < 0.05
+    assert (by["method"].rank, by["method"].rank_fdr) == (3, 2)
+    assert (by["strong"].rank, by["strong"].rank_fdr) == (1, 1)
+    assert by["leader"].rank_fdr == 2  # strong is above it on every seed
+    assert fdr_better_counts(entries[:2]) == {"method": 1, "leader": 0}  # one pair: unadjusted
 
 
 def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
@@ -622,5 +652,5 @@ def test_tune_command_then_leaderboard(tmp_path: Path) -> None:
         text=True,
         timeout=300,
     ).stdout
-    assert "| 1 | FedAvg |" in report and "pflower tune fedavg --suite" in report
+    assert "| 1 | 1 | FedAvg |" in report and "pflower tune fedavg --suite" in report
     assert (out / "leaderboard.csv").exists()
