@@ -147,6 +147,11 @@ def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
             yield int(suffix), run_dir, summary
 
 
+def _error_of(summary: Mapping[str, Any]) -> str:
+    """The first line of a failed run's error."""
+    return (str(summary.get("error") or "").strip() or "no error recorded").splitlines()[0]
+
+
 def load_setting(setting_dir: Path) -> list[Entry]:
     """Every method of a setting folder with completed final runs (and the failed ones of each,
     in :attr:`Entry.failed`)."""
@@ -160,8 +165,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
         for seed, run_dir, summary in _final_runs(final_root / method):
             if summary.get("status") == "failed":
-                error = summary.get("error") or "no error recorded"
-                entry.failed[seed] = str(error).splitlines()[0]
+                entry.failed[seed] = _error_of(summary)
             if summary.get("status") != "completed":
                 continue
             rows = _rows(run_dir)
@@ -419,7 +423,7 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
 
     def state(method: str) -> str:
         failed = {
-            seed: str(summary.get("error") or "no error recorded").splitlines()[0]
+            seed: _error_of(summary)
             for seed, _, summary in _final_runs(setting_dir / "final" / method)
             if summary.get("status") == "failed"
         }
@@ -456,7 +460,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         f"seeds separates them (two-sided, p < {ALPHA}; a seed fixes the partition, the initial "
         "model and the batches for every method alike, so the seeds pair up). The FDR rank "
         "counts only the separations that remain when the p-values of all the setting's pairs "
-        "are adjusted together for a 5% false discovery rate (Benjamini-Hochberg).",
+        f"are adjusted together for a {ALPHA:.0%} false discovery rate (Benjamini-Hochberg).",
         "",
     ]
     if suite.get("budget"):
