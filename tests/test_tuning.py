@@ -326,9 +326,11 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(
     assert not (tmp_path / "typo" / "digits_adam" / "refused").exists()
     # `pflower tune <some methods>` on a suite with per_method entries for others runs them
     seen: dict[str, object] = {}
-    monkeypatch.setattr(cli, "run_suite", lambda *a: seen.update(methods=a[1], settings=a[2]))
+    monkeypatch.setattr(
+        cli, "run_suite", lambda *a, **k: seen.update(methods=a[1], settings=a[2], **k)
+    )
     assert cli.main(["fedavg", "--suite", str(path), "rounds=3", "--out", str(tmp_path / "o")]) == 0
-    assert seen["methods"] == ["fedavg"]
+    assert seen["methods"] == ["fedavg"] and seen["retry_failed"] is False
     assert [s.extra for s in seen["settings"]] == [("rounds=3",)]  # type: ignore[attr-defined]
     # a change needs its reason, names the suite's methods and keys its method searches
     path.write_text(PER_METHOD.replace("        reason: control variates assume SGD\n", ""))
@@ -362,6 +364,53 @@ def test_a_study_resumes_only_the_search_it_started(tmp_path: Path) -> None:
     # a list of choices replaces a range: the parameter becomes a choice
     fixed = space["train.lr"].with_bounds({"choices": [0.05]})
     assert isinstance(fixed, Param) and fixed.describe() == "one of 0.05"
+
+
+def test_final_runs_keep_failed_runs_and_rerun_interrupted_ones(tmp_path: Path) -> None:
+    """A final run that failed by itself (diverged) fails again when rerun, so `pflower tune`
+    keeps it (the leaderboard reports it) unless asked to retry; one stopped by a signal
+    (Ctrl-C, a timeout) or with no summary has not run yet and runs."""
+    from pflower.tuning.search import final_runs
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE.replace("final_seeds: [1, 2]", "final_seeds: [1, 2, 3, 4, 5]"))
+    suite = load_suite(str(path))
+    setting, layout = suite.settings[0], Layout(tmp_path / "out")
+    chosen = layout.chosen_file(setting.name, "fedprox")
+    chosen.parent.mkdir(parents=True)
+    chosen.write_text(yaml.safe_dump({"overrides": ["strategy=fedprox", "train.lr=0.05"]}))
+    _fake_run(layout.final_dir(setting.name, "fedprox", 1), 0.9, 0.9)
+    for seed, error in [
+        (2, "Round 3: 4 of 4 clients failed.\n  NaN"),
+        (3, "interrupted by SIGTERM"),
+    ]:
+        run_dir = layout.final_dir(setting.name, "fedprox", seed)
+        run_dir.mkdir(parents=True)
+        (run_dir / "summary.json").write_text(json.dumps({"status": "failed", "error": error}))
+    layout.final_dir(setting.name, "fedprox", 4).mkdir(parents=True)  # killed: no summary
+
+    ran: list[int] = []
+
+    def runner(command: list[str], run_dir: Path, **_: object) -> dict[str, object]:
+        assert not run_dir.exists() or not any(run_dir.iterdir())  # an attempt starts clean
+        ran.append(int(run_dir.name.removeprefix("seed_")))
+        summary = {"status": "completed", "final": {"L1": {"acc_local": {"mean": 0.9}}}}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    logged: list[str] = []
+    final_runs(suite, setting, "fedprox", layout, log=logged.append, runner=runner)
+    assert sorted(ran) == [3, 4, 5]
+    assert (
+        "digits fedprox final seed 2 failed before, kept (--retry-failed runs it again): "
+        "Round 3: 4 of 4 clients failed." in logged
+    )
+    ran.clear()
+    final_runs(suite, setting, "fedprox", layout, log=logged.append, runner=runner)
+    assert ran == []
+    final_runs(suite, setting, "fedprox", layout, runner=runner, retry_failed=True)
+    assert ran == [2]
 
 
 # ---------------------------------------------------------------------------- leaderboard
@@ -506,8 +555,14 @@ def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
         failed.mkdir(parents=True)
         error = "Round 14: 15 of 20 clients failed.\n  client 4: array 0 contains NaN or Inf"
         (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": error}))
+    # stopped by a signal: not run yet, so neither failed nor counted
+    for method, seed in [("scaffold", 4), ("fedprox", 1)]:
+        stopped = setting / "final" / method / f"seed_{seed}"
+        stopped.mkdir(parents=True)
+        summary = {"status": "failed", "error": "interrupted by SIGINT"}
+        (stopped / "summary.json").write_text(json.dumps(summary))
     (tmp_path / "suite" / "suite.yaml").write_text(
-        yaml.safe_dump({"name": "tiny", "methods": ["fedavg", "scaffold", "feddc"]})
+        yaml.safe_dump({"name": "tiny", "methods": ["fedavg", "scaffold", "feddc", "fedprox"]})
     )
     entries = {e.method: e for e in load_setting(setting)}
     assert set(entries) == {"fedavg", "scaffold"}
@@ -517,6 +572,7 @@ def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
     assert "| SCAFFOLD | 85.50 ± 0.71 | 85.50 ± 0.71 | 2 (+1 failed) |" in text
     assert "- SCAFFOLD, seed 3: Round 14: 15 of 20 clients failed." in text
     assert "feddc (every final run so far failed, seeds 1; seed 1: Round 14: 15 of 20" in text
+    assert "not yet: feddc (every final run so far failed" in text and ", fedprox." in text
 
 
 def test_a_widely_spread_method_ranked_above_higher_means_is_named() -> None:

@@ -27,7 +27,8 @@ Under each setting's table: the methods ranked above a method with a higher mean
 differences to the others vary from seed to seed, so the test separates few methods from
 them: :func:`ranked_above_higher_means`),
 the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
-column and named with the error, since the mean over the other seeds flatters the method),
+column and named with the error, since the mean over the other seeds flatters the method; an
+interrupted run, one stopped by a signal, has not run yet and counts nowhere),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
 those the setting refuses, and those with no final runs yet. Above it, the shared ``train.*``
 knobs every method of the setting searched (from the chosen files).
@@ -58,6 +59,7 @@ from scipy import stats
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
+from pflower.results.rundir import was_interrupted
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
@@ -164,8 +166,8 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
         for seed, run_dir, summary in _final_runs(final_root / method):
-            if summary.get("status") == "failed":
-                entry.failed[seed] = _error_of(summary)
+            if summary.get("status") == "failed" and not was_interrupted(summary):
+                entry.failed[seed] = _error_of(summary)  # interrupted: not run yet
             if summary.get("status") != "completed":
                 continue
             rows = _rows(run_dir)
@@ -425,7 +427,7 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
         failed = {
             seed: _error_of(summary)
             for seed, _, summary in _final_runs(setting_dir / "final" / method)
-            if summary.get("status") == "failed"
+            if summary.get("status") == "failed" and not was_interrupted(summary)
         }
         if failed:
             first = min(failed)

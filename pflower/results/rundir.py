@@ -213,6 +213,15 @@ def check_writable(run_dir: Path) -> None:
 
 INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """Signals that end a run as ``failed`` with the error ``interrupted by <signal>``."""
+INTERRUPTED_BY = "interrupted by "
+
+
+def was_interrupted(summary: Mapping[str, Any]) -> bool:
+    """Did the run of this ``summary.json`` stop on a signal (:data:`INTERRUPTING_SIGNALS`: a
+    ``kill``, a timeout, Ctrl-C), rather than complete or fail by itself?"""
+    return summary.get("status") == "failed" and str(summary.get("error") or "").startswith(
+        INTERRUPTED_BY
+    )
 
 
 def record_interrupted(run_dir: Path, cfg: DictConfig, reason: str) -> None:
@@ -245,7 +254,7 @@ def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
     previous: dict[int, Any] = {}
 
     def interrupted(signum: int, frame: Any) -> None:
-        record_interrupted(run_dir, cfg, f"interrupted by {signal.Signals(signum).name}")
+        record_interrupted(run_dir, cfg, f"{INTERRUPTED_BY}{signal.Signals(signum).name}")
         before = previous[signum]
         if callable(before) and before is not signal.default_int_handler:
             before(signum, frame)

@@ -63,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per Ray task")
     parser.add_argument("--no-final", action="store_true", help="tune only; no final runs")
+    parser.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run failed final runs again (kept by default: a diverged run diverges again)",
+    )
     parser.add_argument("--show", metavar="METHOD", help="print METHOD's search space and exit")
     parser.add_argument("--overrides", type=Path, help="print a chosen file's overrides")
     return parser
@@ -160,6 +165,7 @@ def run_suite(
     final: bool,
     timeout_s: float | None,
     runner: Runner | None = None,
+    retry_failed: bool = False,
 ) -> None:
     """Tune every method (None: each setting's) on every setting, write the chosen values, run
     the final seeds. ``<out>/suite.yaml`` records the whole suite, whichever settings run."""
@@ -204,7 +210,9 @@ def run_suite(
             values = " ".join(f"{k}={format_value(v)}" for k, v in chosen["params"].items())
             print(f"[{setting.name}] {method} chose {values or 'the defaults'}")
             if final:
-                final_runs(suite, setting, method, layout, workers, timeout_s, print, runner)
+                final_runs(
+                    suite, setting, method, layout, workers, timeout_s, print, runner, retry_failed
+                )
 
 
 def main(argv: Sequence[str]) -> int:
@@ -247,5 +255,15 @@ def main(argv: Sequence[str]) -> int:
 
         ray.init(address=args.ray)
         runner = RayRunner(args.ray_cpus)
-    run_suite(suite, methods, settings, out, args.workers, not args.no_final, args.timeout, runner)
+    run_suite(
+        suite,
+        methods,
+        settings,
+        out,
+        args.workers,
+        not args.no_final,
+        args.timeout,
+        runner,
+        retry_failed=args.retry_failed,
+    )
     return 0

@@ -37,6 +37,7 @@ from typing import Any
 import yaml
 
 from pflower.registry import ConfigError
+from pflower.results.rundir import was_interrupted
 from pflower.searchspace import Param, format_value
 from pflower.tuning.runner import (
     HEARTBEAT_S,
@@ -474,8 +475,12 @@ def final_runs(
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
     runner: Runner | None = None,
+    retry_failed: bool = False,
 ) -> list[Path]:
-    """Run the chosen values with every final seed on test; completed runs are kept."""
+    """Run the chosen values with every final seed on test. Completed runs are kept, and so are
+    failed ones (a run that diverged diverges again: the leaderboard reports it) unless
+    ``retry_failed``; a run that never finished or was interrupted (a signal: Ctrl-C, a
+    timeout) runs again."""
     execute = runner or run_pflower
     from concurrent.futures import ThreadPoolExecutor
 
@@ -483,10 +488,17 @@ def final_runs(
     todo = []
     for seed in suite.final_seeds:
         run_dir = layout.final_dir(setting.name, method, seed)
-        summary = read_summary(run_dir)
-        if summary and summary.get("status") == "completed":
+        summary = read_summary(run_dir) or {}
+        failed = summary.get("status") == "failed" and not was_interrupted(summary)
+        if summary.get("status") == "completed" or (failed and not retry_failed):
+            if failed:
+                error = str(summary.get("error") or "").strip().partition("\n")[0]
+                log(
+                    f"{setting.name} {method} final seed {seed} failed before, kept "
+                    f"(--retry-failed runs it again): {error}"
+                )
             continue
-        shutil.rmtree(run_dir, ignore_errors=True)  # an interrupted or failed attempt: rerun
+        shutil.rmtree(run_dir, ignore_errors=True)  # unfinished, interrupted or retried: rerun
         todo.append((seed, run_dir))
 
     def run(item: tuple[int, Path]) -> Path:
