@@ -41,6 +41,7 @@ from pflower.reporting.leaderboard import (
     render,
     significantly_better,
 )
+from pflower.results.rundir import was_interrupted
 from pflower.tuning import runner as trial_runner
 from pflower.tuning import search
 from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
@@ -332,6 +333,8 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(
     assert cli.main(["fedavg", "--suite", str(path), "rounds=3", "--out", str(tmp_path / "o")]) == 0
     assert seen["methods"] == ["fedavg"] and seen["retry_failed"] is False
     assert [s.extra for s in seen["settings"]] == [("rounds=3",)]  # type: ignore[attr-defined]
+    assert cli.main(["fedavg", "--suite", str(path), "--retry-failed", "--out", str(tmp_path)]) == 0
+    assert seen["retry_failed"] is True
     # a change needs its reason, names the suite's methods and keys its method searches
     path.write_text(PER_METHOD.replace("        reason: control variates assume SGD\n", ""))
     with pytest.raises(ConfigError, match="say why"):
@@ -411,6 +414,29 @@ def test_final_runs_keep_failed_runs_and_rerun_interrupted_ones(tmp_path: Path) 
     assert ran == []
     final_runs(suite, setting, "fedprox", layout, runner=runner, retry_failed=True)
     assert ran == [2]
+
+
+def test_a_final_run_that_times_out_is_recorded_as_failed_not_interrupted(tmp_path: Path) -> None:
+    """`--timeout` stops a run with SIGTERM, which the run records as "interrupted by SIGTERM"
+    (not run yet: rerun by the next command). A run stopped for taking too long did run and
+    would time out again, so the runner records it as failed with the reason: kept and reported
+    like a diverged run, as a trial that times out counts as failed."""
+    run_dir = tmp_path / "run"
+    # a run that, like pflower, records its interruption when SIGTERM arrives
+    script = (
+        "import json, signal, sys, time\n"
+        "def stop(*_):\n"
+        f"    open({str(run_dir / 'summary.json')!r}, 'w').write(json.dumps("
+        "{'status': 'failed', 'error': 'interrupted by SIGTERM', 'rounds': 5}))\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        "time.sleep(120)\n"
+    )
+    with pytest.raises(trial_runner.TrialFailed, match="took longer than 1 s"):
+        trial_runner.run_pflower([sys.executable, "-c", script], run_dir, timeout_s=1)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary == {"status": "failed", "error": "the run took longer than 1 s", "rounds": 5}
+    assert not was_interrupted(summary)
 
 
 # ---------------------------------------------------------------------------- leaderboard

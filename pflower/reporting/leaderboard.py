@@ -11,8 +11,10 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   rank 1, and so on: a rank is a statement about the evidence, not about the order of the means;
 - **FDR rank**: the same count when the p-values of all the setting's pairs are adjusted
   together for a 5% false discovery rate (Benjamini-Hochberg; :func:`fdr_better_counts`). With
-  33 methods the plain rank makes 528 tests at 5% each, so some of its separations are chance;
-  of those that remain in the FDR rank, at most 5% are expected to be;
+  33 methods the plain rank makes 528 tests at 5% each, so some of its separations are expected
+  to be chance; of those that remain in the FDR rank, about 5% at most (an approximation: the
+  procedure's bound is proven for independent or positively dependent tests, and the tests of
+  all pairs share methods and seeds);
 - final-round and last-10%-of-rounds stage-L1 Acc(L) (the deployable models on the clients' test
   shares), mean ± std (ddof=1) over the seeds, and the number of seeds;
 - the chosen hyperparameters (``chosen/<method>.yaml``), the validation objective they reached
@@ -59,7 +61,7 @@ from scipy import stats
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
-from pflower.results.rundir import was_interrupted
+from pflower.results.rundir import error_line, was_interrupted
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
@@ -149,11 +151,6 @@ def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
             yield int(suffix), run_dir, summary
 
 
-def _error_of(summary: Mapping[str, Any]) -> str:
-    """The first line of a failed run's error."""
-    return (str(summary.get("error") or "").strip() or "no error recorded").splitlines()[0]
-
-
 def load_setting(setting_dir: Path) -> list[Entry]:
     """Every method of a setting folder with completed final runs (and the failed ones of each,
     in :attr:`Entry.failed`)."""
@@ -167,7 +164,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
         for seed, run_dir, summary in _final_runs(final_root / method):
             if summary.get("status") == "failed" and not was_interrupted(summary):
-                entry.failed[seed] = _error_of(summary)  # interrupted: not run yet
+                entry.failed[seed] = error_line(summary)  # interrupted: not run yet
             if summary.get("status") != "completed":
                 continue
             rows = _rows(run_dir)
@@ -221,9 +218,10 @@ def significantly_better(
 def fdr_better_counts(entries: Sequence[Entry], alpha: float = ALPHA) -> dict[str, int]:
     """Per method, how many methods are significantly better when the p-values of all the
     setting's pairs are adjusted together with Benjamini and Hochberg's procedure
-    (``scipy.stats.false_discovery_control``): of all the separations the table then makes, at
-    most a fraction ``alpha`` is expected to be chance, where the plain rank allows each pair
-    that chance on its own (528 pairs among 33 methods)."""
+    (``scipy.stats.false_discovery_control``): of all the separations the table then makes,
+    about a fraction ``alpha`` at most is expected to be chance (approximately: see the module
+    docstring), where the plain rank allows each pair that chance on its own (528 pairs among 33
+    methods)."""
     pairs = [
         (a, b, test)
         for i, a in enumerate(entries)
@@ -425,7 +423,7 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
 
     def state(method: str) -> str:
         failed = {
-            seed: _error_of(summary)
+            seed: error_line(summary)
             for seed, _, summary in _final_runs(setting_dir / "final" / method)
             if summary.get("status") == "failed" and not was_interrupted(summary)
         }

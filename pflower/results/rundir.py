@@ -216,6 +216,11 @@ INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 INTERRUPTED_BY = "interrupted by "
 
 
+def error_line(summary: Mapping[str, Any]) -> str:
+    """The first line of a failed run's error (``summary.json``'s ``error``)."""
+    return (str(summary.get("error") or "").strip() or "no error recorded").splitlines()[0]
+
+
 def was_interrupted(summary: Mapping[str, Any]) -> bool:
     """Did the run of this ``summary.json`` stop on a signal (:data:`INTERRUPTING_SIGNALS`: a
     ``kill``, a timeout, Ctrl-C), rather than complete or fail by itself?"""

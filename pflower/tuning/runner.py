@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from pflower.results.rundir import write_atomic
+
 HEARTBEAT_S = 20
 POLL_S = 2.0
 
@@ -88,6 +90,7 @@ def run_pflower(
     )
     reported: set[int] = set()
     started = last_beat = time.monotonic()
+    timed_out = ""
     try:
         while process.poll() is None:
             time.sleep(POLL_S)
@@ -95,7 +98,8 @@ def run_pflower(
                 heartbeat()
                 last_beat = time.monotonic()
             if timeout_s and time.monotonic() - started > timeout_s:
-                raise TrialFailed(f"the run took longer than {timeout_s:.0f} s")
+                timed_out = f"the run took longer than {timeout_s:.0f} s"
+                raise TrialFailed(timed_out)
             if on_round is None:
                 continue
             means = round_means(read_rows(run_dir))
@@ -115,11 +119,23 @@ def run_pflower(
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
         log.close()
+        if timed_out:
+            _record_failed(run_dir, timed_out)
     summary = read_summary(run_dir)
     if process.returncode != 0 or summary is None or summary.get("status") != "completed":
         reason = (summary or {}).get("error") or f"exit code {process.returncode}"
         raise TrialFailed(f"{reason} (see {run_dir / 'tune_stdout.log'})")
     return summary
+
+
+def _record_failed(run_dir: Path, reason: str) -> None:
+    """Record in ``summary.json`` that the run failed for ``reason``. A run stopped with SIGTERM
+    records itself as interrupted (:func:`pflower.results.rundir.was_interrupted`), which reads as
+    "not run yet"; a run stopped for taking too long did run, and would time out again."""
+    summary = read_summary(run_dir) or {}
+    write_atomic(
+        run_dir / "summary.json", json.dumps({**summary, "status": "failed", "error": reason})
+    )
 
 
 class Runner(Protocol):

@@ -2,12 +2,13 @@
 
 For one setting of a suite and one method, :func:`tune` runs ``suite.trials`` trials of Optuna's
 TPE sampler (seeded with ``suite.tune_seed``; ``constant_liar`` when trials run in parallel).
-Each trial is ``python -m pflower <setting overrides> strategy=<method> <sampled values>
-seed=<tune_seed> split.val_fraction=<v> split.evaluate_on=val`` in its own process, so the run is
-composed from the same ``conf/`` tree as any other and evaluates every stage on the clients'
-validation shares: no test sample is read (:mod:`pflower.datasets.federation`, step 6). While it
-runs, the mean stage-L1 Acc(L) of each finished round (the deployable model on validation) is
-reported to Optuna's median pruner, which may stop it early. The objective is the run's
+Each trial is ``python -m pflower checkpoint.every=0 <setting overrides> strategy=<method>
+<sampled values> seed=<tune_seed> split.val_fraction=<v> split.evaluate_on=val`` in its own
+process (:func:`run_command`), so the run is composed from the same ``conf/`` tree as any other
+and evaluates every stage on the clients' validation shares: no test sample is read
+(:mod:`pflower.datasets.federation`, step 6). While it runs, the mean stage-L1 Acc(L) of each
+finished round (the deployable model on validation) is reported to Optuna's median pruner, which
+may stop it early. The objective is the run's
 ``last10`` stage-L1 Acc(L) mean: the clients' mean validation accuracy of their deployable
 models, averaged over the last 10% of rounds.
 
@@ -37,7 +38,7 @@ from typing import Any
 import yaml
 
 from pflower.registry import ConfigError
-from pflower.results.rundir import was_interrupted
+from pflower.results.rundir import error_line, was_interrupted
 from pflower.searchspace import Param, format_value
 from pflower.tuning.runner import (
     HEARTBEAT_S,
@@ -492,10 +493,9 @@ def final_runs(
         failed = summary.get("status") == "failed" and not was_interrupted(summary)
         if summary.get("status") == "completed" or (failed and not retry_failed):
             if failed:
-                error = str(summary.get("error") or "").strip().partition("\n")[0]
                 log(
                     f"{setting.name} {method} final seed {seed} failed before, kept "
-                    f"(--retry-failed runs it again): {error}"
+                    f"(--retry-failed runs it again): {error_line(summary)}"
                 )
             continue
         shutil.rmtree(run_dir, ignore_errors=True)  # unfinished, interrupted or retried: rerun
