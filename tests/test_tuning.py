@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -437,6 +440,59 @@ def test_a_final_run_that_times_out_is_recorded_as_failed_not_interrupted(tmp_pa
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary == {"status": "failed", "error": "the run took longer than 1 s", "rounds": 5}
     assert not was_interrupted(summary)
+
+
+DRIVER = """\
+import sys
+from pathlib import Path
+from pflower.tuning import runner
+from pflower.tuning.search import Layout, final_runs
+from pflower.tuning.suite import load_suite
+
+suite_file, out = sys.argv[1:]
+suite = load_suite(suite_file)
+sleeper = "import os, pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text(str(os.getpid()))"
+sleeper += "; time.sleep(600)"
+
+def run(command, run_dir, **kw):
+    return runner.run_pflower([sys.executable, "-c", sleeper, str(run_dir / "pid")], run_dir, **kw)
+
+final_runs(suite, suite.settings[0], "fedprox", Layout(Path(out)), workers=2, runner=run)
+"""
+
+
+def test_ctrl_c_stops_the_runs_of_worker_threads(tmp_path: Path) -> None:
+    """Ctrl-C reaches the driver's main thread only, and its runs are processes of their own
+    sessions: the driver stops the runs its worker threads are running (2 final runs at once)
+    and starts none of those still queued, instead of waiting for them all."""
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(SUITE.replace("final_seeds: [1, 2]", "final_seeds: [1, 2, 3]"))
+    out = tmp_path / "out"
+    chosen = Layout(out).chosen_file("digits", "fedprox")
+    chosen.parent.mkdir(parents=True)
+    chosen.write_text(yaml.safe_dump({"overrides": ["strategy=fedprox"]}))
+    driver = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, str(suite_file), str(out)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        pid_files = [out / "digits" / "final" / "fedprox" / f"seed_{s}" / "pid" for s in (1, 2)]
+        deadline = time.monotonic() + 300
+        while not all(p.exists() and p.read_text() for p in pid_files):
+            assert driver.poll() is None and time.monotonic() < deadline, "the runs never started"
+            time.sleep(0.5)
+        sleepers = [int(p.read_text()) for p in pid_files]
+        driver.send_signal(signal.SIGINT)
+        driver.wait(timeout=120)  # the old driver waited for its runs (600 s each)
+    finally:
+        driver.kill()
+        output = driver.communicate()[0].decode()
+    assert driver.returncode != 0 and "KeyboardInterrupt" in output, output[-2000:]
+    for pid in sleepers:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (out / "digits" / "final" / "fedprox" / "seed_3" / "pid").exists()
 
 
 # ---------------------------------------------------------------------------- leaderboard

@@ -11,8 +11,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -70,6 +71,50 @@ class Pruned(RuntimeError):
     """The pruner stopped the trial's run."""
 
 
+class _LiveRuns:
+    """The process groups of the runs :func:`run_pflower` is running in this process. Runs on
+    worker threads (``--workers N``, final runs) do not see a Ctrl-C, which reaches the main
+    thread only: :meth:`stop` ends them all, and their threads then raise KeyboardInterrupt
+    rather than report a failure."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._groups: set[int] = set()
+        self.stopping = threading.Event()
+
+    def add(self, group: int) -> None:
+        with self._lock:
+            self._groups.add(group)
+
+    def discard(self, group: int) -> None:
+        with self._lock:
+            self._groups.discard(group)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            groups = list(self._groups)
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGTERM)
+
+
+LIVE_RUNS = _LiveRuns()
+
+
+@contextlib.contextmanager
+def runs_stop_together() -> Iterator[None]:
+    """Around the main thread's wait for worker threads' runs: an exception there (Ctrl-C's
+    KeyboardInterrupt) stops every run of this process (:data:`LIVE_RUNS`), and runs not yet
+    started do not start."""
+    LIVE_RUNS.stopping.clear()
+    try:
+        yield
+    except BaseException:
+        LIVE_RUNS.stop()
+        raise
+
+
 def run_pflower(
     command: Sequence[str],
     run_dir: Path,
@@ -83,17 +128,22 @@ def run_pflower(
     returning True stops it (raises :class:`Pruned`). The process and its children (a process
     group of their own) are stopped on pruning, timeout or interruption.
     """
+    if LIVE_RUNS.stopping.is_set():
+        raise KeyboardInterrupt("stopped with the driver's other runs")
     run_dir.mkdir(parents=True, exist_ok=True)
     log = (run_dir / "tune_stdout.log").open("w")
     process = subprocess.Popen(
         list(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
     )
+    LIVE_RUNS.add(process.pid)
     reported: set[int] = set()
     started = last_beat = time.monotonic()
     timed_out = ""
     try:
         while process.poll() is None:
             time.sleep(POLL_S)
+            if LIVE_RUNS.stopping.is_set():
+                break
             if heartbeat and time.monotonic() - last_beat > HEARTBEAT_S / 2:
                 heartbeat()
                 last_beat = time.monotonic()
@@ -108,7 +158,10 @@ def run_pflower(
                     reported.add(server_round)
                     if on_round(server_round, means[server_round]):
                         raise Pruned(f"pruned after round {server_round}")
+        if LIVE_RUNS.stopping.is_set():
+            raise KeyboardInterrupt("stopped with the driver's other runs")
     finally:
+        LIVE_RUNS.discard(process.pid)
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGTERM)
@@ -191,6 +244,8 @@ class RayRunner:
                 if ready:
                     summary: dict[str, Any] = ray.get(ref)  # a TrialFailed re-raises here
                     return summary
+                if LIVE_RUNS.stopping.is_set():
+                    raise KeyboardInterrupt("stopped with the driver's other runs")
                 if on_round is None:
                     continue
                 means = round_means(read_rows(run_dir))

@@ -49,6 +49,7 @@ from pflower.tuning.runner import (
     objective_of,
     read_summary,
     run_pflower,
+    runs_stop_together,
 )
 from pflower.tuning.suite import Setting, Suite
 
@@ -371,16 +372,19 @@ def tune(
     with file_lock(lock):  # create the study once before the workers open it
         study = open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
         check_study_space(study, search_record(space, setting, method), setting.name)
-    if workers == 1:
-        worker(0)
-    else:
-        threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        if errors:
-            raise errors[0]
+    with runs_stop_together():  # Ctrl-C stops the worker threads' runs too
+        if workers == 1:
+            worker(0)
+        else:
+            threads = [
+                threading.Thread(target=worker, args=(i,), daemon=True) for i in range(workers)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    if errors:
+        raise errors[0]
     return open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
 
 
@@ -512,6 +516,6 @@ def final_runs(
             log(f"{setting.name} {method} final seed {seed} failed: {error}")
         return run_dir
 
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, runs_stop_together():
         list(pool.map(run, todo))
     return [layout.final_dir(setting.name, method, seed) for seed in suite.final_seeds]
