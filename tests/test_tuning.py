@@ -475,6 +475,9 @@ def test_ctrl_c_stops_the_runs_of_worker_threads(tmp_path: Path) -> None:
         [sys.executable, "-c", DRIVER, str(suite_file), str(out)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        # as from a terminal: a background job of a non-interactive shell starts with SIGINT
+        # ignored, and Python keeps an ignored SIGINT ignored
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         pid_files = [out / "digits" / "final" / "fedprox" / f"seed_{s}" / "pid" for s in (1, 2)]
