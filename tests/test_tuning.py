@@ -44,7 +44,7 @@ from pflower.reporting.leaderboard import (
     render,
     significantly_better,
 )
-from pflower.results.rundir import was_interrupted
+from pflower.results.rundir import failed_by_itself
 from pflower.tuning import runner as trial_runner
 from pflower.tuning import search
 from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
@@ -375,7 +375,7 @@ def test_a_study_resumes_only_the_search_it_started(tmp_path: Path) -> None:
 def test_final_runs_keep_failed_runs_and_rerun_interrupted_ones(tmp_path: Path) -> None:
     """A final run that failed by itself (diverged) fails again when rerun, so `pflower tune`
     keeps it (the leaderboard reports it) unless asked to retry; one stopped by a signal
-    (Ctrl-C, a timeout) or with no summary has not run yet and runs."""
+    (Ctrl-C, `kill`) or with no summary has not run yet and runs."""
     from pflower.tuning.search import final_runs
 
     path = tmp_path / "suite.yaml"
@@ -439,7 +439,7 @@ def test_a_final_run_that_times_out_is_recorded_as_failed_not_interrupted(tmp_pa
         trial_runner.run_pflower([sys.executable, "-c", script], run_dir, timeout_s=1)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary == {"status": "failed", "error": "the run took longer than 1 s", "rounds": 5}
-    assert not was_interrupted(summary)
+    assert failed_by_itself(summary)
 
 
 DRIVER = """\

@@ -61,7 +61,7 @@ from scipy import stats
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
-from pflower.results.rundir import error_line, was_interrupted
+from pflower.results.rundir import error_line, failed_by_itself
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
@@ -163,8 +163,8 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
         for seed, run_dir, summary in _final_runs(final_root / method):
-            if summary.get("status") == "failed" and not was_interrupted(summary):
-                entry.failed[seed] = error_line(summary)  # interrupted: not run yet
+            if failed_by_itself(summary):  # an interrupted run has not run yet
+                entry.failed[seed] = error_line(summary)
             if summary.get("status") != "completed":
                 continue
             rows = _rows(run_dir)
@@ -425,7 +425,7 @@ def _pending(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]
         failed = {
             seed: error_line(summary)
             for seed, _, summary in _final_runs(setting_dir / "final" / method)
-            if summary.get("status") == "failed" and not was_interrupted(summary)
+            if failed_by_itself(summary)
         }
         if failed:
             first = min(failed)

@@ -222,11 +222,17 @@ def error_line(summary: Mapping[str, Any]) -> str:
 
 
 def was_interrupted(summary: Mapping[str, Any]) -> bool:
-    """Did the run of this ``summary.json`` stop on a signal (:data:`INTERRUPTING_SIGNALS`: a
-    ``kill``, a timeout, Ctrl-C), rather than complete or fail by itself?"""
+    """Did the run of this ``summary.json`` stop on a signal (:data:`INTERRUPTING_SIGNALS`:
+    ``kill``, the ``timeout`` command, Ctrl-C), rather than complete or fail by itself?"""
     return summary.get("status") == "failed" and str(summary.get("error") or "").startswith(
         INTERRUPTED_BY
     )
+
+
+def failed_by_itself(summary: Mapping[str, Any]) -> bool:
+    """Did the run of this ``summary.json`` fail (diverge, raise), not just stop on a signal? Such
+    a run fails again when rerun as it was; an interrupted one has not run yet."""
+    return summary.get("status") == "failed" and not was_interrupted(summary)
 
 
 def record_interrupted(run_dir: Path, cfg: DictConfig, reason: str) -> None:

@@ -8,9 +8,8 @@ process (:func:`run_command`), so the run is composed from the same ``conf/`` tr
 and evaluates every stage on the clients' validation shares: no test sample is read
 (:mod:`pflower.datasets.federation`, step 6). While it runs, the mean stage-L1 Acc(L) of each
 finished round (the deployable model on validation) is reported to Optuna's median pruner, which
-may stop it early. The objective is the run's
-``last10`` stage-L1 Acc(L) mean: the clients' mean validation accuracy of their deployable
-models, averaged over the last 10% of rounds.
+may stop it early. The objective is the run's ``last10`` stage-L1 Acc(L) mean: the clients' mean
+validation accuracy of their deployable models, averaged over the last 10% of rounds.
 
 The study lives in ``<out>/<setting>/study.db`` (Optuna's SQLite storage, one study per method)
 and resumes where it stopped: finished trials count, a trial that was running when its
@@ -38,7 +37,7 @@ from typing import Any
 import yaml
 
 from pflower.registry import ConfigError
-from pflower.results.rundir import error_line, was_interrupted
+from pflower.results.rundir import error_line, failed_by_itself
 from pflower.searchspace import Param, format_value
 from pflower.tuning.runner import (
     HEARTBEAT_S,
@@ -484,8 +483,8 @@ def final_runs(
 ) -> list[Path]:
     """Run the chosen values with every final seed on test. Completed runs are kept, and so are
     failed ones (a run that diverged diverges again: the leaderboard reports it) unless
-    ``retry_failed``; a run that never finished or was interrupted (a signal: Ctrl-C, a
-    timeout) runs again."""
+    ``retry_failed`` (a run stopped by ``timeout_s`` counts as failed); a run that never finished
+    or was interrupted (a signal: Ctrl-C, ``kill``) runs again."""
     execute = runner or run_pflower
     from concurrent.futures import ThreadPoolExecutor
 
@@ -494,7 +493,7 @@ def final_runs(
     for seed in suite.final_seeds:
         run_dir = layout.final_dir(setting.name, method, seed)
         summary = read_summary(run_dir) or {}
-        failed = summary.get("status") == "failed" and not was_interrupted(summary)
+        failed = failed_by_itself(summary)
         if summary.get("status") == "completed" or (failed and not retry_failed):
             if failed:
                 log(
