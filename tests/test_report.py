@@ -69,6 +69,9 @@ def write_run(
     elif status == "failed":
         summary = {"status": "failed", "error": "E: bad", **recorded}
         (path / "summary.json").write_text(json.dumps(summary))
+    elif status == "interrupted":
+        summary = {"status": "failed", "error": "interrupted by SIGTERM", **recorded}
+        (path / "summary.json").write_text(json.dumps(summary))
     return path
 
 
@@ -92,6 +95,7 @@ def sweep(tmp_path: Path) -> Path:
     write_run(root / "1", 1, FEDAVG, [(0.9, 0.6, 0.4), (0.7, 0.6, 0.4)], g=0.55)
     write_run(root / "2", 2, FEDAVG, [(0.1, 0.1, 9.0)], g=0.1, status="failed")
     write_run(root / "3", 3, FEDAVG, [(0.1, 0.1, 9.0)], g=0.1, status="incomplete")
+    write_run(root / "5", 4, FEDAVG, [(0.1, 0.1, 9.0)], g=0.1, status="interrupted")
     # Differs in train.lr only: its own experiment, in its own section.
     write_run(root / "4", 0, FEDAVG, [(0.2, 0.2, 1.0), (0.2, 0.2, 1.0)], g=0.2, lr=0.1)
     return root
@@ -122,7 +126,7 @@ def test_report_tables_csv_and_listing_of_what_varies(sweep: Path, tmp_path: Pat
     out = tmp_path / "out"
     assert main([str(sweep), "--out", str(out), "--eps", "0.65"]) == 0
     text = (out / "report.md").read_text()
-    assert "5 runs (3 completed, 1 failed, 1 incomplete) in 2 experiments" in text
+    assert "6 runs (3 completed, 1 failed, 1 interrupted, 1 incomplete) in 2 experiments" in text
     assert "| `train.lr` | 0.05, 0.1 |" in text
     assert "## train.lr=0.05" in text and "## train.lr=0.1" in text
     # Two rounds: the last 10% of rounds is the final round, so both columns agree.
@@ -140,6 +144,7 @@ def test_report_tables_csv_and_listing_of_what_varies(sweep: Path, tmp_path: Pat
         f"| FedAvg | {twice('20.00 ± 0.00 (1)', '20.00 ± 0.00 (1)', '40.00 ± 0.00 (1)')} |" in text
     )
     assert "| failed | E: bad |" in text and "| incomplete |" in text
+    assert "| interrupted | interrupted by SIGTERM |" in text
 
     with (out / "report.csv").open() as handle:
         rows = list(csv.DictReader(handle))

@@ -9,13 +9,15 @@ raw numbers, one row per experiment and metric, for further analysis.
 from __future__ import annotations
 
 import csv
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from pflower.reporting.groups import Experiment, show, varying_keys
 from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
+from pflower.results.rundir import Status
 from pflower.results.runs import RunResult
 
 LEGEND = (
@@ -161,8 +163,15 @@ def _problems(experiments: Sequence[Experiment]) -> list[str]:
     if not rows:
         return []
     header = ["run", "method", "partition", "seed", "status", "error"]
-    title = "## Failed and incomplete runs (not in the tables)"
+    title = "## Failed, interrupted and incomplete runs (not in the tables)"
     return ["", title, "", *markdown_table(header, rows)]
+
+
+def _status_counts(runs: Sequence[RunResult]) -> str:
+    """``3 completed, 1 failed, 0 incomplete``, with the interrupted runs where there are any."""
+    counts = Counter(run.status for run in runs)
+    shown = [s for s in get_args(Status) if s != "interrupted" or counts[s]]
+    return ", ".join(f"{counts[status]} {status}" for status in shown)
 
 
 def markdown(
@@ -178,14 +187,10 @@ def markdown(
     report file, ``across`` holds the markdown lines of what spans sections (the robustness
     study)."""
     runs: list[RunResult] = [run for e in experiments for run in e.runs]
-    completed = sum(run.status == "completed" for run in runs)
-    failed = sum(run.status == "failed" for run in runs)
-    incomplete = len(runs) - completed - failed
     lines = [
         f"# {title}",
         "",
-        f"{len(runs)} runs ({completed} completed, {failed} failed, {incomplete} "
-        f"incomplete) in {len(experiments)} experiments, read from "
+        f"{len(runs)} runs ({_status_counts(runs)}) in {len(experiments)} experiments, read from "
         + ", ".join(f"`{source}`" for source in sources)
         + ".",
         "",

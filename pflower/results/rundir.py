@@ -64,6 +64,7 @@ from rich.console import Console
 from pflower.provenance import code_version
 from pflower.results.statistics import summarize_stage
 from pflower.results.tracking import Tracker
+from pflower.runtime.signals import handlers_run_promptly
 
 G, L1, L2, U = "G", "L1", "L2", "U"
 """The evaluation stages (U: stage L1 of clients that never train)."""
@@ -76,7 +77,9 @@ LAST_FRACTION = 0.1
 """Share of the final rounds whose evaluated rounds are averaged into ``last10``."""
 
 Row = dict[str, Any]
-Status = Literal["completed", "failed", "incomplete"]
+Status = Literal["completed", "failed", "interrupted", "incomplete"]
+"""A run as read back: ``interrupted`` is a failed ``summary.json`` of a run stopped by a signal
+(:func:`was_interrupted`), ``incomplete`` a run without one (still running, or killed)."""
 
 
 def client_row(server_round: int, stage: str, partition_id: int, metrics: Mapping[str, Any]) -> Row:
@@ -258,14 +261,22 @@ def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
     as SIGTERM does (exit status 130): Python's KeyboardInterrupt would be swallowed by Flower's
     simulation engine, whose server thread then finishes the run. Signal handlers
     belong to the main thread: called on another thread (the ServerApp of a simulation), this
-    does nothing, and the caller on the main thread is the one to use it."""
+    does nothing, and the caller on the main thread is the one to use it. A signal caught by
+    another thread while the main thread waits (a simulation's whole run) is handled at once
+    all the same (:func:`~pflower.runtime.signals.handlers_run_promptly`). A process forked
+    while this is active (a simulation's worker) inherits the handler; there it records
+    nothing, as the run is its parent's to record."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous: dict[int, Any] = {}
+    owner = os.getpid()
+    started = threading.Event()
 
     def interrupted(signum: int, frame: Any) -> None:
-        record_interrupted(run_dir, cfg, f"{INTERRUPTED_BY}{signal.Signals(signum).name}")
+        started.set()
+        if os.getpid() == owner:
+            record_interrupted(run_dir, cfg, f"{INTERRUPTED_BY}{signal.Signals(signum).name}")
         before = previous[signum]
         if callable(before) and before is not signal.default_int_handler:
             before(signum, frame)
@@ -277,7 +288,8 @@ def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
         if signal.getsignal(signum) != signal.SIG_IGN:  # an ignored signal stays ignored
             previous[signum] = signal.signal(signum, interrupted)
     try:
-        yield
+        with handlers_run_promptly(interrupted, frozenset(previous), started):
+            yield
     finally:
         for number, handler in previous.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)

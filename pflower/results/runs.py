@@ -19,6 +19,7 @@ from pflower.results.rundir import (
     evaluated_rounds,
     last_rounds,
     read_rows,
+    was_interrupted,
 )
 
 
@@ -74,7 +75,9 @@ def find_run_dirs(paths: Iterable[Path]) -> list[Path]:
 def load_run(run_dir: Path) -> RunResult:
     """Read one run directory; evaluation rows are kept only for completed runs.
 
-    A directory with a configuration but no summary is *incomplete* (still running, or killed).
+    A directory with a configuration but no summary is *incomplete* (still running, or killed);
+    a failed one stopped by a signal (``kill``, Ctrl-C) is *interrupted*, not failed: it says
+    nothing about the method, and rerunning it is the remedy.
     """
     loaded = OmegaConf.to_container(OmegaConf.load(run_dir / "config.yaml"), resolve=True)
     assert isinstance(loaded, dict)
@@ -85,7 +88,8 @@ def load_run(run_dir: Path) -> RunResult:
     summary = json.loads(summary_path.read_text())
     code = summary.get("code")
     if summary["status"] == "failed":
-        return RunResult(run_dir, config, "failed", error=summary.get("error"), code=code)
+        status: Status = "interrupted" if was_interrupted(summary) else "failed"
+        return RunResult(run_dir, config, status, error=summary.get("error"), code=code)
     every = read_rows(run_dir)
     rows = [row for row in every if row["stage"] in STAGES]
     fit_done = [row["fit_done_unix_s"] for row in every if row["stage"] == TIME]

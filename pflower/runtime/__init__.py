@@ -19,5 +19,7 @@ the end of the run where the process outlives the run.
   with short polls and a ClientApp fork server (``python -m pflower.deploy.launcher`` is the
   public entry point).
 - :mod:`~pflower.runtime.processes`: every process pflower forks dies with its parent.
+- :mod:`~pflower.runtime.signals`: a signal caught by a thread other than the main one is
+  handled at once, though the main thread waits in the simulation engine.
 - :mod:`~pflower.runtime.logs`: Flower's console logging.
 """
