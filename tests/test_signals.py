@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from types import FrameType
 
 import pytest
@@ -46,6 +47,15 @@ def sigusr1_calls() -> Iterator[Handled]:
         signal.signal(signal.SIGUSR1, previous)
 
 
+def _asleep_in_join(main: int) -> bool:
+    """Is the main thread (``main``: its ident) in a join, asleep (Linux's thread state ``S``)?"""
+    if sys._current_frames()[main].f_code.co_name not in JOIN_WAITS:
+        return False
+    native = threading.main_thread().native_id
+    stat = Path(f"/proc/self/task/{native}/stat").read_text()
+    return stat.rpartition(")")[2].split()[0] == "S"
+
+
 def _signal_caught_by_a_worker_while_main_joins(started: threading.Event) -> bool:
     """A worker thread sends SIGUSR1 to itself (so it, not the main thread, catches it), then
     waits for the handler while the main thread joins it; whether the handler ran meanwhile."""
@@ -54,9 +64,8 @@ def _signal_caught_by_a_worker_while_main_joins(started: threading.Event) -> boo
 
     def worker() -> None:
         # A signal sent before the main thread sleeps in the join is handled on its way there.
-        while sys._current_frames()[main].f_code.co_name not in JOIN_WAITS:
+        while not _asleep_in_join(main):
             time.sleep(0.01)
-        time.sleep(0.1)  # from its last Python line into the lock's wait
         signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
         seen.append(started.wait(WAIT_S))
 

@@ -274,8 +274,8 @@ def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
     started = threading.Event()
 
     def interrupted(signum: int, frame: Any) -> None:
-        started.set()
-        if os.getpid() == owner:
+        if os.getpid() == owner:  # not in a child: it may have been forked mid-``set``
+            started.set()
             record_interrupted(run_dir, cfg, f"{INTERRUPTED_BY}{signal.Signals(signum).name}")
         before = previous[signum]
         if callable(before) and before is not signal.default_int_handler:

@@ -11,8 +11,10 @@ holds its own copy of the dataset.
 Here the driver does that work once: :func:`forked_workers` composes the experiment the ClientApps
 will see, builds its federation and shared model in the driver's caches (the ``prepare`` it is
 given: :func:`pflower.client.app.prepare_ahead`) and then forks the workers, before the ServerApp
-thread starts, while the driver has no other thread. The workers begin with everything imported and
-built, and share the driver's memory pages until they write to them (one dataset per machine).
+thread starts, while the driver has no other thread but pflower's signal watcher
+(:mod:`pflower.runtime.signals`, which a forked child forgets). The workers begin with everything
+imported and built, and share the driver's memory pages until they write to them (one dataset per
+machine).
 :class:`ForkBackend` is the engine's backend over these workers: like Flower's ``RayBackend`` it
 runs one message at a time per worker, and the ClientApp gets the message and the node's context and
 returns the reply and the updated context, pickled through a pipe; an exception in the ClientApp

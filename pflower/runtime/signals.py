@@ -18,6 +18,7 @@ which interrupts its wait (``EINTR``); Python then runs the handler there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -31,6 +32,15 @@ GRACE_S = 0.25
 """Seconds the main thread has to start a signal's handler before the signal is sent to it
 again: a main thread that caught the signal itself starts the handler well within it."""
 
+STOP_S = 1.0
+"""Most seconds the end of :func:`handlers_run_promptly` waits for its thread."""
+
+SUPPORTED = hasattr(signal, "pthread_kill") and hasattr(os, "register_at_fork")
+"""POSIX only: Windows has neither thread-directed signals nor ``fork`` (and there the
+watcher is not needed: Python's handlers wake a waiting main thread by other means)."""
+
+log = logging.getLogger(__name__)
+
 
 class _Watcher:
     """The wakeup pipe and the thread that reads it (see the module docstring)."""
@@ -40,10 +50,14 @@ class _Watcher:
         self.signums = signums
         self.started = started
         self.read_fd, self.write_fd = os.pipe()
+        self.previous_fd = -1
+        self.stopping = False
+        self.thread = threading.Thread(target=self._watch, name="pflower-signals", daemon=True)
+
+    def start(self) -> None:
+        """Become the wakeup descriptor and start the thread."""
         os.set_blocking(self.write_fd, False)  # set_wakeup_fd requires it
         self.previous_fd = signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
-        self.main_ident = threading.main_thread().ident
-        self.thread = threading.Thread(target=self._watch, name="pflower-signals", daemon=True)
         self.thread.start()
 
     def _watch(self) -> None:
@@ -52,7 +66,8 @@ class _Watcher:
         ways); pass every byte on to the wakeup descriptor set before this one (asyncio's,
         say)."""
         signal.pthread_sigmask(signal.SIG_BLOCK, self.signums)  # never caught by this thread
-        while data := os.read(self.read_fd, 64):
+        main = threading.main_thread().ident
+        while (data := os.read(self.read_fd, 64)) and not self.stopping:
             if self.previous_fd != -1:
                 with contextlib.suppress(OSError):
                     os.write(self.previous_fd, data)
@@ -60,18 +75,32 @@ class _Watcher:
                 if (
                     not self.started.wait(GRACE_S)
                     and signal.getsignal(signum) is self.handler
-                    and self.main_ident is not None
+                    and main is not None
                 ):
-                    signal.pthread_kill(self.main_ident, signum)
+                    signal.pthread_kill(main, signum)
 
-    def close(self, *, in_forked_child: bool = False) -> None:
-        """Put the previous wakeup descriptor back and end the thread (a forked child has no
-        thread to end: only the one that forked survives a fork)."""
-        signal.set_wakeup_fd(self.previous_fd)
-        os.close(self.write_fd)  # the thread's read returns b"": it ends
-        if not in_forked_child:
-            self.thread.join()
-        os.close(self.read_fd)
+    def stop(self) -> None:
+        """Put the previous wakeup descriptor back, end the thread (a byte wakes it: a child
+        forked meanwhile may hold the pipe open) and close the pipe."""
+        self.stopping = True
+        self.forget()
+        if self.thread.is_alive():
+            with contextlib.suppress(OSError):
+                os.write(self.write_fd, b"\0")
+            self.thread.join(timeout=STOP_S)
+        for fd in (self.write_fd, self.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def forget(self) -> None:
+        """Stop being the wakeup descriptor: the previous one is set again, unless another was
+        set after this one (that one stays), or was closed meanwhile (then none is)."""
+        try:
+            current = signal.set_wakeup_fd(self.previous_fd)
+        except (OSError, ValueError):
+            current = signal.set_wakeup_fd(-1)
+        if current not in (self.write_fd, -1):
+            signal.set_wakeup_fd(current)
 
 
 _active: _Watcher | None = None
@@ -80,14 +109,19 @@ _active: _Watcher | None = None
 
 def _forget_in_forked_child() -> None:
     """A forked child (a simulation's worker) must not write its signals to its parent's
-    watcher, which would send them on to the parent's main thread."""
+    watcher, which would send them on to the parent's main thread. The child has no watcher
+    thread (only the forking thread survives a fork): it closes its copies of the pipe."""
     global _active
     if _active is not None:
-        _active.close(in_forked_child=True)
+        _active.forget()
+        for fd in (_active.write_fd, _active.read_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
         _active = None
 
 
-os.register_at_fork(after_in_child=_forget_in_forked_child)
+if SUPPORTED:
+    os.register_at_fork(after_in_child=_forget_in_forked_child)
 
 
 @contextlib.contextmanager
@@ -96,17 +130,37 @@ def handlers_run_promptly(
 ) -> Iterator[None]:
     """While active, a signal in ``signums`` caught by a thread other than the main one is sent
     to the main thread again, unless ``started`` is set within :data:`GRACE_S`: ``handler``,
-    installed for those signals, sets it first thing (once set, nothing is sent again). Call it
-    on the main thread, after installing ``handler``; nested, only the outermost one watches (a
-    handler that calls the one it replaced sets the outer ``started`` too)."""
+    installed for those signals, sets it first thing. Call it on the main thread, after
+    installing ``handler``.
+
+    Limits: once ``started`` is set, later signals get no help (the handler is expected to end
+    the process, as pflower's does); nested, only the outermost one watches, for its own
+    handler; off the main thread, or where it is not :data:`SUPPORTED`, it does nothing, and a
+    watcher that cannot start (no file descriptor left) is logged and done without."""
     global _active
-    if _active is not None or threading.current_thread() is not threading.main_thread():
+    if not SUPPORTED or _active is not None:
         yield
         return
-    _active = _Watcher(handler, signums, started)
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        watcher = _Watcher(handler, signums, started)
+    except OSError as error:
+        log.warning("signals caught by other threads may wait for the main thread: %s", error)
+        yield
+        return
+    _active = watcher  # before it is the wakeup descriptor: a child forked from now forgets it
+    try:
+        watcher.start()
+    except (OSError, RuntimeError, ValueError) as error:
+        log.warning("signals caught by other threads may wait for the main thread: %s", error)
+        watcher.stop()
+        _active = None
+        yield
+        return
     try:
         yield
     finally:
-        watcher, _active = _active, None
-        if watcher is not None:
-            watcher.close()
+        watcher.stop()
+        _active = None
