@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -97,7 +98,8 @@ class Param:
         return dataclasses.replace(self, **values)
 
     def describe(self) -> str:
-        """E.g. ``log-uniform [0.0001, 1]`` or ``one of 0.5, 1.0``."""
+        """E.g. ``log-uniform [0.0001, 1]`` or ``one of 0.5, 1.0`` (:meth:`from_description`
+        reads a range back)."""
         if self.kind == "choice":
             return "one of " + ", ".join(str(c) for c in self.choices)
         scale = "log-uniform" if self.log else "uniform"
@@ -105,6 +107,40 @@ class Param:
             scale = "integer" + (" (log)" if self.log else "")
         step = f" step {self.step:g}" if self.step else ""
         return f"{scale} [{_number(self.low)}, {_number(self.high)}]{step}"
+
+    @classmethod
+    def from_description(cls, description: str) -> Param | None:
+        """The range a :meth:`describe` text states (as a chosen file records it; bounds to
+        :meth:`describe`'s 6 digits), None for a choice or any other text."""
+        match = _DESCRIBED_RANGE.fullmatch(description)
+        if match is None:
+            return None
+        scale, low, high, step = match.groups()
+        return cls(
+            "int" if scale.startswith("integer") else "float",
+            low=float(low),
+            high=float(high),
+            log=scale in ("log-uniform", "integer (log)"),
+            step=float(step) if step else None,
+        )
+
+    def position(self, value: float) -> float | None:
+        """Where ``value`` lies in this range, 0 at ``low`` and 1 at ``high`` (measured in log
+        space for a log range); None for a choice or an empty range."""
+        if self.kind == "choice" or self.low is None or self.high is None:
+            return None
+        low, high, value = self.low, self.high, float(value)
+        if self.log:
+            if value <= 0:
+                return None
+            low, high, value = math.log(low), math.log(high), math.log(value)
+        return None if high == low else (value - low) / (high - low)
+
+
+_DESCRIBED_RANGE = re.compile(
+    r"(log-uniform|uniform|integer|integer \(log\)) \[([^,\]]+), ([^\]]+)\](?: step (\S+))?"
+)
+"""What :meth:`Param.describe` writes for a range."""
 
 
 def _number(value: float | None) -> str:

@@ -136,7 +136,11 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
             time.sleep(0.2)
         assert process.poll() is None, "the run ended before it could be interrupted"
         if to_a_thread:
-            os.kill(max(int(tid) for tid in os.listdir(f"/proc/{process.pid}/task")), sig)
+            newest = max(int(tid) for tid in os.listdir(f"/proc/{process.pid}/task"))
+            try:
+                os.kill(newest, sig)
+            except ProcessLookupError:  # the thread ended meanwhile
+                process.send_signal(sig)
         else:
             process.send_signal(sig)
         code = process.wait(timeout=300)

@@ -71,3 +71,41 @@ def test_every_method_with_options_beyond_the_base_declares_a_space() -> None:
         "local",
         "scaffold",
     }
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        Param("float", low=1e-4, high=1e-2, log=True),
+        Param("float", low=0.05, high=0.5),
+        Param("float", low=0.1, high=0.9, step=0.1),
+        Param("int", low=1, high=10),
+        Param("int", low=2, high=64, log=True),
+    ],
+    ids=["log", "uniform", "step", "int", "int-log"],
+)
+def test_a_described_range_reads_back_as_the_same_range(param: Param) -> None:
+    read = Param.from_description(param.describe())
+    assert read is not None
+    assert (read.kind, read.low, read.high, read.log, read.step) == (
+        param.kind,
+        param.low,
+        param.high,
+        param.log,
+        param.step,
+    )
+
+
+def test_a_choice_or_other_text_is_no_range() -> None:
+    assert Param.from_description(Param("choice", choices=(0.0, 0.5)).describe()) is None
+    assert Param.from_description("uniform from 1 to 2") is None
+
+
+def test_position_is_measured_in_the_ranges_own_scale() -> None:
+    log = Param("float", low=1e-4, high=1e-2, log=True)
+    assert log.position(1e-4) == 0.0 and log.position(1e-2) == pytest.approx(1.0)
+    assert log.position(1e-3) == pytest.approx(
+        0.5
+    )  # the middle of a log range is its geometric mean
+    assert Param("float", low=0.0, high=2.0).position(0.5) == pytest.approx(0.25)
+    assert Param("choice", choices=(1, 2)).position(1) is None

@@ -36,15 +36,18 @@ from pflower.registry import ConfigError
 from pflower.reporting.leaderboard import (
     Entry,
     _inversion_notes,
+    _range_end_notes,
     fdr_better_counts,
     load_setting,
     paired_test,
+    range_ends,
     rank_with_ties,
     ranked_above_higher_means,
     render,
     significantly_better,
 )
 from pflower.results.rundir import failed_by_itself
+from pflower.searchspace import Param
 from pflower.tuning import runner as trial_runner
 from pflower.tuning import search
 from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
@@ -623,6 +626,37 @@ def test_fdr_rank_keeps_the_separations_that_survive_all_the_pairs() -> None:
     assert (by["strong"].rank, by["strong"].rank_fdr) == (1, 1)
     assert by["leader"].rank_fdr == 2  # strong is above it on every seed
     assert fdr_better_counts(entries[:2]) == {"method": 1, "leader": 0}  # one pair: unadjusted
+
+
+def test_chosen_values_at_an_end_of_their_range_are_listed() -> None:
+    """A chosen value within 5% of an end of its range (log scale for a log range) is named
+    under the table, read from the chosen file's record of the space (``Param.describe``):
+    the range, not the budget, may hold that method back. Choices are not ranges."""
+    space = {
+        "train.lr": Param("float", low=1e-4, high=1e-2, log=True),
+        "strategy.mu": Param("float", low=0.0, high=1.0),
+        "strategy.epochs": Param("int", low=1, high=5),
+        "train.momentum": Param("choice", choices=(0.0, 0.9)),
+    }
+    chosen = {
+        "space": {key: param.describe() for key, param in space.items()},
+        "params": {
+            "train.lr": 1.2e-4,
+            "strategy.mu": 0.5,
+            "strategy.epochs": 5,
+            "train.momentum": 0.9,
+        },
+    }
+    assert range_ends(chosen) == [
+        "train.lr = 0.00012, low end of log-uniform [0.0001, 0.01]",  # 4% of the log range
+        "strategy.epochs = 5, high end of integer [1, 5]",
+    ]
+    inside = {**chosen, "params": {"train.lr": 1.3e-4, "strategy.epochs": 4}}  # 5.7% of it
+    assert range_ends(inside) == []
+    notes = _range_end_notes([Entry("fedprox", final=[0.9, 0.91], chosen=chosen), Entry("local")])
+    assert [line for line in notes if line.startswith("- ")] == [
+        "- FedProx: " + "; ".join(range_ends(chosen))
+    ]
 
 
 def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:

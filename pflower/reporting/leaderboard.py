@@ -30,7 +30,9 @@ differences to the others vary from seed to seed, so the test separates few meth
 them: :func:`ranked_above_higher_means`),
 the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
 column and named with the error, since the mean over the other seeds flatters the method; an
-interrupted run, one stopped by a signal, has not run yet and counts nowhere),
+interrupted run, one stopped by a signal, has not run yet and counts nowhere), the chosen values
+at an end of their searched range (:func:`range_ends`: the range, not the budget, may hold the
+method back),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
 those the setting refuses, and those with no final runs yet. Above it, the shared ``train.*``
 knobs every method of the setting searched (from the chosen files).
@@ -62,9 +64,14 @@ from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
 from pflower.results.rundir import error_line, failed_by_itself
+from pflower.searchspace import Param
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
+
+RANGE_END = 0.05
+"""A chosen value this close to an end of its range (as a fraction of the range, in log scale
+for a log range) is listed under the table (:func:`range_ends`)."""
 
 
 @dataclass
@@ -290,6 +297,39 @@ def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
     return [*lines, ""]
 
 
+def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str]:
+    """The chosen values (``chosen/<method>.yaml``) that lie within ``margin`` of an end of the
+    range searched for them (:meth:`~pflower.searchspace.Param.position`), e.g.
+    ``train.lr = 0.0001, low end of log-uniform [0.0001, 0.01]``; choices are not ranges and
+    are never listed."""
+    params = chosen.get("params") or {}
+    found = []
+    for key, description in (chosen.get("space") or {}).items():
+        param = Param.from_description(str(description))
+        value = params.get(key)
+        if param is None or not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        position = param.position(value)
+        if position is not None and (position <= margin or position >= 1 - margin):
+            end = "low" if position <= margin else "high"
+            found.append(f"{key} = {value:.3g}, {end} end of {description}")
+    return found
+
+
+def _range_end_notes(entries: Sequence[Entry]) -> list[str]:
+    ends = [(e, found) for e in entries if (found := range_ends(e.chosen))]
+    if not ends:
+        return []
+    lines = [
+        f"Chosen at an end of the searched range (within {RANGE_END:.0%} of it, in log scale for "
+        "a log range): the best value may lie beyond it, so the method may be held back by its "
+        "declared range rather than by the budget:",
+        "",
+    ]
+    lines += [f"- {e.label}: {'; '.join(found)}" for e, found in ends]
+    return [*lines, ""]
+
+
 def _failure_notes(entries: Sequence[Entry]) -> list[str]:
     failures = [(e, seed, error) for e in entries for seed, error in sorted(e.failed.items())]
     if not failures:
@@ -487,6 +527,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         lines += [*_markdown_table(rows), ""]
         lines += _inversion_notes(entries)
         lines += _failure_notes(entries)
+        lines += _range_end_notes(entries)
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
         lines += _pending(setting_dir, compared or suite.get("methods") or [], entries)
