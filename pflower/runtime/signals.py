@@ -88,6 +88,10 @@ class _Watcher:
             with contextlib.suppress(OSError):
                 os.write(self.write_fd, b"\0")
             self.thread.join(timeout=STOP_S)
+        self.close_pipe()
+
+    def close_pipe(self) -> None:
+        """Close both ends of the pipe (what is closed already stays closed)."""
         for fd in (self.write_fd, self.read_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -114,9 +118,7 @@ def _forget_in_forked_child() -> None:
     global _active
     if _active is not None:
         _active.forget()
-        for fd in (_active.write_fd, _active.read_fd):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        _active.close_pipe()
         _active = None
 
 
@@ -138,29 +140,26 @@ def handlers_run_promptly(
     handler; off the main thread, or where it is not :data:`SUPPORTED`, it does nothing, and a
     watcher that cannot start (no file descriptor left) is logged and done without."""
     global _active
-    if not SUPPORTED or _active is not None:
+    if (
+        not SUPPORTED
+        or _active is not None
+        or threading.current_thread() is not threading.main_thread()
+    ):
         yield
         return
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    watcher = None
     try:
-        watcher = _Watcher(handler, signums, started)
-    except OSError as error:
-        log.warning("signals caught by other threads may wait for the main thread: %s", error)
-        yield
-        return
-    _active = watcher  # before it is the wakeup descriptor: a child forked from now forgets it
-    try:
+        # known (_active) before it is the wakeup descriptor: a child forked from now forgets it
+        watcher = _active = _Watcher(handler, signums, started)
         watcher.start()
     except (OSError, RuntimeError, ValueError) as error:
         log.warning("signals caught by other threads may wait for the main thread: %s", error)
-        watcher.stop()
-        _active = None
-        yield
-        return
+        if watcher is not None:
+            watcher.stop()
+        watcher = _active = None
     try:
         yield
     finally:
-        watcher.stop()
-        _active = None
+        if watcher is not None:
+            watcher.stop()
+            _active = None
