@@ -8,6 +8,7 @@ import functools
 import os
 import signal
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from flwr.clientapp.client_app import ClientAppException
 
 from pflower.config import BackendConfig
 from pflower.registry import ConfigError
+from pflower.runtime import forkbackend
 from pflower.runtime.forkbackend import (
     RAY_BACKEND_MODULE,
     ForkBackend,
@@ -36,6 +38,8 @@ class EchoApp:
             raise ValueError("the app failed")
         if message == "die":
             os.kill(os.getpid(), signal.SIGKILL)
+        if message == "hang":
+            time.sleep(600)
         context["calls"] = context.get("calls", 0) + 1
         return os.getpid(), message
 
@@ -79,6 +83,41 @@ def test_a_dead_worker_fails_its_message_and_the_others_go_on() -> None:
             workers.run("after", {})  # type: ignore[arg-type]
     finally:
         workers.close()
+
+
+def test_a_worker_leaves_sigterm_and_sigint_to_the_driver() -> None:
+    """``kill``/``timeout`` send SIGTERM to the run's whole process group: a worker that died of
+    it would fail its message (and could fail the run before the driver records it as
+    interrupted). Sent to a worker alone, neither signal ends it."""
+    workers = ForkWorkers(EchoApp(), 1)  # type: ignore[arg-type]
+    try:
+        (pid, _), _ = workers.run("first", {})  # type: ignore[arg-type,misc]
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            os.kill(pid, sig)
+        time.sleep(0.2)
+        (again, message), _ = workers.run("after", {})  # type: ignore[arg-type,misc]
+        assert (again, message) == (pid, "after")
+    finally:
+        workers.close()
+    assert workers._workers[0].process.exitcode == 0  # ended when asked
+
+
+def test_close_kills_a_worker_that_does_not_end_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A worker busy with a message cannot read the request to end: after
+    ``WORKER_STOP_S`` it is killed (SIGTERM would be ignored)."""
+    monkeypatch.setattr(forkbackend, "WORKER_STOP_S", 0.5)
+    workers = ForkWorkers(EchoApp(), 1)  # type: ignore[arg-type]
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        busy = pool.submit(workers.run, "hang", {})  # type: ignore[arg-type]
+        time.sleep(0.5)
+        started = time.monotonic()
+        workers.close()
+        assert time.monotonic() - started < 60
+        with pytest.raises(RuntimeError, match="ended"):
+            busy.result(timeout=60)
+    assert workers._workers[0].process.exitcode == -signal.SIGKILL
 
 
 def test_a_worker_whose_driver_went_away_mid_message_ends_quietly(

@@ -100,12 +100,12 @@ def test_a_run_writes_only_its_run_directory(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("sig", "to_a_thread"),
-    [(signal.SIGTERM, True), (signal.SIGINT, False)],
-    ids=["SIGTERM-caught-by-a-worker-thread", "SIGINT"],
+    ("sig", "to"),
+    [(signal.SIGTERM, "thread"), (signal.SIGTERM, "group"), (signal.SIGINT, "process")],
+    ids=["SIGTERM-caught-by-a-worker-thread", "SIGTERM-to-the-process-group", "SIGINT"],
 )
 def test_a_run_ended_by_a_signal_records_a_failed_summary(
-    tmp_path: Path, sig: signal.Signals, to_a_thread: bool
+    tmp_path: Path, sig: signal.Signals, to: str
 ) -> None:
     """The signal goes to the ``pflower`` process alone, as ``timeout`` or ``kill`` sends it:
     the process ends (by that signal) and ``summary.json`` says the run failed, interrupted,
@@ -117,7 +117,12 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
     SIGTERM is sent with the id of the newest thread, which Linux then prefers to deliver it to
     (any thread may catch a process's signal): with the main thread asleep in the simulation
     engine's join, its handler used to run only after the 200th round, and the summary said
-    "completed" (:mod:`pflower.runtime.signals`)."""
+    "completed" (:mod:`pflower.runtime.signals`).
+
+    Sent to the process group, as ``pflower tune`` and ``timeout`` send it, the signal reaches
+    the forked workers too: they leave it to the driver, whose summary says "interrupted" (a
+    worker that died of it would fail its message, and the run could be recorded as failed by
+    its round's failure policy first)."""
     run_dir = tmp_path / "run"
     process = subprocess.Popen(
         pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
@@ -126,6 +131,7 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
+        start_new_session=to == "group",
     )
     try:
         deadline = time.monotonic() + 2 * START_S
@@ -135,7 +141,9 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
                 break
             time.sleep(0.2)
         assert process.poll() is None, "the run ended before it could be interrupted"
-        if to_a_thread:
+        if to == "group":
+            os.killpg(process.pid, sig)
+        elif to == "thread":
             newest = max(int(tid) for tid in os.listdir(f"/proc/{process.pid}/task"))
             try:
                 os.kill(newest, sig)

@@ -65,8 +65,8 @@ RAY_BACKEND_MODULE = RAY_BACKEND.module
 (:data:`pflower.runtime.fence.START_VCE`)."""
 
 WORKER_STOP_S = 5.0
-"""How long :meth:`ForkWorkers.close` waits for a worker to end (and :func:`run_in_forked_process`
-for the run process, after its result) before it is terminated."""
+"""How long :meth:`ForkWorkers.close` waits for a worker to end before it is killed (and
+:func:`run_in_forked_process` for the run process, after its result, before it is terminated)."""
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,17 @@ def _serve(app: ClientApp, connection: Connection, parent_pid: int | None) -> No
     """A worker's loop: run ``app`` on each (message, context) received, send back the reply
     and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe (the
     driver ended, even while this worker trained), and be killed when the driver ``parent_pid``
-    ends (:func:`die_with_parent`; None: not forked, as in a test). Ctrl-C is the driver's to
-    handle: it closes the workers."""
+    ends (:func:`die_with_parent`; None: not forked, as in a test).
+
+    SIGTERM and SIGINT are the driver's to handle, so a worker ignores them: ``kill`` or
+    ``timeout`` sends SIGTERM to a run's whole process group, and a worker that died of it
+    would fail its message, which could end the run as failed before the driver records it as
+    interrupted. The driver records the run, ends, and its workers die with it; ``close`` kills
+    a worker that does not end when asked."""
     if parent_pid is not None:
         die_with_parent(parent_pid)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
     while True:
         try:
             job = connection.recv()
@@ -183,14 +189,15 @@ class ForkWorkers:
         return reply
 
     def close(self) -> None:
-        """Ask every worker to end, wait :data:`WORKER_STOP_S`, terminate the rest."""
+        """Ask every worker to end, wait :data:`WORKER_STOP_S`, kill the rest (a worker ignores
+        SIGTERM: see :func:`_serve`)."""
         for worker in self._workers:
             with contextlib.suppress(OSError):
                 worker.connection.send(None)
         for worker in self._workers:
             worker.process.join(timeout=WORKER_STOP_S)
             if worker.process.is_alive():
-                worker.process.terminate()
+                worker.process.kill()
                 worker.process.join()
             worker.connection.close()
 
