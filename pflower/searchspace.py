@@ -101,7 +101,7 @@ class Param:
         """E.g. ``log-uniform [0.0001, 1]`` or ``one of 0.5, 1.0`` (:meth:`from_description`
         reads a range back)."""
         if self.kind == "choice":
-            return "one of " + ", ".join(str(c) for c in self.choices)
+            return _CHOICE_PREFIX + ", ".join(str(c) for c in self.choices)
         scale = "log-uniform" if self.log else "uniform"
         if self.kind == "int":
             scale = "integer" + (" (log)" if self.log else "")
@@ -110,8 +110,12 @@ class Param:
 
     @classmethod
     def from_description(cls, description: str) -> Param | None:
-        """The range a :meth:`describe` text states (as a chosen file records it; bounds to
-        :meth:`describe`'s 6 digits), None for a choice or any other text."""
+        """The range or choice a :meth:`describe` text states (as a chosen file records it;
+        bounds to :meth:`describe`'s 6 digits; a choice's values as bools or numbers where they
+        read as such, else as text), None for any other text."""
+        if description.startswith(_CHOICE_PREFIX):
+            values = description.removeprefix(_CHOICE_PREFIX).split(", ")
+            return cls("choice", choices=tuple(_number_or_text(value) for value in values))
         match = _DESCRIBED_RANGE.fullmatch(description)
         if match is None:
             return None
@@ -126,8 +130,12 @@ class Param:
 
     def position(self, value: float) -> float | None:
         """Where ``value`` lies in this range, 0 at ``low`` and 1 at ``high`` (measured in log
-        space for a log range); None for a choice or an empty range."""
-        if self.kind == "choice" or self.low is None or self.high is None:
+        space for a log range); None for an empty range. A choice of positive numbers spanning
+        a decade or more (e.g. 0.001, 0.01, 0.1) is a coarse log range from its least to its
+        greatest value; any other choice (momentum 0, 0.5, 0.9; names) has no position."""
+        if self.kind == "choice":
+            return self._scale().position(value) if self._is_scale() else None
+        if self.low is None or self.high is None:
             return None
         low, high, value = self.low, self.high, float(value)
         if self.log:
@@ -136,11 +144,41 @@ class Param:
             low, high, value = math.log(low), math.log(high), math.log(value)
         return None if high == low else (value - low) / (high - low)
 
+    def _is_scale(self) -> bool:
+        numbers = [
+            c for c in self.choices if isinstance(c, int | float) and not isinstance(c, bool)
+        ]
+        return (
+            len(numbers) == len(self.choices) > 1
+            and min(numbers) > 0
+            and max(numbers) >= 10 * min(numbers)
+        )
+
+    def _scale(self) -> Param:
+        return Param("float", low=min(self.choices), high=max(self.choices), log=True)
+
+
+_CHOICE_PREFIX = "one of "
+"""How :meth:`Param.describe` starts a choice."""
 
 _DESCRIBED_RANGE = re.compile(
     r"(log-uniform|uniform|integer|integer \(log\)) \[([^,\]]+), ([^\]]+)\](?: step (\S+))?"
 )
 """What :meth:`Param.describe` writes for a range."""
+
+
+def _number_or_text(text: str) -> Any:
+    """``text`` as a bool (``True``, ``False``), an int or a finite float where it reads as one,
+    else itself."""
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        return number if math.isfinite(number) else text
+    return text
 
 
 def _number(value: float | None) -> str:

@@ -96,8 +96,12 @@ def test_a_described_range_reads_back_as_the_same_range(param: Param) -> None:
     )
 
 
-def test_a_choice_or_other_text_is_no_range() -> None:
-    assert Param.from_description(Param("choice", choices=(0.0, 0.5)).describe()) is None
+def test_a_described_choice_reads_back_with_its_numbers_as_numbers() -> None:
+    for choices in [(0.001, 0.01, 0.1), (1, 10, 100), ("uniform", "weighted"), (True, False)]:
+        param = Param("choice", choices=choices)
+        assert Param.from_description(param.describe()) == param
+    mixed = Param.from_description("one of 1, nan, inf, 2.5, x")
+    assert mixed is not None and mixed.choices == (1, "nan", "inf", 2.5, "x")
     assert Param.from_description("uniform from 1 to 2") is None
 
 
@@ -108,4 +112,13 @@ def test_position_is_measured_in_the_ranges_own_scale() -> None:
         0.5
     )  # the middle of a log range is its geometric mean
     assert Param("float", low=0.0, high=2.0).position(0.5) == pytest.approx(0.25)
-    assert Param("choice", choices=(1, 2)).position(1) is None
+
+
+def test_a_choice_spanning_a_decade_is_a_coarse_log_range() -> None:
+    """FedDyn's α in 0.001, 0.01, 0.1 has a position, as log-uniform [0.001, 0.1] would; a choice
+    spanning less than a decade, holding zero, or not numbers has none."""
+    scale = Param("choice", choices=(0.01, 0.1, 0.001))
+    assert [scale.position(v) for v in (0.001, 0.01, 0.1)] == pytest.approx([0.0, 0.5, 1.0])
+    assert Param("choice", choices=(1, 10)).position(10) == pytest.approx(1.0)
+    for no_scale in [(1, 2), (0.25, 0.5, 0.75), (0.0, 0.5, 0.9), ("a", "b"), (True, False), (5,)]:
+        assert Param("choice", choices=no_scale).position(no_scale[0]) is None, no_scale

@@ -631,12 +631,14 @@ def test_fdr_rank_keeps_the_separations_that_survive_all_the_pairs() -> None:
 def test_chosen_values_at_an_end_of_their_range_are_listed() -> None:
     """A chosen value within 5% of an end of its range (log scale for a log range) is named
     under the table, read from the chosen file's record of the space (``Param.describe``):
-    the range, not the budget, may hold that method back. Choices are not ranges."""
+    the range, not the budget, may hold that method back. A choice counts only as a coarse log
+    range (positive numbers spanning a decade): momentum's 0.9 of 0, 0.9 is not listed."""
     space = {
         "train.lr": Param("float", low=1e-4, high=1e-2, log=True),
         "strategy.mu": Param("float", low=0.0, high=1.0),
         "strategy.epochs": Param("int", low=1, high=5),
         "train.momentum": Param("choice", choices=(0.0, 0.9)),
+        "strategy.alpha": Param("choice", choices=(0.001, 0.01, 0.1)),
     }
     chosen = {
         "space": {key: param.describe() for key, param in space.items()},
@@ -645,13 +647,18 @@ def test_chosen_values_at_an_end_of_their_range_are_listed() -> None:
             "strategy.mu": 0.5,
             "strategy.epochs": 5,
             "train.momentum": 0.9,
+            "strategy.alpha": 0.1,
         },
     }
     assert range_ends(chosen) == [
         "train.lr = 0.00012, low end of log-uniform [0.0001, 0.01]",  # 4% of the log range
         "strategy.epochs = 5, high end of integer [1, 5]",
+        "strategy.alpha = 0.1, high end of one of 0.001, 0.01, 0.1",
     ]
-    inside = {**chosen, "params": {"train.lr": 1.3e-4, "strategy.epochs": 4}}  # 5.7% of it
+    inside = {
+        **chosen,
+        "params": {"train.lr": 1.3e-4, "strategy.epochs": 4, "strategy.alpha": 0.01},
+    }  # 5.7% of the log range
     assert range_ends(inside) == []
     notes = _range_end_notes([Entry("fedprox", final=[0.9, 0.91], chosen=chosen), Entry("local")])
     assert [line for line in notes if line.startswith("- ")] == [

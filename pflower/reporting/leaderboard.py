@@ -300,8 +300,9 @@ def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
 def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str]:
     """The chosen values (``chosen/<method>.yaml``) that lie within ``margin`` of an end of the
     range searched for them (:meth:`~pflower.searchspace.Param.position`), e.g.
-    ``train.lr = 0.0001, low end of log-uniform [0.0001, 0.01]``; choices are not ranges and
-    are never listed."""
+    ``train.lr = 0.0001, low end of log-uniform [0.0001, 0.01]``. A choice counts only where it
+    is a coarse log range (positive numbers spanning a decade or more, such as FedDyn's α in
+    0.001, 0.01, 0.1) and the least or greatest value was chosen."""
     params = chosen.get("params") or {}
     found = []
     for key, description in (chosen.get("space") or {}).items():
@@ -322,8 +323,9 @@ def _range_end_notes(entries: Sequence[Entry]) -> list[str]:
         return []
     lines = [
         f"Chosen at an end of the searched range (within {RANGE_END:.0%} of it, in log scale for "
-        "a log range): the best value may lie beyond it, so the method may be held back by its "
-        "declared range rather than by the budget:",
+        "a log range; the least or greatest value of a choice spanning a decade or more): the "
+        "best value may lie beyond it, so the method may be held back by its declared range "
+        "rather than by the budget:",
         "",
     ]
     lines += [f"- {e.label}: {'; '.join(found)}" for e, found in ends]
