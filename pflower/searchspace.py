@@ -134,7 +134,8 @@ class Param:
         a decade or more (e.g. 0.001, 0.01, 0.1) is a coarse log range from its least to its
         greatest value; any other choice (momentum 0, 0.5, 0.9; names) has no position."""
         if self.kind == "choice":
-            return self._scale().position(value) if self._is_scale() else None
+            scale = self._log_range()
+            return None if scale is None else scale.position(value)
         if self.low is None or self.high is None:
             return None
         low, high, value = self.low, self.high, float(value)
@@ -144,18 +145,16 @@ class Param:
             low, high, value = math.log(low), math.log(high), math.log(value)
         return None if high == low else (value - low) / (high - low)
 
-    def _is_scale(self) -> bool:
+    def _log_range(self) -> Param | None:
+        """The log range from a choice's least to its greatest value, where its values are
+        positive numbers spanning a decade or more; None otherwise."""
         numbers = [
             c for c in self.choices if isinstance(c, int | float) and not isinstance(c, bool)
         ]
-        return (
-            len(numbers) == len(self.choices) > 1
-            and min(numbers) > 0
-            and max(numbers) >= 10 * min(numbers)
-        )
-
-    def _scale(self) -> Param:
-        return Param("float", low=min(self.choices), high=max(self.choices), log=True)
+        if len(numbers) < max(2, len(self.choices)) or min(numbers) <= 0:
+            return None
+        low, high = min(numbers), max(numbers)
+        return Param("float", low=low, high=high, log=True) if high >= 10 * low else None
 
 
 _CHOICE_PREFIX = "one of "
