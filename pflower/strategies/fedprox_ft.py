@@ -84,7 +84,10 @@ class FedProxFTOptions(FedProxOptions):
         source="FedProx (Li et al., MLSys 2020), Sec. 5.2: μ in {0.001, 0.01, 0.1, 1}",
     )
     finetune_epochs: int = tunable(
-        1, low=1, high=5, source="FedALA (Zhang et al., AAAI 2023), FedAvg-C"
+        1,
+        low=1,
+        high=10,
+        source="FedALA (Zhang et al., AAAI 2023), FedAvg-C; the top as FedBABU's",
     )
     finetune_init: bool = True
 
