@@ -199,8 +199,11 @@ def results(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
 
 
 def summary_without_clock(run_dir: Path) -> dict[str, Any]:
+    """``summary.json`` without what the clock decides: the wall time, the seconds per round,
+    the run's folder and checkpoint settings."""
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("wall_time_s")
+    summary["cost"].pop("seconds_per_round", None)
     config = summary.pop("config")
     for key in ("output_dir", "checkpoint"):
         config.pop(key)

@@ -45,6 +45,7 @@ SUMMARY_KEYS = {
     "last10_rounds",
     "failures",
     "wall_time_s",
+    "cost",
     "config",
     "code",
 }
@@ -226,6 +227,21 @@ def test_summary_says_which_shares_the_accuracies_were_scored_on(tmp_path: Path)
         assert json.loads(path.read_text())["scored_on"] == evaluate_on
 
 
+def test_read_rows_leaves_out_a_row_still_being_written(tmp_path: Path) -> None:
+    """A live run's last line (or that of a run killed while writing it) may be half written:
+    it is left out. A bad line before the last is damage, and raises."""
+    from pflower.results.rundir import read_rows
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"round": 1, "stage": "time"}\n{"round": 2, "sta')
+    assert read_rows(tmp_path) == [{"round": 1, "stage": "time"}]
+    path.write_text('{"round": 1, "sta\n{"round": 2, "stage": "time"}\n')
+    with pytest.raises(json.JSONDecodeError):
+        read_rows(tmp_path)
+    path.unlink()
+    assert read_rows(tmp_path) == []
+
+
 def test_a_run_with_no_reachable_client_stops_instead_of_idling(tmp_path: Path) -> None:
     def unreachable(context):
         client = client_fn(context)
@@ -315,6 +331,12 @@ def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     assert set(summary) == SUMMARY_KEYS and summary["status"] == "completed"
     assert summary["error"] is None and summary["final_round"] == 10
     assert summary["config"]["strategy"]["gamma_mode"] == "adaptive"
+    # the cost: rounds' spacing, and FLIU's traffic, the model down and the model up
+    cost = summary["cost"]
+    assert cost["seconds_per_round"] > 0
+    sent = [r["bytes_down"] for r in stage_rows(rows, "L2")]
+    assert cost["mb_down_per_client_round"] == pytest.approx(np.mean(sent) / 1e6)
+    assert cost["mb_down_per_client_round"] == pytest.approx(cost["mb_up_per_client_round"])
     assert summary["final"]["L1"]["rho_0.9"] >= 0
     assert summary["last10_rounds"] == [10]  # 10 rounds: the last 10% is the final round
     assert (

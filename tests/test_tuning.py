@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -578,6 +579,30 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert not significantly_better({1: 0.1 + 0.2, 2: 0.6}, {1: 0.3, 2: 0.6})
 
 
+def test_leaderboard_costs_come_from_the_summary_then_the_rows_then_the_wall_time(
+    tmp_path: Path,
+) -> None:
+    """A run's recorded ``cost`` wins; a run made before pflower recorded it falls back to its
+    ``metrics.jsonl``; with neither, s / round is the wall time over the rounds and the traffic
+    is unknown, not zero."""
+    setting = tmp_path / "digits"
+    for method, seed in (("fedavg", 1), ("fedavg", 2), ("fedprox", 1), ("fedprox", 2)):
+        _fake_run(setting / "final" / method / f"seed_{seed}", 0.9 + seed / 100, 0.9)
+    recorded = {"seconds_per_round": 7.0, "mb_down_per_client_round": 0.25}
+    for seed in (1, 2):
+        summary_path = setting / "final" / "fedavg" / f"seed_{seed}" / "summary.json"
+        summary = json.loads(summary_path.read_text())
+        summary_path.write_text(json.dumps({**summary, "cost": recorded}))
+    (setting / "final" / "fedprox" / "seed_2" / "metrics.jsonl").unlink()
+    entries = {e.method: e for e in load_setting(setting)}
+    assert entries["fedavg"].seconds_per_round == [7.0, 7.0]
+    assert entries["fedavg"].mb_per_client_round == [0.25, 0.25]
+    # seed 1 from its rows (gap 13 - 10 s; 1 + 0.5 MB), seed 2 from its wall time (4 s / 2)
+    assert entries["fedprox"].seconds_per_round == [3.0, 2.0]
+    mb = entries["fedprox"].mb_per_client_round
+    assert mb[0] == 1.5 and math.isnan(mb[1])
+
+
 def test_ranks_pair_the_seeds_because_a_seed_fixes_the_partition() -> None:
     """A final seed gives every method the same partition, so a hard partition lowers all of
     them at once: a lead of 0.3-0.5 points on every seed under a 3-point swing between seeds is
@@ -827,6 +852,11 @@ def test_tune_command_then_leaderboard(tmp_path: Path) -> None:
     # never resumed (an interrupted run starts afresh), so no run keeps resume state on disk
     assert final["config"]["checkpoint"]["every"] == 0
     assert [p.name for p in out.rglob("*") if p.name in ("checkpoint.pkl", "client_state")] == []
+    # the summary carries the run's cost, so a results folder of summaries (what a repository
+    # keeps of its runs) renders the traffic column without the runs' metrics.jsonl
+    megabytes = final["cost"]["mb_down_per_client_round"] + final["cost"]["mb_up_per_client_round"]
+    assert megabytes > 0
+    (out / "digits" / "final" / "fedavg" / "seed_5" / "metrics.jsonl").unlink()
     report = subprocess.run(
         [sys.executable, "-m", "pflower", "report", "--leaderboard", str(out)],
         check=True,
@@ -835,4 +865,6 @@ def test_tune_command_then_leaderboard(tmp_path: Path) -> None:
         timeout=300,
     ).stdout
     assert "| 1 | 1 | FedAvg |" in report and "pflower tune fedavg --suite" in report
+    (row,) = [line for line in report.splitlines() if line.startswith("| 1 | 1 | FedAvg |")]
+    assert row.endswith(f"| {megabytes:.3f} |")
     assert (out / "leaderboard.csv").exists()

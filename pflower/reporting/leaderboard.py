@@ -20,10 +20,10 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
 - the chosen hyperparameters (``chosen/<method>.yaml``), the validation objective they reached
   and the trials spent (complete / pruned / failed; trials interrupted by a stopped command and
   retried with the same values are listed apart, they are not part of the budget);
-- seconds per round (median time between the ends of successive rounds' training phases;
-  the run's wall time over its rounds where a run has fewer than two) and MB per client-round
-  (array megabytes down and up per training client, from the ``bytes_down``/``bytes_up`` of the
-  stage-L2 rows).
+- seconds per round and MB per client-round (array megabytes down and up per training
+  client), the runs' ``summary.json`` ``cost`` (:func:`pflower.results.rundir.run_cost`),
+  computed from ``metrics.jsonl`` for a run that predates it; where neither holds it, seconds
+  per round is the run's wall time over its rounds and the megabytes are not known.
 
 Under each setting's table: the methods ranked above a method with a higher mean (their
 differences to the others vary from seed to seed, so the test separates few methods from
@@ -53,7 +53,6 @@ import math
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +62,7 @@ from scipy import stats
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
-from pflower.results.rundir import error_line, failed_by_itself
+from pflower.results.rundir import error_line, failed_by_itself, read_rows, run_cost
 from pflower.searchspace import Param
 
 ALPHA = 0.05
@@ -114,38 +113,20 @@ def _load_json(path: Path) -> dict[str, Any] | None:
     return data
 
 
-def _rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    rows = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
-def seconds_per_round(rows: Sequence[Mapping[str, Any]], summary: Mapping[str, Any]) -> float:
-    """Median time between successive rounds' end of training; wall time / rounds otherwise."""
-    times = sorted(
-        (int(r["round"]), float(r["fit_done_unix_s"])) for r in rows if r.get("stage") == "time"
-    )
-    gaps = [b[1] - a[1] for a, b in pairwise(times) if b[0] == a[0] + 1]
-    if gaps:
-        return float(statistics.median(gaps))
+def seconds_per_round(cost: Mapping[str, float], summary: Mapping[str, Any]) -> float:
+    """The run's recorded seconds per round; its wall time over its rounds otherwise (a run
+    with fewer than two rounds, or one made before pflower recorded the figure and whose
+    ``metrics.jsonl`` is gone)."""
+    if "seconds_per_round" in cost:
+        return float(cost["seconds_per_round"])
     rounds = max(1, int(summary.get("final_round") or summary.get("rounds") or 1))
     return float(summary.get("wall_time_s") or math.nan) / rounds
 
 
-def mb_per_client_round(rows: Sequence[Mapping[str, Any]]) -> float:
-    """Mean over training clients and rounds of (bytes down + bytes up) / 1e6."""
-    sizes = [
-        (float(r.get("bytes_down", 0)) + float(r.get("bytes_up", 0))) / 1e6
-        for r in rows
-        if r.get("stage") == "L2" and ("bytes_down" in r or "bytes_up" in r)
-    ]
-    return float(sum(sizes) / len(sizes)) if sizes else math.nan
+def mb_per_client_round(cost: Mapping[str, float]) -> float:
+    """Array megabytes down and up per training client and round (NaN where not recorded)."""
+    sizes = [cost[k] for k in ("mb_down_per_client_round", "mb_up_per_client_round") if k in cost]
+    return float(sum(sizes)) if sizes else math.nan
 
 
 def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
@@ -174,12 +155,12 @@ def load_setting(setting_dir: Path) -> list[Entry]:
                 entry.failed[seed] = error_line(summary)
             if summary.get("status") != "completed":
                 continue
-            rows = _rows(run_dir)
+            cost = summary.get("cost") or run_cost(read_rows(run_dir))
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
             entry.seeds.append(seed)
             entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
-            entry.seconds_per_round.append(seconds_per_round(rows, summary))
-            entry.mb_per_client_round.append(mb_per_client_round(rows))
+            entry.seconds_per_round.append(seconds_per_round(cost, summary))
+            entry.mb_per_client_round.append(mb_per_client_round(cost))
             entry.codes.add(str((summary.get("code") or {}).get("fingerprint")))
         if entry.final:
             entries.append(entry)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pflower.reporting.groups import Experiment
-from pflower.results.rundir import CLIENT_STAGES, L2, G
+from pflower.results.rundir import CLIENT_STAGES, G
 from pflower.results.runs import RunResult
 from pflower.results.statistics import summarize_stage
 
@@ -123,19 +123,14 @@ def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, fl
 
 
 def run_costs(run: RunResult) -> dict[str, float]:
-    """The run's seconds per round (the median time between two rounds' aggregations, so the
-    start-up is left out and evaluation rounds are counted as they come) and the mean megabytes
-    of arrays one client downloads and uploads per round (``bytes_down``/``bytes_up`` of the L2
-    rows)."""
-    costs: dict[str, float] = {}
-    if len(run.fit_done) > 1:
-        costs["seconds per round"] = float(np.median(np.diff(run.fit_done)))
-    l2 = [row for row in run.rows if row["stage"] == L2]
-    for key, name in (("bytes_down", "MB down"), ("bytes_up", "MB up")):
-        values = [float(row[key]) for row in l2 if key in row]
-        if values:
-            costs[name] = float(np.mean(values)) / 1e6
-    return costs
+    """The run's seconds per round and megabytes of arrays one client downloads and uploads per
+    round (:func:`pflower.results.rundir.run_cost`), under the report's column names."""
+    names = {
+        "seconds_per_round": "seconds per round",
+        "mb_down_per_client_round": "MB down",
+        "mb_up_per_client_round": "MB up",
+    }
+    return {names[key]: value for key, value in run.cost.items() if key in names}
 
 
 def run_results(run: RunResult, eps: float) -> dict[str, float]:

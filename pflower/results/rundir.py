@@ -18,7 +18,8 @@ Layout::
                      ``status``, ``error``, ``rounds`` (planned), ``final_round`` (last round with
                      results), ``final`` (stage aggregates of that round), ``last10`` (the same
                      aggregates averaged over the evaluated rounds among the last 10% of
-                     rounds), ``failures``, ``wall_time_s``, the resolved ``config`` and
+                     rounds), ``failures``, ``wall_time_s``, ``cost`` (seconds per round and
+                     megabytes per client-round, :func:`run_cost`), the resolved ``config`` and
                      ``code``: the pflower code that made it (source fingerprint, git commit,
                      whether the checkout had uncommitted changes; :mod:`pflower.provenance`)
     plots/           accuracy.png (per round, by stage), clients.png (final per-client accuracy)
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -146,6 +148,30 @@ def headline(rows: Sequence[Row], rounds: int, thresholds: Sequence[float]) -> R
     }
 
 
+def run_cost(rows: Iterable[Row]) -> dict[str, float]:
+    """The run's cost figures (``summary.json``'s ``cost``), each left out where the rows do not
+    give it:
+
+    - ``seconds_per_round``: the median time between the ends of successive rounds' training
+      phases (``time`` rows), so the start-up, the first round's imports and a resume's gap are
+      left out and the rounds that also evaluate count as they come;
+    - ``mb_down_per_client_round`` / ``mb_up_per_client_round``: the mean array megabytes
+      (10^6 bytes) one training client receives with its fit instruction and sends back, per
+      round (``bytes_down``/``bytes_up`` of the stage-L2 rows).
+    """
+    rows = list(rows)
+    done = sorted(
+        (int(r["round"]), float(r["fit_done_unix_s"])) for r in rows if r["stage"] == TIME
+    )
+    gaps = [t1 - t0 for (r0, t0), (r1, t1) in itertools.pairwise(done) if r1 == r0 + 1]
+    cost = {"seconds_per_round": float(np.median(gaps))} if gaps else {}
+    for key in ("bytes_down", "bytes_up"):
+        sizes = [float(r[key]) for r in rows if r["stage"] == L2 and key in r]
+        if sizes:
+            cost[f"mb_{key.removeprefix('bytes_')}_per_client_round"] = float(np.mean(sizes)) / 1e6
+    return cost
+
+
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The configuration as plain JSON/YAML values (enums as their names)."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -183,6 +209,7 @@ def write_summary(
         **headline(rows, int(config.get("rounds", 0)), config["eval"]["rho_thresholds"]),
         "failures": [r for r in rows if r["stage"] == FAILURE],
         "wall_time_s": wall_time_s,
+        "cost": run_cost(rows),
         "config": config,
         "code": code_version(),
     }
@@ -519,9 +546,14 @@ def _console() -> Console:
 
 # ---------------------------------------------------------------------------- reading back
 def read_rows(run_dir: Path) -> list[Row]:
-    """Every row of ``metrics.jsonl`` (none if the file does not exist)."""
+    """Every row of ``metrics.jsonl`` (none if the file does not exist). A last line that does
+    not parse is a row still being written (a live run, read by the tuner's pruner, or one
+    killed mid-write) and is left out; a line before it that does not parse is an error."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    with path.open(encoding="utf-8") as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = [json.loads(line) for line in lines[:-1]]
+    with contextlib.suppress(json.JSONDecodeError, IndexError):
+        rows.append(json.loads(lines[-1]))
+    return rows

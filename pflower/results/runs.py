@@ -13,12 +13,12 @@ from omegaconf import OmegaConf
 
 from pflower.results.rundir import (
     STAGES,
-    TIME,
     Row,
     Status,
     evaluated_rounds,
     last_rounds,
     read_rows,
+    run_cost,
     was_interrupted,
 )
 
@@ -33,8 +33,9 @@ class RunResult:
     error: str | None = None
     final_round: int | None = None
     rows: list[Row] = field(default_factory=list)
-    fit_done: list[float] = field(default_factory=list)
-    """When each round's training was aggregated (Unix seconds, ``time`` rows), in round order."""
+    cost: dict[str, float] = field(default_factory=dict)
+    """The run's cost figures (:func:`pflower.results.rundir.run_cost`): ``summary.json``'s, or
+    computed from ``metrics.jsonl`` for a run made before pflower recorded them there."""
     code: dict[str, Any] | None = None
     """The pflower code that made the run (``summary.json``'s ``code``), None for an incomplete
     run or one made before pflower recorded it."""
@@ -92,14 +93,13 @@ def load_run(run_dir: Path) -> RunResult:
         return RunResult(run_dir, config, status, error=summary.get("error"), code=code)
     every = read_rows(run_dir)
     rows = [row for row in every if row["stage"] in STAGES]
-    fit_done = [row["fit_done_unix_s"] for row in every if row["stage"] == TIME]
     return RunResult(
         run_dir,
         config,
         "completed",
         final_round=summary["final_round"],
         rows=rows,
-        fit_done=fit_done,
+        cost=summary.get("cost") or run_cost(every),
         code=code,
     )
 

@@ -18,25 +18,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from pflower.results.rundir import write_atomic
+from pflower.results.rundir import read_rows, write_atomic
 
 HEARTBEAT_S = 20
 POLL_S = 2.0
 
 
 # ------------------------------------------------------------------------------ run results
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of ``metrics.jsonl`` written so far (a partly written last line is skipped)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        with contextlib.suppress(json.JSONDecodeError):
-            rows.append(json.loads(line))
-    return rows
-
-
 def round_means(rows: Sequence[Mapping[str, Any]], stage: str = "L1") -> dict[int, float]:
     """Per round, the unweighted mean over clients of ``acc_local`` at ``stage``."""
     by_round: dict[int, list[float]] = {}
