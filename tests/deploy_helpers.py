@@ -6,7 +6,6 @@ Everything that starts a process here hands back something the caller stops in a
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -35,14 +34,6 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: str, every: f
             return result
         time.sleep(every)
     raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-
-
-def read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The rows of ``run_dir/metrics.jsonl`` written so far (none if the file does not exist)."""
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def rows_by_client(rows: Sequence[dict[str, Any]], stage: str) -> dict[tuple[int, int], dict]:

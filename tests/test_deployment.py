@@ -34,6 +34,7 @@ from pflower.core.checkpoint import CheckpointError, load_checkpoint
 from pflower.deploy.cli import main, resume_overrides
 from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
+from pflower.results.rundir import read_rows
 from tests.deploy_helpers import (
     REPO,
     RUN_TIMEOUT,
@@ -44,7 +45,6 @@ from tests.deploy_helpers import (
     free_port,
     free_port_block,
     netns_unavailable,
-    read_rows,
     rows_by_client,
     simulation,
     wait_until,
