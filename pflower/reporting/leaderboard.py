@@ -483,7 +483,11 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         f"seeds separates them (two-sided, p < {ALPHA}; a seed fixes the partition, the initial "
         "model and the batches for every method alike, so the seeds pair up). The FDR rank "
         "counts only the separations that remain when the p-values of all the setting's pairs "
-        f"are adjusted together for a {ALPHA:.0%} false discovery rate (Benjamini-Hochberg).",
+        f"are adjusted together for a {ALPHA:.0%} false discovery rate (Benjamini-Hochberg). "
+        "s / round is the median time between successive rounds (a run's wall time over its "
+        "rounds where the run recorded none) and MB / client-round the array megabytes one "
+        "training client receives and sends per round, '-' where the runs recorded none; both "
+        "are means over the seeds, measured on the machines named below.",
         "",
     ]
     if suite.get("budget"):
