@@ -465,10 +465,14 @@ final_runs(suite, suite.settings[0], "fedprox", Layout(Path(out)), workers=2, ru
 """
 
 
-def test_ctrl_c_stops_the_runs_of_worker_threads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_and_sigterm_stop_the_runs_of_worker_threads(
+    tmp_path: Path, signum: signal.Signals
+) -> None:
     """Ctrl-C reaches the driver's main thread only, and its runs are processes of their own
     sessions: the driver stops the runs its worker threads are running (2 final runs at once)
-    and starts none of those still queued, instead of waiting for them all."""
+    and starts none of those still queued, instead of waiting for them all. SIGTERM (``kill``,
+    ``timeout``) does the same; it used to end the driver alone and leave its runs running."""
     suite_file = tmp_path / "suite.yaml"
     suite_file.write_text(SUITE.replace("final_seeds: [1, 2]", "final_seeds: [1, 2, 3]"))
     out = tmp_path / "out"
@@ -490,7 +494,7 @@ def test_ctrl_c_stops_the_runs_of_worker_threads(tmp_path: Path) -> None:
             assert driver.poll() is None and time.monotonic() < deadline, "the runs never started"
             time.sleep(0.5)
         sleepers = [int(p.read_text()) for p in pid_files]
-        driver.send_signal(signal.SIGINT)
+        driver.send_signal(signum)
         driver.wait(timeout=120)  # the old driver waited for its runs (600 s each)
     finally:
         driver.kill()

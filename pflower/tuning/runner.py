@@ -1,7 +1,7 @@
 """How one tuning run is executed and read back: :func:`run_pflower` (a local process) and
 :class:`RayRunner` (a Ray task), both reporting each finished round's stage-L1 mean to the
-pruner, and the readers of the run's ``metrics.jsonl`` and ``summary.json``
-(:mod:`pflower.tuning.search` drives them)."""
+pruner, and the reader of the run's ``summary.json`` (:mod:`pflower.tuning.search` drives
+them)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,11 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol
 
 from pflower.results.rundir import read_rows, write_atomic
+from pflower.runtime.signals import handlers_run_promptly
 
 HEARTBEAT_S = 20
 POLL_S = 2.0
@@ -94,13 +96,41 @@ LIVE_RUNS = _LiveRuns()
 def runs_stop_together() -> Iterator[None]:
     """Around the main thread's wait for worker threads' runs: an exception there (Ctrl-C's
     KeyboardInterrupt) stops every run of this process (:data:`LIVE_RUNS`), and runs not yet
-    started do not start."""
+    started do not start. SIGTERM raises the same KeyboardInterrupt meanwhile
+    (:func:`sigterm_interrupts`)."""
     LIVE_RUNS.stopping.clear()
     try:
-        yield
+        with sigterm_interrupts():
+            yield
     except BaseException:
         LIVE_RUNS.stop()
         raise
+
+
+@contextlib.contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """Make SIGTERM (``kill``, ``timeout``, a batch scheduler's stop) end the driver as Ctrl-C
+    does: KeyboardInterrupt in the main thread, which stops the runs and leaves their trials to
+    be retried. The runs are processes of sessions of their own, which a signal to the driver's
+    process group does not reach: a driver that SIGTERM simply ended left them running, writing
+    into folders the next command reuses. On the main thread only (elsewhere nothing changes);
+    :func:`pflower.runtime.signals.handlers_run_promptly` wakes the main thread when another
+    thread caught the signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    started = threading.Event()
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        started.set()
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        with handlers_run_promptly(interrupt, frozenset({signal.SIGTERM}), started):
+            yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def run_pflower(
