@@ -50,8 +50,8 @@ class FedAvgFTOptions(AlgorithmOptions):
     finetune_epochs: int = tunable(
         1,
         low=1,
-        high=10,
-        source="FedAvg-C in FedALA (Zhang et al., AAAI 2023); the top as FedBABU's",
+        high=5,
+        source="FedAvg-C in FedALA (Zhang et al., AAAI 2023)",
     )
 
     def __post_init__(self) -> None:
