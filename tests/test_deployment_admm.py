@@ -19,6 +19,7 @@ import pytest
 from flwr.app import RecordDict
 
 from pflower.client.app import client_fn
+from pflower.results.rundir import read_rows
 from pflower.strategies.flame import DUAL, LOCAL_COPY, THETA
 from tests.deploy_helpers import (
     RUN_TIMEOUT,
@@ -26,7 +27,6 @@ from tests.deploy_helpers import (
     diagnostics,
     federation,
     netns_unavailable,
-    read_rows,
 )
 from tests.inprocess import run_inprocess
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pflower.results.rundir import read_rows
 from tests.deploy_helpers import (
     ACC_TOLERANCE,
     LOSS_RTOL,
@@ -22,7 +23,6 @@ from tests.deploy_helpers import (
     diagnostics,
     federation,
     netns_unavailable,
-    read_rows,
 )
 from tests.inprocess import run_inprocess
 

@@ -17,13 +17,13 @@ import pytest
 from flwr.app import RecordDict
 
 from pflower.client.app import client_fn
+from pflower.results.rundir import read_rows
 from tests.deploy_helpers import (
     RUN_TIMEOUT,
     assert_same_results,
     diagnostics,
     federation,
     netns_unavailable,
-    read_rows,
 )
 from tests.inprocess import run_inprocess
 
