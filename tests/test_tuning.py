@@ -193,6 +193,38 @@ def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
     assert printed == chosen["overrides"]
 
 
+def _instant_runner(command, run_dir, on_round=None, heartbeat=None, timeout_s=None):
+    """A runner that returns at once, with an objective made from the run's values."""
+    lr = next(float(c.split("=")[1]) for c in command if c.startswith("train.lr="))
+    return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": lr}}}}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_resumed_study_draws_new_values_and_a_new_one_the_same(
+    tmp_path: Path, workers: int
+) -> None:
+    """Each trial's draw is seeded with the tuning seed and the trial's number: a study resumed
+    by another ``pflower tune`` (its budget raised here, as a stopped command's is not yet
+    spent) draws new values, and a study run from scratch draws the same ones again. A
+    sampler seeded once per process drew the first trials' values again after a resume."""
+    suite = load_suite(_suite_file(tmp_path))
+    setting = suite.settings[0]
+    first, again = Layout(tmp_path / "first"), Layout(tmp_path / "again")
+    for layout in (first, again):
+        for trials in (2, 4):  # two commands: the second resumes the study with 2 more trials
+            grown = dataclasses.replace(suite, trials=trials)
+            search.tune(grown, setting, "fedprox", layout, 2, workers, runner=_instant_runner)
+    drawn = [
+        sorted(
+            tuple(sorted(t.params.items()))
+            for t in open_study(layout, "digits", "fedprox", 0, False).trials
+        )
+        for layout in (first, again)
+    ]
+    assert len(set(drawn[0])) == 4, drawn[0]  # four distinct points, none drawn twice
+    assert drawn[0] == drawn[1]  # the same study again from scratch: the same values
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Fixed parameter train.lr:UserWarning")  # 1e6, enqueued
 def test_a_diverging_trial_is_failed_with_its_error_and_spends_the_budget(tmp_path: Path) -> None:

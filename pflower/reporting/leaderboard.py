@@ -64,6 +64,7 @@ from pflower.provenance import code_version
 from pflower.reporting import figures
 from pflower.results.rundir import error_line, failed_by_itself, read_rows, run_cost
 from pflower.searchspace import Param
+from pflower.tuning.search import TPE_STARTUP_TRIALS
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
@@ -359,6 +360,20 @@ def _trials(chosen: Mapping[str, Any]) -> str:
     return f"{budget.get('trials', '?')} ({', '.join(done)}{retried})"
 
 
+def _trials_drawn(trials: Any) -> str:
+    """How a suite's trials were drawn: Optuna's TPE sampler draws its first
+    :data:`~pflower.tuning.search.TPE_STARTUP_TRIALS` at random."""
+    if isinstance(trials, int) and trials <= TPE_STARTUP_TRIALS:
+        return (
+            f"{trials} trials per method and setting, each a seeded random draw from the "
+            f"method's space, as Optuna's TPE sampler draws its first {TPE_STARTUP_TRIALS}"
+        )
+    return (
+        f"{trials if trials is not None else '?'} Optuna TPE trials per method and setting, "
+        f"the first {TPE_STARTUP_TRIALS} drawn at random"
+    )
+
+
 def table(entries: Sequence[Entry]) -> list[list[str]]:
     header = [
         "rank",
@@ -474,7 +489,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
     lines = [f"# pflower leaderboard: suite {name}", ""]
     lines += [
         "Every method was tuned on the clients' validation shares with the same budget "
-        f"({suite.get('trials', '?')} Optuna TPE trials per method and setting, tuning seed "
+        f"({_trials_drawn(suite.get('trials'))}, tuning seed "
         f"{suite.get('tune_seed', '?')}, the same shared train.* knobs for every method of a "
         "setting, listed under it), then run with the "
         f"chosen values and new seeds {suite.get('final_seeds', '?')} on test. Accuracy is "
