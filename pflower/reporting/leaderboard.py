@@ -62,7 +62,7 @@ from scipy import stats
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
-from pflower.results.rundir import error_line, failed_by_itself, read_rows, run_cost
+from pflower.results.rundir import error_line, failed_by_itself, recorded_cost
 from pflower.searchspace import Param
 from pflower.tuning.search import TPE_STARTUP_TRIALS
 
@@ -156,7 +156,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
                 entry.failed[seed] = error_line(summary)
             if summary.get("status") != "completed":
                 continue
-            cost = summary.get("cost") or run_cost(read_rows(run_dir))
+            cost = recorded_cost(run_dir, summary)
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
             entry.seeds.append(seed)
             entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))

@@ -172,6 +172,12 @@ def run_cost(rows: Iterable[Row]) -> dict[str, float]:
     return cost
 
 
+def recorded_cost(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, float]:
+    """A finished run's cost figures: its ``summary.json``'s, or, for a run made before pflower
+    recorded them there, computed from its ``metrics.jsonl`` (none where that is gone too)."""
+    return dict(summary.get("cost") or run_cost(read_rows(run_dir)))
+
+
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     """The configuration as plain JSON/YAML values (enums as their names)."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)

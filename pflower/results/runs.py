@@ -18,7 +18,7 @@ from pflower.results.rundir import (
     evaluated_rounds,
     last_rounds,
     read_rows,
-    run_cost,
+    recorded_cost,
     was_interrupted,
 )
 
@@ -99,7 +99,7 @@ def load_run(run_dir: Path) -> RunResult:
         "completed",
         final_round=summary["final_round"],
         rows=rows,
-        cost=summary.get("cost") or run_cost(every),
+        cost=recorded_cost(run_dir, summary),
         code=code,
     )
 

@@ -205,13 +205,10 @@ def open_study(
 
     quiet_optuna()
     layout.setting_dir(setting).mkdir(parents=True, exist_ok=True)
-    sampler = optuna.samplers.TPESampler(
-        seed=seed, constant_liar=parallel, n_startup_trials=TPE_STARTUP_TRIALS
-    )
     return optuna.create_study(
         study_name=method,
         storage=_storage(layout.storage_url(setting)),
-        sampler=sampler,
+        sampler=_tpe(seed, parallel),
         pruner=pruner,
         direction="maximize",
         load_if_exists=True,
@@ -223,13 +220,18 @@ def trial_sampler(tune_seed: int, number: int, parallel: bool) -> Any:
     ``number``): each trial draws from a stream of its own, whichever thread or ``pflower tune``
     process asks for it and however often the study was resumed, and a study run again from
     scratch draws the same values. A sampler seeded once per process drew a resumed study's
-    first values again, trial by trial (seen in this project's own tuning: a study stopped after
-    3 of 8 trials explored 3 distinct points in all), and every process sharing a study drew
-    the same ones."""
+    first values again, trial by trial (seen in this project's own tuning: a study stopped and
+    started again held 3 distinct points in its first 6 trials), and every process sharing a
+    study would draw the same ones."""
     import numpy as np
+
+    return _tpe(int(np.random.SeedSequence([tune_seed, number]).generate_state(1)[0]), parallel)
+
+
+def _tpe(seed: int, parallel: bool) -> Any:
+    """Optuna's TPE sampler as pflower uses it (``constant_liar`` for trials run in parallel)."""
     import optuna
 
-    seed = int(np.random.SeedSequence([tune_seed, number]).generate_state(1)[0])
     return optuna.samplers.TPESampler(
         seed=seed, constant_liar=parallel, n_startup_trials=TPE_STARTUP_TRIALS
     )
