@@ -52,8 +52,10 @@ def __getattr__(name: str) -> type[Exception]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# Tables stay readable when the output is piped to a file or a CI log.
-console = Console(width=None if sys.stdout.isatty() else 160)
+# Piped to a file or a CI log, tables are laid out 160 columns wide and a message stays on one
+# line however long its paths are (soft wrap), so that scripts can read it back.
+_PIPED = not sys.stdout.isatty()
+console = Console(width=160 if _PIPED else None, soft_wrap=_PIPED)
 
 
 def _task_overrides() -> list[str]:

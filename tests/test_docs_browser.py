@@ -30,6 +30,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +65,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
     assert build.returncode == 0, build.stderr[-5000:]
     (out / "build_seconds.txt").write_text(f"{time.monotonic() - started:.1f}\n")
     handler = functools.partial(_QuietHandler, directory=str(out / "site"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -76,6 +77,15 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]
         shots.mkdir(parents=True, exist_ok=True)
         for png in out.glob("*.png"):
             shutil.copy(png, shots / png.name)
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Chromium may close a connection before a file is sent in full (it had what it needed):
+    no error of the site, so not printed as one."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):

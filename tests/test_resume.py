@@ -224,8 +224,9 @@ def test_resuming_a_completed_run_changes_nothing(
     stopped_run: Path, tmp_path: Path, capsys
 ) -> None:
     """Issue 37, item 2: ``pflower resume`` on a run that completed its rounds says so in one
-    line, exit code 0, and leaves every file as it was (summary.json included)."""
-    run_dir = tmp_path / "done"
+    line, exit code 0, and leaves every file as it was (summary.json included). One line however
+    long the path: a piped console is 160 columns wide and must not wrap a message there."""
+    run_dir = tmp_path / f"done-{'x' * 160}"
     subprocess.run(["cp", "-r", str(stopped_run), str(run_dir)], check=True)
     before = files_of(run_dir)
     assert json.loads(before["summary.json"])["status"] == "completed"
