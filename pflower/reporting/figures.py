@@ -34,7 +34,7 @@ from matplotlib.ticker import MaxNLocator
 from pflower.reporting.robustness import Panels
 from pflower.reporting.stats import final_client_values, model_points, round_curve
 from pflower.reporting.tables import Section
-from pflower.results.plots import client_markers
+from pflower.results.plots import client_boxes, client_markers
 
 _CURVES = (
     ("acc_local", "Acc(L), own test split"),
@@ -134,19 +134,7 @@ def client_distribution(section: Section, stage: str, path: Path, title: str = "
                 data.append(values)
                 labels.append(experiment.method)
         if data:
-            ax.boxplot(
-                data,
-                tick_labels=labels,
-                showmeans=True,
-                showfliers=False,  # every client is drawn as a dot
-                medianprops={"color": "black"},
-                meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black"},
-            )
-            for position, (values, label) in enumerate(zip(data, labels, strict=True), start=1):
-                jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
-                ax.scatter(
-                    position + np.asarray(jitter), values, s=8, alpha=0.6, color=colors[label]
-                )
+            client_boxes(ax, data, labels, [colors[label] for label in labels], dot_size=8)
             ax.tick_params(axis="x", labelrotation=45, labelsize=8)
         ax.set_title(f"{partition}: final {stage} Acc(L) per client", fontsize=10)
         ax.set_ylim(0, 1.03)

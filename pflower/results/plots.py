@@ -19,6 +19,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.artist import Artist
+from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
 
 STAGE_STYLE: dict[str, dict[str, Any]] = {
@@ -52,6 +53,28 @@ def client_markers() -> list[Artist]:
             label="mean",
         ),
     ]
+
+
+def client_boxes(
+    ax: Axes,
+    data: Sequence[Sequence[float]],
+    labels: Sequence[str],
+    colors: Sequence[Any],
+    dot_size: float,
+) -> None:
+    """One box a group of clients' values on ``ax``: quartiles, median and mean, with every
+    client drawn as a jittered dot in its group's colour (what :func:`client_markers` names)."""
+    ax.boxplot(
+        data,
+        tick_labels=labels,
+        showmeans=True,
+        showfliers=False,  # every client is drawn as a dot
+        medianprops={"color": "black"},
+        meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black"},
+    )
+    for position, (values, color) in enumerate(zip(data, colors, strict=True), start=1):
+        jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
+        ax.scatter(position + np.asarray(jitter), values, s=dot_size, alpha=0.6, color=color)
 
 
 def run_title(cfg: Mapping[str, Any]) -> str:
@@ -166,17 +189,7 @@ def _final_clients(
                 labels.append(f"{stage} {name}")
                 colors.append(_style(stage)["color"])
     if data:
-        ax.boxplot(
-            data,
-            tick_labels=labels,
-            showmeans=True,
-            showfliers=False,  # every client is drawn as a dot
-            medianprops={"color": "black"},
-            meanprops={"marker": "D", "markerfacecolor": "white", "markeredgecolor": "black"},
-        )
-        for position, (values, color) in enumerate(zip(data, colors, strict=True), start=1):
-            jitter = np.linspace(-0.15, 0.15, len(values)) if len(values) > 1 else [0.0]
-            ax.scatter(position + np.asarray(jitter), values, s=12, alpha=0.6, color=color)
+        client_boxes(ax, data, labels, colors, dot_size=12)
     ax.set_xlabel("stage and test set (Acc(L): own test split, Acc(G): global test set)")
     ax.set_ylabel(f"accuracy at round {final_round} (fraction correct)")
     ax.set_ylim(0, 1.03)

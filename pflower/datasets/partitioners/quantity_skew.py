@@ -69,26 +69,15 @@ class QuantitySkewPartitioner(CountMatrixPartitioner):
 
 
 @PARTITIONERS.register("lsqs")
-class LabelQuantitySkewPartitioner(CountMatrixPartitioner):
-    """FLIU label + quantity skew (FLIU paper, Sec. IV-A5).
+class LabelQuantitySkewPartitioner(QuantitySkewPartitioner):
+    """FLIU label + quantity skew (FLIU paper, Sec. IV-A5): quantity skew's sizes with a label
+    mix of each client's own (same arguments).
 
     ``q ~ Dir(alpha * 1_K)`` gives the sizes and rows of ``P ~ Dir(alpha * 1_L)`` the label mixes;
     Sinkhorn-Knopp scales ``P`` to row sums ``q_k * n`` and column sums ``N_l``; both are redrawn
     until every client holds ``min_size`` samples (at most ``max_draws`` draws). The paper says
     only that both draws are Dirichlet; combining them in one Sinkhorn fit is pflower's choice.
     """
-
-    def __init__(
-        self,
-        num_partitions: int,
-        seed: int,
-        alpha: float = 1.0,
-        min_size: int = 10,
-        max_draws: int = 1000,
-    ) -> None:
-        super().__init__(num_partitions, seed, min_size, max_draws)
-        check_concentration("alpha", alpha)
-        self._alpha = alpha
 
     def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         k = self.num_partitions
