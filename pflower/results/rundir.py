@@ -172,10 +172,15 @@ def run_cost(rows: Iterable[Row]) -> dict[str, float]:
     return cost
 
 
-def recorded_cost(run_dir: Path, summary: Mapping[str, Any]) -> dict[str, float]:
+def recorded_cost(
+    run_dir: Path, summary: Mapping[str, Any], rows: Iterable[Row] | None = None
+) -> dict[str, float]:
     """A finished run's cost figures: its ``summary.json``'s, or, for a run made before pflower
-    recorded them there, computed from its ``metrics.jsonl`` (none where that is gone too)."""
-    return dict(summary.get("cost") or run_cost(read_rows(run_dir)))
+    recorded them there, computed from its ``metrics.jsonl`` (none where that is gone too).
+    ``rows``: that file's rows, where the caller has read them already."""
+    if summary.get("cost"):
+        return dict(summary["cost"])
+    return run_cost(read_rows(run_dir) if rows is None else rows)
 
 
 def resolved_config(cfg: DictConfig) -> dict[str, Any]:

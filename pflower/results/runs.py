@@ -99,7 +99,7 @@ def load_run(run_dir: Path) -> RunResult:
         "completed",
         final_round=summary["final_round"],
         rows=rows,
-        cost=recorded_cost(run_dir, summary),
+        cost=recorded_cost(run_dir, summary, every),
         code=code,
     )
 
