@@ -93,8 +93,12 @@ class ALAFields:
 
     eta: float = tunable(
         1.0,
-        choices=(0.1, 1.0, 10.0),
-        source="FedALA (Zhang et al., AAAI 2023), Sec. 5: η and s studied around 1.0 and 80%",
+        choices=(0.01, 0.1, 1.0, 10.0, 100.0),
+        source=(
+            "FedALA (Zhang et al., AAAI 2023), Sec. 5: η and s studied around 1.0 and 80%; a "
+            "decade past each end of 0.1-10, since tuning chose 10 (FedALA) and 0.1 (Ditto+ALA, "
+            "FedRep+ALA) on MNIST and Fashion-MNIST"
+        ),
     )
     rand_percent: float = tunable(
         80.0,
