@@ -415,3 +415,27 @@ def test_the_report_warns_when_runs_scored_validation_shares(tmp_path: Path) -> 
     (tuning / "config.yaml").write_text(yaml.safe_dump(config))
     text = write_report([tmp_path / "test", tmp_path / "tuning"], tmp_path / "o2").read_text()
     assert "**1 of 2 runs scored the clients' validation shares, not their test shares**" in text
+
+
+def test_a_run_that_went_on_without_a_client_is_listed(tmp_path: Path) -> None:
+    """A completed run that rejected a diverged client's replies stays in the tables, and a
+    section under them names it, the replies and the client its final mean left out."""
+    write_run(tmp_path / "0", 0, FEDAVG, [(0.8, 0.5, 0.2), (0.6, 0.7, 0.6)], g=0.6)
+    run = write_run(tmp_path / "1", 1, FEDAVG, [(0.9, 0.6, 0.4)], g=0.55)
+    nan = "metric loss_local=nan is not finite"
+    failures = [
+        {"round": 2, "stage": "failure", "phase": "fit", "client": 1, "error": "array 0 is NaN"},
+        {"round": 2, "stage": "failure", "phase": "evaluate", "client": 1, "error": nan},
+    ]
+    summary = {"status": "completed", "final_round": 2, "failures": failures}
+    summary["final"] = {"L1": {"num_clients": 1}}
+    (run / "summary.json").write_text(json.dumps(summary))
+    text = write_report([tmp_path], tmp_path / "out").read_text()
+    assert "2 runs (2 completed" in text and "80.00 ± 10.00 (2)" in text  # both in the tables
+    assert "## Completed runs without some clients' replies (in the tables)" in text
+    assert (
+        f"| `{run}` | FedAvg | PATH | 1 | 2 client replies rejected or lost in round 2 (1 fit, "
+        "1 evaluate; first: client 1, array 0 is NaN); its final accuracy is the mean of the 1 "
+        "clients that replied, 1 left out |"
+    ) in text
+    assert f"`{tmp_path / '0'}`" not in text.split("without some clients' replies")[1]

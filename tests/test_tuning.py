@@ -762,6 +762,52 @@ def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
     assert "not yet: feddc (every final run so far failed" in text and ", fedprox." in text
 
 
+def test_a_run_that_went_on_without_a_diverged_client_is_named(tmp_path: Path) -> None:
+    """A completed final run whose client diverged (its replies rejected as not finite) is in
+    the means, but its final accuracy averages only the clients that replied: the seeds column
+    counts such runs and a note names the seed, the replies and the clients left out."""
+    setting = tmp_path / "suite" / "digits"
+    for method in ("fedavg", "fedfomo"):
+        for seed in (1, 2):
+            _fake_run(setting / "final" / method / f"seed_{seed}", 0.9 + seed / 100, 0.9)
+    nan = "array 0 contains NaN or Inf"
+    failures = [
+        {"round": r, "stage": "failure", "phase": phase, "client": 7, "error": error}
+        for r in (1, 2)
+        for phase, error in (("fit", nan), ("evaluate", "metric loss_local=nan is not finite"))
+    ]
+    path = setting / "final" / "fedfomo" / "seed_2" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["failures"] = failures
+    summary["final"]["L1"]["num_clients"] = 19
+    path.write_text(json.dumps(summary))
+    # one lost fit reply before the last round: noted, but every client is in the final mean
+    path = setting / "final" / "fedavg" / "seed_1" / "summary.json"
+    summary = json.loads(path.read_text())
+    summary["failures"] = [failures[0]]
+    path.write_text(json.dumps(summary))
+    entries = {e.method: e for e in load_setting(setting)}
+    assert entries["fedfomo"].by_seed == {1: 0.91, 2: 0.92}  # in the mean, as recorded
+    rejected = entries["fedfomo"].rejected[2]
+    assert (rejected.replies, rejected.fit, rejected.evaluate) == (4, 2, 2)
+    assert (rejected.missing_at_end, rejected.evaluated_at_end) == (1, 19)
+    text, _ = render(tmp_path / "suite")
+    assert (
+        "| 2 (1 short of clients) |" in text
+        and "| FedAvg | 91.50 ± 0.71 | 90.00 ± 0.00 | 2 |" in text
+    )
+    assert (
+        "- FedFomo, seed 2: 4 client replies rejected or lost in rounds 1-2 (2 fit, 2 evaluate; "
+        f"first: client 7, {nan}); its final accuracy is the mean of the 19 clients that "
+        "replied, 1 left out"
+    ) in text
+    assert (
+        "- FedAvg, seed 1: 1 client reply rejected or lost in round 1 (1 fit, 0 evaluate; "
+        f"first: client 7, {nan})\n" in text
+    )
+    assert "FedFomo, seed 1" not in text and "FedAvg, seed 2" not in text
+
+
 def test_a_widely_spread_method_ranked_above_higher_means_is_named() -> None:
     """A rank counts the methods significantly better: with three seeds, one bad seed (as
     SCAFFOLD's on mnist_path) leaves a method tied with the leader far below it, above a tight

@@ -30,7 +30,11 @@ differences to the others vary from seed to seed, so the test separates few meth
 them: :func:`ranked_above_higher_means`),
 the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
 column and named with the error, since the mean over the other seeds flatters the method; an
-interrupted run, one stopped by a signal, has not run yet and counts nowhere), the chosen values
+interrupted run, one stopped by a signal, has not run yet and counts nowhere), the final runs
+that completed without some clients' replies
+(:func:`~pflower.results.rundir.rejected_replies`: a client whose model diverged is rejected and
+the run goes on without it; a client left out of the final evaluation is in no client mean,
+which flatters the method, so the seeds column counts those runs), the chosen values
 at an end of their searched range (:func:`range_ends`: the range, not the budget, may hold the
 method back),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
@@ -62,7 +66,13 @@ from scipy import stats
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
-from pflower.results.rundir import error_line, failed_by_itself, recorded_cost
+from pflower.results.rundir import (
+    Rejected,
+    error_line,
+    failed_by_itself,
+    recorded_cost,
+    rejected_replies,
+)
 from pflower.searchspace import Param
 from pflower.tuning.search import TPE_STARTUP_TRIALS
 
@@ -85,6 +95,10 @@ class Entry:
     failed: dict[int, str] = field(default_factory=dict)
     """Final runs that stopped with an error (a diverged run, say): seed -> the error's first
     line. They are in no mean and no test; the table and a note under it say so."""
+    rejected: dict[int, Rejected] = field(default_factory=dict)
+    """Completed final runs that went on without some clients' replies, by seed
+    (:func:`~pflower.results.rundir.rejected_replies`). They are in the means; a note under the
+    table names them."""
     last10: list[float] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
     mb_per_client_round: list[float] = field(default_factory=list)
@@ -157,6 +171,8 @@ def load_setting(setting_dir: Path) -> list[Entry]:
             if summary.get("status") != "completed":
                 continue
             cost = recorded_cost(run_dir, summary)
+            if rejected := rejected_replies(summary):
+                entry.rejected[seed] = rejected
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
             entry.seeds.append(seed)
             entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
@@ -327,6 +343,30 @@ def _failure_notes(entries: Sequence[Entry]) -> list[str]:
     return [*lines, ""]
 
 
+def _rejection_notes(entries: Sequence[Entry]) -> list[str]:
+    runs = [(e, seed, r) for e in entries for seed, r in sorted(e.rejected.items())]
+    if not runs:
+        return []
+    lines = [
+        "Final runs that completed without some clients' replies (a client whose update or "
+        "metrics were not finite is rejected, one that crashed or timed out is lost, and the "
+        "round goes on without it; these runs are in the means, and a client left out of the "
+        "final evaluation is in no client mean, which flatters the method):",
+        "",
+    ]
+    lines += [f"- {e.label}, seed {seed}: {r.describe()}" for e, seed, r in runs]
+    return [*lines, ""]
+
+
+def _seeds(entry: Entry) -> str:
+    """The seeds column: the runs in the means, those that failed, and how many of the first
+    scored their final accuracy on fewer clients (a client's reply rejected)."""
+    short = sum(r.missing_at_end > 0 for r in entry.rejected.values())
+    notes = [f"+{len(entry.failed)} failed"] * bool(entry.failed)
+    notes += [f"{short} short of clients"] * bool(short)
+    return str(len(entry.final)) + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def _mean_std(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
     if not values:
         return "-"
@@ -398,7 +438,7 @@ def table(entries: Sequence[Entry]) -> list[list[str]]:
                 e.label,
                 _mean_std(e.final),
                 _mean_std(e.last10),
-                str(len(e.final)) + (f" (+{len(e.failed)} failed)" if e.failed else ""),
+                _seeds(e),
                 _chosen(e.chosen),
                 "-" if value is None else f"{100 * float(value):.2f}",
                 _trials(e.chosen),
@@ -529,6 +569,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         lines += [*_markdown_table(rows), ""]
         lines += _inversion_notes(entries)
         lines += _failure_notes(entries)
+        lines += _rejection_notes(entries)
         lines += _range_end_notes(entries)
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)

@@ -167,6 +167,25 @@ def _problems(experiments: Sequence[Experiment]) -> list[str]:
     return ["", title, "", *markdown_table(header, rows)]
 
 
+def _rejections(experiments: Sequence[Experiment]) -> list[str]:
+    rows = [
+        [f"`{run.path}`", e.method, e.partition, show(run.seed), run.rejected.describe()]
+        for e in experiments
+        for run in e.runs
+        if run.rejected
+    ]
+    if not rows:
+        return []
+    header = ["run", "method", "partition", "seed", "client replies it went on without"]
+    title = "## Completed runs without some clients' replies (in the tables)"
+    note = (
+        "A client whose update or metrics were not finite is rejected, one that crashed or timed "
+        "out is lost, and the round goes on without it. A client left out of the final round's "
+        "evaluation is in no client mean of its run, which flatters the method."
+    )
+    return ["", title, "", note, "", *markdown_table(header, rows)]
+
+
 def _status_counts(runs: Sequence[RunResult]) -> str:
     """``3 completed, 1 failed, 0 incomplete``, with the interrupted runs where there are any."""
     counts = Counter(run.status for run in runs)
@@ -211,6 +230,7 @@ def markdown(
         lines += _section_tables(section, eps)
         lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures[section.label]]
     lines += _problems(experiments)
+    lines += _rejections(experiments)
     return "\n".join(lines) + "\n"
 
 

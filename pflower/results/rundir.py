@@ -262,6 +262,70 @@ def error_line(summary: Mapping[str, Any]) -> str:
     return (str(summary.get("error") or "").strip() or "no error recorded").splitlines()[0]
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """The client replies a completed run rejected or lost (``summary.json``'s ``failures``)."""
+
+    replies: int
+    fit: int
+    evaluate: int
+    first_round: int
+    last_round: int
+    first_error: str
+    """The first failure's client and error."""
+    missing_at_end: int
+    """Clients whose final-round evaluation is missing: the final client means leave them out."""
+    evaluated_at_end: int
+
+    def describe(self) -> str:
+        """One line: how many replies, when, the first error and the clients left out."""
+        rounds = (
+            f"round {self.first_round}"
+            if self.first_round == self.last_round
+            else f"rounds {self.first_round}-{self.last_round}"
+        )
+        replies = "1 client reply" if self.replies == 1 else f"{self.replies} client replies"
+        text = (
+            f"{replies} rejected or lost in {rounds} ({self.fit} fit, "
+            f"{self.evaluate} evaluate; first: {self.first_error})"
+        )
+        if self.missing_at_end:
+            text += (
+                f"; its final accuracy is the mean of the {self.evaluated_at_end} clients that "
+                f"replied, {self.missing_at_end} left out"
+            )
+        return text
+
+
+def rejected_replies(summary: Mapping[str, Any]) -> Rejected | None:
+    """The client replies a completed run did without (a client whose update or metrics were not
+    finite, one that crashed or timed out), from its ``summary.json``; None when it had them all.
+    A client missing from the final round's evaluation is in none of the run's final client
+    means, so a method whose clients diverge is scored on the clients that did not."""
+    failures = [f for f in summary.get("failures") or [] if isinstance(f, Mapping)]
+    if not failures:
+        return None
+    rounds = [int(f.get("round", 0)) for f in failures]
+    final_round = int(summary.get("final_round") or max(rounds))
+    missing = {
+        f.get("client")
+        for f in failures
+        if f.get("phase") == "evaluate" and int(f.get("round", 0)) == final_round
+    }
+    first = failures[0]
+    final_l1 = ((summary.get("final") or {}).get("L1") or {}).get("num_clients")
+    return Rejected(
+        replies=len(failures),
+        fit=sum(f.get("phase") == "fit" for f in failures),
+        evaluate=sum(f.get("phase") == "evaluate" for f in failures),
+        first_round=min(rounds),
+        last_round=max(rounds),
+        first_error=f"client {first.get('client', '?')}, {error_line(first)}",
+        missing_at_end=len(missing),
+        evaluated_at_end=int(final_l1) if final_l1 is not None else 0,
+    )
+
+
 def was_interrupted(summary: Mapping[str, Any]) -> bool:
     """Did the run of this ``summary.json`` stop on a signal (:data:`INTERRUPTING_SIGNALS`:
     ``kill``, the ``timeout`` command, Ctrl-C), rather than complete or fail by itself?"""

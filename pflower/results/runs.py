@@ -13,12 +13,14 @@ from omegaconf import OmegaConf
 
 from pflower.results.rundir import (
     STAGES,
+    Rejected,
     Row,
     Status,
     evaluated_rounds,
     last_rounds,
     read_rows,
     recorded_cost,
+    rejected_replies,
     was_interrupted,
 )
 
@@ -39,6 +41,8 @@ class RunResult:
     code: dict[str, Any] | None = None
     """The pflower code that made the run (``summary.json``'s ``code``), None for an incomplete
     run or one made before pflower recorded it."""
+    rejected: Rejected | None = None
+    """The client replies a completed run went on without (:func:`rejected_replies`), if any."""
 
     @property
     def seed(self) -> Any:
@@ -101,6 +105,7 @@ def load_run(run_dir: Path) -> RunResult:
         rows=rows,
         cost=recorded_cost(run_dir, summary, every),
         code=code,
+        rejected=rejected_replies(summary),
     )
 
 
