@@ -67,6 +67,7 @@ from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
 from pflower.results.rundir import (
+    REJECTION_NOTE,
     Rejected,
     error_line,
     failed_by_itself,
@@ -348,10 +349,7 @@ def _rejection_notes(entries: Sequence[Entry]) -> list[str]:
     if not runs:
         return []
     lines = [
-        "Final runs that completed without some clients' replies (a client whose update or "
-        "metrics were not finite is rejected, one that crashed or timed out is lost, and the "
-        "round goes on without it; these runs are in the means, and a client left out of the "
-        "final evaluation is in no client mean, which flatters the method):",
+        f"Final runs that completed without some clients' replies, in the means. {REJECTION_NOTE}",
         "",
     ]
     lines += [f"- {e.label}, seed {seed}: {r.describe()}" for e, seed, r in runs]
@@ -361,9 +359,11 @@ def _rejection_notes(entries: Sequence[Entry]) -> list[str]:
 def _seeds(entry: Entry) -> str:
     """The seeds column: the runs in the means, those that failed, and how many of the first
     scored their final accuracy on fewer clients (a client's reply rejected)."""
-    short = sum(r.missing_at_end > 0 for r in entry.rejected.values())
-    notes = [f"+{len(entry.failed)} failed"] * bool(entry.failed)
-    notes += [f"{short} short of clients"] * bool(short)
+    notes = []
+    if entry.failed:
+        notes.append(f"+{len(entry.failed)} failed")
+    if short := sum(r.missing_at_end > 0 for r in entry.rejected.values()):
+        notes.append(f"{short} short of clients")
     return str(len(entry.final)) + (f" ({'; '.join(notes)})" if notes else "")
 
 

@@ -17,7 +17,7 @@ from typing import Any, get_args
 
 from pflower.reporting.groups import Experiment, show, varying_keys
 from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
-from pflower.results.rundir import Status
+from pflower.results.rundir import REJECTION_NOTE, Status
 from pflower.results.runs import RunResult
 
 LEGEND = (
@@ -178,12 +178,7 @@ def _rejections(experiments: Sequence[Experiment]) -> list[str]:
         return []
     header = ["run", "method", "partition", "seed", "client replies it went on without"]
     title = "## Completed runs without some clients' replies (in the tables)"
-    note = (
-        "A client whose update or metrics were not finite is rejected, one that crashed or timed "
-        "out is lost, and the round goes on without it. A client left out of the final round's "
-        "evaluation is in no client mean of its run, which flatters the method."
-    )
-    return ["", title, "", note, "", *markdown_table(header, rows)]
+    return ["", title, "", REJECTION_NOTE, "", *markdown_table(header, rows)]
 
 
 def _status_counts(runs: Sequence[RunResult]) -> str:

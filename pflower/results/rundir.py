@@ -262,6 +262,14 @@ def error_line(summary: Mapping[str, Any]) -> str:
     return (str(summary.get("error") or "").strip() or "no error recorded").splitlines()[0]
 
 
+REJECTION_NOTE = (
+    "A client whose update or metrics were not finite is rejected, one that crashed or timed out "
+    "is lost, and the round goes on without it. A client left out of the final round's "
+    "evaluation is in no client mean of its run, which flatters the method."
+)
+"""What the reports say under their lists of :func:`rejected_replies`."""
+
+
 @dataclass(frozen=True)
 class Rejected:
     """The client replies a completed run rejected or lost (``summary.json``'s ``failures``)."""
