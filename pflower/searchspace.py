@@ -31,6 +31,11 @@ T = TypeVar("T")
 METADATA_KEY = "pflower_tune"
 """The field-metadata key holding a :class:`Param`."""
 
+RANGE_END = 0.05
+"""A value this close to an end of its range (as a fraction of the range, in log scale for a log
+range) lies at that end (:meth:`Param.end_of`): the leaderboard lists such chosen values, and
+``pflower tune --profile ends`` profiles them."""
+
 
 class Suggests(Protocol):
     """The part of an Optuna trial a :class:`Param` uses (kept a protocol: no import here)."""
@@ -115,7 +120,7 @@ class Param:
         read as such, else as text), None for any other text."""
         if description.startswith(_CHOICE_PREFIX):
             values = description.removeprefix(_CHOICE_PREFIX).split(", ")
-            return cls("choice", choices=tuple(_number_or_text(value) for value in values))
+            return cls("choice", choices=tuple(number_or_text(value) for value in values))
         match = _DESCRIBED_RANGE.fullmatch(description)
         if match is None:
             return None
@@ -145,6 +150,28 @@ class Param:
             low, high, value = math.log(low), math.log(high), math.log(value)
         return None if high == low else (value - low) / (high - low)
 
+    def end_of(self, value: Any, margin: float = RANGE_END) -> str | None:
+        """``"low"`` or ``"high"`` where ``value`` lies within ``margin`` of that end of this
+        range (:meth:`position`), else None (inside, or a choice without a position)."""
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            return None
+        position = self.position(value)
+        if position is None:
+            return None
+        if position <= margin:
+            return "low"
+        return "high" if position >= 1 - margin else None
+
+    def log_span(self) -> tuple[float, float] | None:
+        """(least, greatest) of a log range, or of a choice that is a coarse log range
+        (:meth:`position`); None for any other range."""
+        if self.kind == "choice":
+            scale = self._log_range()
+            return None if scale is None else (float(scale.low or 0), float(scale.high or 0))
+        if self.log and self.low is not None and self.high is not None:
+            return float(self.low), float(self.high)
+        return None
+
     def _log_range(self) -> Param | None:
         """The log range from a choice's least to its greatest value, where its values are
         positive numbers spanning a decade or more; None otherwise."""
@@ -166,7 +193,7 @@ _DESCRIBED_RANGE = re.compile(
 """What :meth:`Param.describe` writes for a range."""
 
 
-def _number_or_text(text: str) -> Any:
+def number_or_text(text: str) -> Any:
     """``text`` as a bool (``True``, ``False``), an int or a finite float where it reads as one,
     else itself."""
     if text in ("True", "False"):

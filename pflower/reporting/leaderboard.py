@@ -36,7 +36,7 @@ that completed without some clients' replies
 the run goes on without it; a client left out of the final evaluation is in no client mean,
 which flatters the method, so the seeds column counts those runs), the chosen values
 at an end of their searched range (:func:`range_ends`: the range, not the budget, may hold the
-method back),
+method back), each with its profile where one was run (:mod:`pflower.tuning.profile`),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
 those the setting refuses, and those with no final runs yet. Above it, the shared ``train.*``
 knobs every method of the setting searched (from the chosen files).
@@ -74,15 +74,12 @@ from pflower.results.rundir import (
     recorded_cost,
     rejected_replies,
 )
-from pflower.searchspace import Param
+from pflower.searchspace import RANGE_END
+from pflower.tuning.profile import chosen_at_ends, describe_profile, read_profiles
 from pflower.tuning.search import TPE_STARTUP_TRIALS
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
-
-RANGE_END = 0.05
-"""A chosen value this close to an end of its range (as a fraction of the range, in log scale
-for a log range) is listed under the table (:func:`range_ends`)."""
 
 
 @dataclass
@@ -108,6 +105,8 @@ class Entry:
     rank: int = 0
     rank_fdr: int = 0
     """The rank with the false discovery rate controlled (:func:`fdr_better_counts`)."""
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Profiles recorded at the chosen values, by key (:mod:`pflower.tuning.profile`)."""
 
     @property
     def by_seed(self) -> dict[int, float]:
@@ -166,6 +165,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         chosen_path = setting_dir / "chosen" / f"{method}.yaml"
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
+        entry.profiles = read_profiles(setting_dir, method)
         for seed, run_dir, summary in _final_runs(final_root / method):
             if failed_by_itself(summary):  # an interrupted run has not run yet
                 entry.failed[seed] = error_line(summary)
@@ -302,18 +302,10 @@ def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str
     ``train.lr = 0.0001, low end of log-uniform [0.0001, 0.01]``. A choice counts only where it
     is a coarse log range (positive numbers spanning a decade or more, such as FedDyn's α in
     0.001, 0.01, 0.1) and the least or greatest value was chosen."""
-    params = chosen.get("params") or {}
-    found = []
-    for key, description in (chosen.get("space") or {}).items():
-        param = Param.from_description(str(description))
-        value = params.get(key)
-        if param is None or not isinstance(value, int | float) or isinstance(value, bool):
-            continue
-        position = param.position(value)
-        if position is not None and (position <= margin or position >= 1 - margin):
-            end = "low" if position <= margin else "high"
-            found.append(f"{key} = {value:.3g}, {end} end of {description}")
-    return found
+    return [
+        f"{key} = {value:.3g}, {end} end of {description}"
+        for key, value, end, description in chosen_at_ends(chosen, margin)
+    ]
 
 
 def _range_end_notes(entries: Sequence[Entry]) -> list[str]:
@@ -324,10 +316,15 @@ def _range_end_notes(entries: Sequence[Entry]) -> list[str]:
         f"Chosen at an end of the searched range (within {RANGE_END:.0%} of it, in log scale for "
         "a log range; the least or greatest value of a choice spanning a decade or more): the "
         "best value may lie beyond it, so the method may be held back by its declared range "
-        "rather than by the budget:",
+        "rather than by the budget. Where a profile was run (`pflower tune --profile`: the "
+        "chosen values with that one key varied, on validation), it follows the key:",
         "",
     ]
-    lines += [f"- {e.label}: {'; '.join(found)}" for e, found in ends]
+    for entry, found in ends:
+        lines.append(f"- {entry.label}: {'; '.join(found)}")
+        for key, *_ in chosen_at_ends(entry.chosen):
+            if key in entry.profiles:
+                lines.append(f"    - {describe_profile(entry.profiles[key])}")
     return [*lines, ""]
 
 

@@ -7,13 +7,16 @@
     pflower tune --suite cpu                           # the whole suite (resumes; accumulates)
     pflower tune --suite cpu rounds=3 --trials 2       # overrides (key=value) go to every run
     pflower tune --overrides tuning/cpu/fmnist_dir01/chosen/fedprox.yaml
+    pflower tune fedala --suite cpu --setting mnist_path --profile strategy.eta --workers 2
+    pflower tune --suite cpu --profile ends            # every value chosen at a range's end
     pflower tune --suite cpu --ray auto --workers 16     # one Ray task per run on a cluster
     pflower report --leaderboard tuning/cpu
 
 For each setting and method it runs (or resumes) the Optuna study (:mod:`.search`), writes the
 chosen values to ``<out>/<setting>/chosen/<method>.yaml`` and runs them with the suite's final
-seeds on test (``--no-final`` skips that). Every invocation is appended to
-``<out>/commands.log``, which the leaderboard shows.
+seeds on test (``--no-final`` skips that). With ``--profile KEY`` it tunes nothing: it runs the
+chosen values with KEY varied over a grid, on validation (:mod:`.profile`). Every invocation is
+appended to ``<out>/commands.log``, which the leaderboard shows.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ import yaml
 from pflower.config import TrainConfig
 from pflower.core.algorithm import ALGORITHMS
 from pflower.registry import ConfigError
-from pflower.searchspace import declared_space, format_value
+from pflower.searchspace import declared_space, format_value, number_or_text
 from pflower.tuning.search import Layout, Runner
 from pflower.tuning.suite import Setting, Suite, check_suite, load_suite
 
@@ -67,6 +70,18 @@ def _parser() -> argparse.ArgumentParser:
         "--retry-failed",
         action="store_true",
         help="run failed final runs again (kept by default: a diverged run diverges again)",
+    )
+    parser.add_argument(
+        "--profile",
+        action="append",
+        metavar="KEY",
+        help="run the chosen values with KEY varied over a grid, on validation, instead of "
+        "tuning (repeatable; 'ends': every key chosen at an end of its range)",
+    )
+    parser.add_argument(
+        "--profile-values",
+        metavar="V1,V2,...",
+        help="the values of the one --profile KEY (default: its range's grid)",
     )
     parser.add_argument("--show", metavar="METHOD", help="print METHOD's search space and exit")
     parser.add_argument("--overrides", type=Path, help="print a chosen file's overrides")
@@ -215,6 +230,47 @@ def run_suite(
                 )
 
 
+def run_profiles(
+    suite: Suite,
+    methods: Sequence[str] | None,
+    settings: Sequence[Setting],
+    out: Path,
+    keys: Sequence[str],
+    values: Sequence[object] | None,
+    workers: int,
+    timeout_s: float | None,
+    runner: Runner | None = None,
+) -> None:
+    """Profile ``keys`` (``ends``: the keys chosen at an end of their range) at the chosen
+    values of every method (None: each setting's) that has them (:mod:`.profile`)."""
+    from pflower.tuning.profile import chosen_at_ends, describe_profile, run_profile
+    from pflower.tuning.search import read_chosen
+
+    layout = Layout(out)
+    for setting in settings:
+        for method in suite.methods_of(setting) if methods is None else methods:
+            chosen_path = layout.chosen_file(setting.name, method)
+            if not chosen_path.exists():
+                print(f"[{setting.name}] {method} has no chosen values yet: not profiled")
+                continue
+            at_ends = [key for key, *_ in chosen_at_ends(read_chosen(chosen_path))]
+            for key in at_ends if list(keys) == ["ends"] else keys:
+                print(f"[{setting.name}] profile of {key} at {method}'s chosen values")
+                record = run_profile(
+                    suite, setting, method, key, layout, values, workers, timeout_s, print, runner
+                )
+                print(f"[{setting.name}] {method}: {describe_profile(record)}")
+
+
+def _profile_values(keys: Sequence[str] | None, values: str | None) -> list[object] | None:
+    """``--profile-values`` as numbers (or text), checked against ``--profile``."""
+    if values is None:
+        return None
+    if not keys or len(keys) != 1 or keys[0] == "ends":
+        raise ConfigError("--profile-values goes with exactly one --profile KEY (not 'ends')")
+    return [number_or_text(value) for value in values.split(",")]
+
+
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_intermixed_args(list(argv))
     try:
@@ -242,6 +298,7 @@ def main(argv: Sequence[str]) -> int:
         check_suite(suite)  # again: --trials and --final-seeds may have changed it
         settings = [suite.setting(n) for n in args.setting] if args.setting else suite.settings
         settings = [replace(s, extra=extra) for s in settings]
+        profile_values = _profile_values(args.profile, args.profile_values)
     except ConfigError as error:
         print(f"configuration error: {error}", file=sys.stderr)
         return 2
@@ -255,6 +312,23 @@ def main(argv: Sequence[str]) -> int:
 
         ray.init(address=args.ray)
         runner = RayRunner(args.ray_cpus)
+    if args.profile:
+        try:
+            run_profiles(
+                suite,
+                methods,
+                settings,
+                out,
+                args.profile,
+                profile_values,
+                args.workers,
+                args.timeout,
+                runner,
+            )
+        except ConfigError as error:
+            print(f"configuration error: {error}", file=sys.stderr)
+            return 2
+        return 0
     run_suite(
         suite,
         methods,

@@ -81,6 +81,13 @@ class Layout:
     def final_dir(self, setting: str, method: str, seed: int) -> Path:
         return self.setting_dir(setting) / "final" / method / f"seed_{seed}"
 
+    def profile_file(self, setting: str, method: str, key: str) -> Path:
+        """The profile of ``key`` at ``method``'s chosen values (:mod:`.profile`)."""
+        return self.setting_dir(setting) / "profiles" / method / f"{key}.yaml"
+
+    def profile_run_dir(self, setting: str, method: str, key: str, value: Any) -> Path:
+        return self.setting_dir(setting) / "profiles" / method / key / format_value(value)
+
     def refusal_file(self, setting: str, method: str) -> Path:
         """Why the setting's configuration refuses ``method`` (written instead of tuning it)."""
         return self.setting_dir(setting) / "refused" / f"{method}.txt"

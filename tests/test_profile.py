@@ -1,0 +1,192 @@
+"""``pflower tune --profile`` (pflower.tuning.profile): one knob varied at the chosen values.
+
+- the grid spans a log range by its decades and a decade past each end, a linear range by five
+  points from end to end (nothing past them), a choice by its values, the chosen value always;
+- a real profile on a tiny setting repeats the chosen trial's run exactly (same objective), runs
+  every point on validation with the tuning seed and the one key changed, and a second command
+  runs nothing;
+- ``--profile ends`` profiles only the keys chosen at an end of their range, and the leaderboard
+  puts each profile under the end it explains;
+- bad requests are refused with a message.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pflower.registry import ConfigError
+from pflower.reporting.leaderboard import Entry, _range_end_notes
+from pflower.searchspace import Param
+from pflower.tuning import cli, search
+from pflower.tuning.profile import (
+    chosen_at_ends,
+    describe_profile,
+    profile_grid,
+    read_profiles,
+    run_profile,
+)
+from pflower.tuning.runner import TrialFailed
+from pflower.tuning.search import Layout
+from pflower.tuning.suite import load_suite
+
+SUITE = """\
+name: tiny
+budget: 1 trial, digits, 4 clients, 2 rounds
+trials: 1
+tune_seed: 3
+final_seeds: [1]
+val_fraction: 0.25
+train_knobs: [lr]
+pruner: {enabled: false}
+methods: [fedprox]
+settings:
+  - name: digits
+    overrides: [dataset=digits, num_clients=4, rounds=2, train.local_epochs=1]
+"""
+
+
+def test_the_grid_spans_a_log_range_and_a_decade_past_its_ends() -> None:
+    eta = Param("choice", choices=(0.01, 0.1, 1.0, 10.0, 100.0))
+    assert profile_grid(eta, 100.0) == [0.001, 0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]
+    lam = Param("float", low=1e-4, high=1.0, log=True)
+    assert profile_grid(lam, 1.53e-4) == [1e-5, 1e-4, 1.53e-4, 1e-3, 0.01, 0.1, 1.0, 10.0]
+    ditto = Param("float", low=0.01, high=2.0, log=True)  # the greatest value is no decade
+    assert profile_grid(ditto, 1.7) == [0.001, 0.01, 0.1, 1.0, 1.7, 2.0, 20.0]
+    # linear ranges: five points on the step, end to end, never past an end
+    percent = Param("float", low=5.0, high=100.0, step=5.0)
+    assert profile_grid(percent, 100.0) == [5.0, 30.0, 55.0, 75.0, 100.0]
+    epochs = Param("int", low=1, high=10)
+    assert profile_grid(epochs, 7) == [1, 3, 6, 7, 8, 10]
+    momentum = Param("choice", choices=(0.0, 0.5, 0.9))  # no log range: its values
+    assert profile_grid(momentum, 0.5) == [0.0, 0.5, 0.9]
+
+
+def _tiny(tmp_path: Path) -> tuple[Any, Any, Layout]:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(SUITE)
+    suite = load_suite(str(path))
+    return suite, suite.settings[0], Layout(tmp_path / "out")
+
+
+@pytest.mark.slow
+def test_a_profile_repeats_the_chosen_trial_and_varies_one_key_on_validation(
+    tmp_path: Path,
+) -> None:
+    suite, setting, layout = _tiny(tmp_path)
+    study = search.tune(suite, setting, "fedprox", layout, rounds=2)
+    chosen = search.write_chosen(study, suite, setting, "fedprox", layout)
+    mu = chosen["params"]["strategy.mu"]
+    lines: list[str] = []
+    record = run_profile(
+        suite, setting, "fedprox", "strategy.mu", layout, [mu, 0.5], workers=2, log=lines.append
+    )
+    # the point at the chosen value is the chosen trial's run again: the same objective
+    assert record["reproduced"] == 0.0
+    assert record["chosen_objective"] == chosen["value"]
+    assert [p["value"] for p in record["points"]] == [mu, 0.5]
+    assert all("objective" in p for p in record["points"]), record
+    for value in (mu, 0.5):
+        run_dir = layout.profile_run_dir(setting.name, "fedprox", "strategy.mu", value)
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["scored_on"] == "val" and summary["config"]["seed"] == suite.tune_seed
+        assert summary["config"]["strategy"]["mu"] == pytest.approx(value, rel=1e-5)
+        assert summary["config"]["train"]["lr"] == pytest.approx(
+            chosen["params"]["train.lr"], rel=1e-5
+        )
+    assert record["points"][1]["inside"] is True  # 0.5 lies in FedProx's [1e-4, 1]
+    saved = yaml.safe_load(layout.profile_file(setting.name, "fedprox", "strategy.mu").read_text())
+    assert saved == record
+    assert len(lines) == 2
+
+    def no_run(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise AssertionError("a completed point ran again")
+
+    again = run_profile(
+        suite, setting, "fedprox", "strategy.mu", layout, [mu, 0.5], runner=no_run, log=print
+    )
+    assert again["points"] == record["points"]
+
+
+def _fake_runner(objective: Callable[[float], float]) -> Callable[..., dict[str, Any]]:
+    """A runner that writes a completed summary whose objective is ``objective(eta)``, the
+    value of ``strategy.eta`` in the command (a failed run for eta < 0.05)."""
+
+    def runner(command: Sequence[str], run_dir: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        eta = float(next(c for c in command if c.startswith("strategy.eta=")).split("=")[1])
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if eta < 0.05:
+            summary: dict[str, Any] = {"status": "failed", "error": "loss is NaN\nmore"}
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+            raise TrialFailed("loss is NaN")
+        summary = {"status": "completed", "last10": {"L1": {"acc_local": {"mean": objective(eta)}}}}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    return runner
+
+
+def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite, setting, layout = _tiny(tmp_path)
+    space = {
+        "train.lr": Param("float", low=1e-3, high=0.3, log=True),
+        "strategy.eta": Param("choice", choices=(0.1, 1.0, 10.0)),
+    }
+    chosen = {
+        "method": "fedala",
+        "value": 0.80,
+        "best_trial": 2,
+        "space": {key: param.describe() for key, param in space.items()},
+        "params": {"train.lr": 0.02, "strategy.eta": 10.0},
+    }
+    path = layout.chosen_file(setting.name, "fedala")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(chosen))
+    assert [key for key, *_ in chosen_at_ends(chosen)] == ["strategy.eta"]
+    # the objective rises past the high end (100 beats 10); 0.01 fails
+    runner = _fake_runner(lambda eta: 0.80 + 0.01 * eta / 100.0)
+    cli.run_profiles(suite, ["fedala"], [setting], layout.root, ["ends"], None, 1, None, runner)
+    profiles = read_profiles(layout.setting_dir(setting.name), "fedala")
+    assert list(profiles) == ["strategy.eta"]  # train.lr (0.02) is inside its range
+    record = profiles["strategy.eta"]
+    assert [p["value"] for p in record["points"]] == [0.01, 0.1, 1.0, 10.0, 100.0]
+    assert [p["inside"] for p in record["points"]] == [False, True, True, True, False]
+    assert record["points"][0]["error"] == "loss is NaN"
+    assert record["best"] == {"value": 100.0, "objective": 0.81, "where": "past the high end"}
+    assert record["reproduced"] == pytest.approx(0.001)  # the fake's 0.801 against 0.80
+    line = describe_profile(record)
+    assert "best 100.0 (81.00 %), past the high end" in line
+    assert "past the ends 0.01: failed, 100.0: 81.00 %" in line
+    assert "chosen 10.0: 80.10 %, the chosen trial's run again: +0.0010" in line
+    assert f"fedala: {line}" in capsys.readouterr().out
+    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, profiles=profiles)
+    notes = _range_end_notes([entry])
+    position = notes.index("- FedALA: strategy.eta = 10, high end of one of 0.1, 1.0, 10.0")
+    assert notes[position + 1] == f"    - {line}"
+
+
+def test_bad_profile_requests_are_refused_with_a_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite, setting, layout = _tiny(tmp_path)
+    with pytest.raises(ConfigError, match="fedprox has no chosen values on digits: tune it"):
+        run_profile(suite, setting, "fedprox", "strategy.mu", layout)
+    path = layout.chosen_file(setting.name, "fedprox")
+    path.parent.mkdir(parents=True)
+    chosen = {"space": {"train.lr": "log-uniform [0.001, 0.3]"}, "params": {"train.lr": 0.01}}
+    path.write_text(yaml.safe_dump(chosen))
+    with pytest.raises(ConfigError, match=r"did not search strategy.mu .* --profile-values"):
+        run_profile(suite, setting, "fedprox", "strategy.mu", layout)
+    suite_file = str(tmp_path / "tiny.yaml")
+    code = cli.main(
+        ["fedprox", "--suite", suite_file, "--profile", "ends", "--profile-values", "1,2"]
+    )
+    assert code == 2
+    assert "--profile-values goes with exactly one --profile KEY" in capsys.readouterr().err
