@@ -170,6 +170,13 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     notes = _range_end_notes([entry])
     position = notes.index("- FedALA: strategy.eta = 10, high end of one of 0.1, 1.0, 10.0")
     assert notes[position + 1] == f"    - {line}"
+    # a key the study did not search takes the values it is given
+    fixed = run_profile(
+        suite, setting, "fedala", "strategy.layer_idx", layout, [1, 2], runner=runner, log=print
+    )
+    assert [(p["value"], p["inside"]) for p in fixed["points"]] == [(1, None), (2, None)]
+    assert fixed["space"] == "not searched" and fixed["reproduced"] is None
+    assert fixed["best"]["where"] == "a key the study did not search"
 
 
 def test_bad_profile_requests_are_refused_with_a_message(

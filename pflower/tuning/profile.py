@@ -125,9 +125,10 @@ def _inside(param: Param | None, value: Any) -> bool | None:
 
 
 def _where(param: Param | None, value: Any) -> str:
-    if _inside(param, value) is not False:
+    if param is None:
+        return "a key the study did not search"
+    if _inside(param, value):
         return "inside the range"
-    assert param is not None
     below = param.position(value)
     return "past the low end" if below is not None and below < 0 else "past the high end"
 
