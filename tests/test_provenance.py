@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import pflower.core.strategy
 from pflower import provenance
@@ -17,9 +20,11 @@ from pflower.provenance import (
     ALLOW_MISMATCH_ENV,
     CODE_FINGERPRINT,
     CODE_KEY,
+    CPU_CAPABILITY_ENV,
     CodeMismatchError,
     check_same_code,
     code_version,
+    numerics,
     source_fingerprint,
 )
 from tests.inprocess import run_inprocess
@@ -94,3 +99,28 @@ def test_a_completed_run_records_its_code(tmp_path: Path) -> None:
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
     assert summary["code"] == code_version()
+    assert summary["numerics"] == numerics()
+    assert summary["numerics"]["torch"] == torch.__version__
+
+
+def test_the_cpu_kernels_are_recorded_and_capped_by_the_environment() -> None:
+    """A run's summary names its torch CPU kernels; ``ATEN_CPU_CAPABILITY=avx2`` caps them (so a
+    machine with AVX-512 computes what one with AVX2 computes), and the record says so."""
+    if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "NO AVX"):
+        pytest.skip("this CPU has no AVX2 kernels to cap")
+    script = (
+        "import json, torch; from pflower.provenance import numerics; print(json.dumps(numerics()))"
+    )
+    capped = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, CPU_CAPABILITY_ENV: "avx2"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    assert json.loads(capped.stdout) == {
+        "torch": torch.__version__,
+        "cpu_capability": "AVX2",
+        "cpu_capability_env": "avx2",
+    }

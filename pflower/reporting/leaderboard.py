@@ -42,14 +42,16 @@ those the setting refuses, and those with no final runs yet. Above it, the share
 knobs every method of the setting searched (from the chosen files).
 
 The page records the code fingerprint(s) of the final runs and of the code rendering it, the
-date, the machine(s) and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is
-written to ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``, with one figure per setting
+CPU kernels the final runs used (:func:`pflower.provenance.numerics`), the date, the machine(s)
+and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is written to
+``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``, with one figure per setting
 (``<root>/leaderboard_<setting>.png``: every method's final accuracy, its seeds and the methods
 that share rank 1; :func:`pflower.reporting.figures.leaderboard`).
 """
 
 from __future__ import annotations
 
+import collections
 import csv
 import datetime
 import json
@@ -102,6 +104,9 @@ class Entry:
     mb_per_client_round: list[float] = field(default_factory=list)
     chosen: Mapping[str, Any] = field(default_factory=dict)
     codes: set[str] = field(default_factory=set)
+    kernels: list[str] = field(default_factory=list)
+    """Each final run's CPU kernel capability (:func:`pflower.provenance.numerics`), "not
+    recorded" for a run made before pflower recorded it."""
     rank: int = 0
     rank_fdr: int = 0
     """The rank with the false discovery rate controlled (:func:`fdr_better_counts`)."""
@@ -180,6 +185,8 @@ def load_setting(setting_dir: Path) -> list[Entry]:
             entry.seconds_per_round.append(seconds_per_round(cost, summary))
             entry.mb_per_client_round.append(mb_per_client_round(cost))
             entry.codes.add(str((summary.get("code") or {}).get("fingerprint")))
+            numerics = summary.get("numerics") or {}
+            entry.kernels.append(str(numerics.get("cpu_capability") or "not recorded"))
         if entry.final:
             entries.append(entry)
     rank_with_ties(entries)
@@ -546,6 +553,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         lines += [f"Budget: {suite['budget']}", ""]
     csv_rows: list[list[str]] = []
     codes: set[str] = set()
+    kernels: collections.Counter[str] = collections.Counter()
     for setting_dir in settings:
         entries = load_setting(setting_dir)
         overrides = (suite.get("settings") or {}).get(setting_dir.name, [])
@@ -575,6 +583,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:
             codes |= entry.codes
+            kernels.update(entry.kernels)
     now = code_version()
     commands = _commands(root)
     machines = sorted({c.get("machine", "?") for c in commands})
@@ -586,6 +595,9 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         f"{'uncommitted changes' if now.get('dirty') else 'clean'})",
         f"- code fingerprint(s) of the final runs: {', '.join(sorted(codes)) or '-'}",
         f"- machine(s): {'; '.join(machines) or '-'}",
+        "- CPU kernels of the final runs (torch's CPU capability; results differ in the last "
+        "bits between AVX2 and AVX-512, `ATEN_CPU_CAPABILITY=avx2` makes them agree): "
+        + (", ".join(f"{name} ({count} runs)" for name, count in sorted(kernels.items())) or "-"),
         "- commands:",
         "",
         "```",

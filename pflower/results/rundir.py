@@ -63,7 +63,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
-from pflower.provenance import code_version
+from pflower.provenance import code_version, numerics
 from pflower.results.statistics import summarize_stage
 from pflower.results.tracking import Tracker
 from pflower.runtime.signals import handlers_run_promptly
@@ -223,6 +223,7 @@ def write_summary(
         "cost": run_cost(rows),
         "config": config,
         "code": code_version(),
+        "numerics": numerics(),
     }
     path = run_dir / "summary.json"
     write_atomic(path, json.dumps(summary, indent=2))
