@@ -197,3 +197,19 @@ def test_bad_profile_requests_are_refused_with_a_message(
     )
     assert code == 2
     assert "--profile-values goes with exactly one --profile KEY" in capsys.readouterr().err
+
+
+def test_the_commands_log_names_a_cap_on_the_cpu_kernels(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The capped kernels change what the runs compute, so the recorded command carries the cap
+    (and copied from the log, repeats the runs)."""
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    cli._record_invocation(tmp_path, ["fedala", "--profile", "ends"])
+    monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    cli._record_invocation(tmp_path, ["fedala"])
+    commands = [json.loads(line)["command"] for line in (tmp_path / "commands.log").open()]
+    assert commands == [
+        "ATEN_CPU_CAPABILITY=avx2 pflower tune fedala --profile ends",
+        "pflower tune fedala",
+    ]
