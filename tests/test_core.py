@@ -48,6 +48,7 @@ SUMMARY_KEYS = {
     "cost",
     "config",
     "code",
+    "numerics",
 }
 
 
