@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from pflower.provenance import CODE_FINGERPRINT, numerics
 from pflower.registry import ConfigError
 from pflower.reporting.leaderboard import Entry, _range_end_notes
 from pflower.searchspace import Param
@@ -100,6 +101,8 @@ def test_a_profile_repeats_the_chosen_trial_and_varies_one_key_on_validation(
             chosen["params"]["train.lr"], rel=1e-5
         )
     assert record["points"][1]["inside"] is True  # 0.5 lies in FedProx's [1e-4, 1]
+    assert {p["code"] for p in record["points"]} == {CODE_FINGERPRINT}
+    assert {p["kernels"] for p in record["points"]} == {numerics()["cpu_capability"]}
     saved = yaml.safe_load(layout.profile_file(setting.name, "fedprox", "strategy.mu").read_text())
     assert saved == record
     assert len(lines) == 2

@@ -23,7 +23,8 @@ at their chosen values, on one seed. It is not what a search with a wider range 
 seed's noise (across the final seeds of the cpu suite a method's std is 0.1-2.5 points).
 
 Results: ``<out>/<setting>/profiles/<method>/<key>.yaml`` (each point's value, objective or
-error, whether it lies inside the searched range; the best point and where it lies), the runs in
+error, whether it lies inside the searched range, the code and CPU kernels of its run; the best
+point and where it lies), the runs in
 ``<out>/<setting>/profiles/<method>/<key>/<value>/``. Completed and failed points are kept when
 the command runs again, as final runs are; the leaderboard shows a profile beside the end it
 explains (:func:`describe_profile`).
@@ -186,6 +187,8 @@ def run_profile(
             found["wall_time_s"] = summary.get("wall_time_s")
         else:
             found["error"] = error_line(summary)
+        found["code"] = (summary.get("code") or {}).get("fingerprint")
+        found["kernels"] = (summary.get("numerics") or {}).get("cpu_capability")
         shown = f"{found['objective']:.4f}" if "objective" in found else found["error"]
         log(f"{setting.name} {method} profile {key}={format_value(value)}: {shown}")
         return found
