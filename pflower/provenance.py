@@ -89,26 +89,38 @@ def code_version() -> dict[str, Any]:
     }
 
 
-CPU_CAPABILITY_ENV = "ATEN_CPU_CAPABILITY"
-"""PyTorch's variable that caps the instruction set of its CPU kernels (``avx2``, ``avx512``)."""
+KERNEL_CAPS = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+"""The variables that cap the instruction set of torch's CPU kernels (its own ATen kernels,
+oneDNN's convolutions, MKL's matrix products), with the values that make a CPU with AVX-512
+compute what one with AVX2 only computes (:func:`numerics`)."""
+
+
+def kernel_caps() -> dict[str, str]:
+    """The :data:`KERNEL_CAPS` variables set in this process's environment, with their values."""
+    return {name: os.environ[name] for name in KERNEL_CAPS if name in os.environ}
 
 
 def numerics() -> dict[str, Any]:
-    """What decides the floating-point results of this process's torch: its version and the
-    instruction set of its CPU kernels (``torch.backends.cpu.get_cpu_capability()``, capped by
-    :data:`CPU_CAPABILITY_ENV`). The same run on a machine with AVX-512 and on one with AVX2
-    only differs in the last bits, which a sensitive run amplifies over its rounds (FedDyn with
-    α = 1 ended 0.44 points apart on validation); with ``ATEN_CPU_CAPABILITY=avx2`` the two agree
-    to the last digit. Empty where torch was not imported (a run that failed before it). The
-    clients of a deployment run on their own machines, which the server's record does not
-    describe."""
+    """What decides the floating-point results of this process's torch: its version, the
+    instruction set of its own CPU kernels (``torch.backends.cpu.get_cpu_capability()``) and the
+    :data:`KERNEL_CAPS` variables that were set. One run repeats itself to the last digit on one
+    machine, but AVX-512 kernels round differently from AVX2 ones, and a sensitive run
+    amplifies those last bits over its rounds (FedDyn with α = 1 ended 0.44 points apart on
+    validation); with the three variables set to :data:`KERNEL_CAPS`'s values, a CPU with
+    AVX-512 gives what one without it gives, to the last digit. Empty where torch was not
+    imported (a run that failed before it). The clients of a deployment run on their own
+    machines, which the server's record does not describe."""
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
     return {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "cpu_capability_env": os.environ.get(CPU_CAPABILITY_ENV),
+        "caps": kernel_caps(),
     }
 
 

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pflower.provenance import CODE_FINGERPRINT, numerics
+from pflower.provenance import CODE_FINGERPRINT, KERNEL_CAPS, numerics
 from pflower.registry import ConfigError
 from pflower.reporting.leaderboard import Entry, _range_end_notes
 from pflower.searchspace import Param
@@ -202,17 +202,21 @@ def test_bad_profile_requests_are_refused_with_a_message(
     assert "--profile-values goes with exactly one --profile KEY" in capsys.readouterr().err
 
 
-def test_the_commands_log_names_a_cap_on_the_cpu_kernels(
+def test_the_commands_log_names_the_caps_on_the_cpu_kernels(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The capped kernels change what the runs compute, so the recorded command carries the cap
-    (and copied from the log, repeats the runs)."""
+    """The kernel caps change what the runs compute, so the recorded command carries them (and,
+    copied from the log, repeats the runs)."""
+    for name in KERNEL_CAPS:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     cli._record_invocation(tmp_path, ["fedala", "--profile", "ends"])
     monkeypatch.delenv("ATEN_CPU_CAPABILITY")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     cli._record_invocation(tmp_path, ["fedala"])
     commands = [json.loads(line)["command"] for line in (tmp_path / "commands.log").open()]
     assert commands == [
-        "ATEN_CPU_CAPABILITY=avx2 pflower tune fedala --profile ends",
+        "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 pflower tune fedala --profile ends",
         "pflower tune fedala",
     ]

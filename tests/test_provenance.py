@@ -20,7 +20,7 @@ from pflower.provenance import (
     ALLOW_MISMATCH_ENV,
     CODE_FINGERPRINT,
     CODE_KEY,
-    CPU_CAPABILITY_ENV,
+    KERNEL_CAPS,
     CodeMismatchError,
     check_same_code,
     code_version,
@@ -104,8 +104,9 @@ def test_a_completed_run_records_its_code(tmp_path: Path) -> None:
 
 
 def test_the_cpu_kernels_are_recorded_and_capped_by_the_environment() -> None:
-    """A run's summary names its torch CPU kernels; ``ATEN_CPU_CAPABILITY=avx2`` caps them (so a
-    machine with AVX-512 computes what one with AVX2 computes), and the record says so."""
+    """A run's summary names its torch CPU kernels; the caps (``ATEN_CPU_CAPABILITY=avx2`` and
+    the others of ``KERNEL_CAPS``) hold them to AVX2, so a machine with AVX-512 computes what one
+    without it computes, and the record says so."""
     if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "NO AVX"):
         pytest.skip("this CPU has no AVX2 kernels to cap")
     script = (
@@ -113,7 +114,7 @@ def test_the_cpu_kernels_are_recorded_and_capped_by_the_environment() -> None:
     )
     capped = subprocess.run(
         [sys.executable, "-c", script],
-        env={**os.environ, CPU_CAPABILITY_ENV: "avx2"},
+        env={**os.environ, **KERNEL_CAPS},
         capture_output=True,
         text=True,
         check=True,
@@ -122,5 +123,5 @@ def test_the_cpu_kernels_are_recorded_and_capped_by_the_environment() -> None:
     assert json.loads(capped.stdout) == {
         "torch": torch.__version__,
         "cpu_capability": "AVX2",
-        "cpu_capability_env": "avx2",
+        "caps": KERNEL_CAPS,
     }

@@ -596,7 +596,8 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         f"- code fingerprint(s) of the final runs: {', '.join(sorted(codes)) or '-'}",
         f"- machine(s): {'; '.join(machines) or '-'}",
         "- CPU kernels of the final runs (torch's CPU capability; results differ in the last "
-        "bits between AVX2 and AVX-512, `ATEN_CPU_CAPABILITY=avx2` makes them agree): "
+        "bits between AVX2 and AVX-512 kernels, and `ATEN_CPU_CAPABILITY=avx2 "
+        "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` make them agree): "
         + (", ".join(f"{name} ({count} runs)" for name, count in sorted(kernels.items())) or "-"),
         "- commands:",
         "",

@@ -36,7 +36,7 @@ import yaml
 
 from pflower.config import TrainConfig
 from pflower.core.algorithm import ALGORITHMS
-from pflower.provenance import CPU_CAPABILITY_ENV
+from pflower.provenance import kernel_caps
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value, number_or_text
 from pflower.tuning.search import Layout, Runner
@@ -119,8 +119,8 @@ def show(method: str, suite: Suite | None, setting: str | None = None) -> str:
 
 def _record_invocation(out: Path, argv: Sequence[str]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    capped = os.environ.get(CPU_CAPABILITY_ENV)  # part of what the runs compute: see numerics
-    prefix = f"{CPU_CAPABILITY_ENV}={shlex.quote(capped)} " if capped else ""
+    # the kernel caps are part of what the runs compute (pflower.provenance.numerics)
+    prefix = "".join(f"{name}={shlex.quote(value)} " for name, value in kernel_caps().items())
     entry = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": prefix + "pflower tune " + shlex.join(argv),
