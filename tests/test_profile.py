@@ -6,7 +6,8 @@
   every point on validation with the tuning seed and the one key changed, and a second command
   runs nothing;
 - ``--profile ends`` profiles only the keys chosen at an end of their range, and the leaderboard
-  puts each profile under the end it explains;
+  puts each profile under the end it explains; once the study is searched again a profile
+  made at the old chosen values is named, not shown, and none of its runs is reused;
 - bad requests are refused with a message.
 """
 
@@ -27,6 +28,7 @@ from pflower.searchspace import Param
 from pflower.tuning import cli, search
 from pflower.tuning.profile import (
     chosen_at_ends,
+    current_profiles,
     describe_profile,
     profile_grid,
     read_profiles,
@@ -180,6 +182,26 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     assert [(p["value"], p["inside"]) for p in fixed["points"]] == [(1, None), (2, None)]
     assert fixed["space"] == "not searched" and fixed["reproduced"] is None
     assert fixed["best"]["where"] == "a key the study did not search"
+    # the study searched again chose another trial: both profiles describe other runs now, the
+    # leaderboard says so instead of showing them, and a new profile reuses none of their runs
+    chosen = {**chosen, "value": 0.82, "best_trial": 5}
+    path.write_text(yaml.safe_dump(chosen))
+    current, stale = current_profiles(layout.setting_dir(setting.name), "fedala", chosen)
+    assert current == {} and stale == ["strategy.eta", "strategy.layer_idx"]
+    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, stale_profiles=stale)
+    notes = _range_end_notes([entry])
+    assert notes[position + 1].startswith("    - its profile of strategy.eta was made at the ")
+    ran: list[Path] = []
+
+    def counting(command: Sequence[str], run_dir: Path, *args: Any, **kw: Any) -> dict[str, Any]:
+        ran.append(run_dir)
+        return runner(command, run_dir, *args, **kw)
+
+    again = run_profile(suite, setting, "fedala", "strategy.eta", layout, runner=counting)
+    assert len(ran) == len(again["points"]) == 5  # the failed point 0.01 too: not reused
+    assert again["chosen_objective"] == 0.82 and again["reproduced"] == pytest.approx(-0.019)
+    current, stale = current_profiles(layout.setting_dir(setting.name), "fedala", chosen)
+    assert list(current) == ["strategy.eta"] and stale == ["strategy.layer_idx"]
 
 
 def test_bad_profile_requests_are_refused_with_a_message(

@@ -251,6 +251,49 @@ def test_a_diverging_trial_is_failed_with_its_error_and_spends_the_budget(tmp_pa
     assert chosen["budget"] == {"trials": 2, "complete": 1, "fail": 1}
 
 
+@pytest.mark.slow
+def test_a_run_refused_before_it_starts_stops_the_command_and_spends_no_trial(
+    tmp_path: Path,
+) -> None:
+    """A data root without the dataset makes pflower refuse every run before it starts (exit
+    code 2, no summary): ``pflower tune`` stops with the run's message and exit code 2 instead
+    of failing the budget's trials one by one, and the trials it started are retried with their
+    values, uncounted, once the data is there."""
+    from optuna.trial import TrialState
+
+    missing = tmp_path / "no-data"
+    missing.mkdir()
+    suite_file = tmp_path / "tiny.yaml"
+    suite_file.write_text(
+        SUITE.replace(
+            "overrides: [dataset=digits,", f"overrides: [dataset=fmnist, dataset.root={missing},"
+        )
+    )
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "pflower", "tune", "fedprox", "--suite", str(suite_file)]
+    result = subprocess.run(
+        [*command, "--workers", "2", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "configuration error:" in result.stderr and "was not found" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    assert not (out / "digits" / "chosen").exists()  # no final runs, no chosen values
+    layout = Layout(out)
+    study = open_study(layout, "digits", "fedprox", 0, parallel=True)
+    refused = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert refused and all("refused before it started" in t.user_attrs["error"] for t in refused)
+    assert budget_counts(study) == (0, 0)
+    # the data is there now (the embedded digits): the refused draws run first, and count once
+    suite = load_suite(_suite_file(tmp_path))
+    study = search.tune(suite, suite.settings[0], "fedprox", layout, rounds=2, workers=1)
+    complete = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert budget_counts(study) == (2, 0)
+    assert {str(t.params) for t in refused} <= {str(t.params) for t in complete}
+
+
 def test_show_prints_the_space_with_its_sources() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pflower", "tune", "--show", "fedprox", "--suite", "cpu"],

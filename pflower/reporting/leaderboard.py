@@ -77,7 +77,7 @@ from pflower.results.rundir import (
     rejected_replies,
 )
 from pflower.searchspace import RANGE_END
-from pflower.tuning.profile import chosen_at_ends, describe_profile, read_profiles
+from pflower.tuning.profile import chosen_at_ends, current_profiles, describe_profile
 from pflower.tuning.search import TPE_STARTUP_TRIALS
 
 ALPHA = 0.05
@@ -112,6 +112,8 @@ class Entry:
     """The rank with the false discovery rate controlled (:func:`fdr_better_counts`)."""
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Profiles recorded at the chosen values, by key (:mod:`pflower.tuning.profile`)."""
+    stale_profiles: list[str] = field(default_factory=list)
+    """Keys whose profile was made at values chosen before the study was searched again."""
 
     @property
     def by_seed(self) -> dict[int, float]:
@@ -170,7 +172,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         chosen_path = setting_dir / "chosen" / f"{method}.yaml"
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
-        entry.profiles = read_profiles(setting_dir, method)
+        entry.profiles, entry.stale_profiles = current_profiles(setting_dir, method, entry.chosen)
         for seed, run_dir, summary in _final_runs(final_root / method):
             if failed_by_itself(summary):  # an interrupted run has not run yet
                 entry.failed[seed] = error_line(summary)
@@ -332,6 +334,12 @@ def _range_end_notes(entries: Sequence[Entry]) -> list[str]:
         for key, *_ in chosen_at_ends(entry.chosen):
             if key in entry.profiles:
                 lines.append(f"    - {describe_profile(entry.profiles[key])}")
+            elif key in entry.stale_profiles:
+                lines.append(
+                    f"    - its profile of {key} was made at the values chosen before the study "
+                    f"was searched again, and is not shown (`pflower tune --profile {key}` "
+                    "profiles the values chosen now)"
+                )
     return [*lines, ""]
 
 

@@ -332,15 +332,19 @@ def main(argv: Sequence[str]) -> int:
             print(f"configuration error: {error}", file=sys.stderr)
             return 2
         return 0
-    run_suite(
-        suite,
-        methods,
-        settings,
-        out,
-        args.workers,
-        not args.no_final,
-        args.timeout,
-        runner,
-        retry_failed=args.retry_failed,
-    )
+    try:
+        run_suite(
+            suite,
+            methods,
+            settings,
+            out,
+            args.workers,
+            not args.no_final,
+            args.timeout,
+            runner,
+            retry_failed=args.retry_failed,
+        )
+    except ConfigError as error:  # a run refused before it started (RunRefused), among others
+        print(f"configuration error: {error}", file=sys.stderr)
+        return 2
     return 0

@@ -171,6 +171,8 @@ def run_profile(
             )
         values = profile_grid(param, params[key])
 
+    _runs_made_at(layout.profile_runs_dir(setting.name, method, key), chosen)
+
     def point(value: Any) -> dict[str, Any]:
         run_dir = layout.profile_run_dir(setting.name, method, key, value)
         summary = read_summary(run_dir) or {}
@@ -253,6 +255,38 @@ def read_profiles(setting_dir: Path, method: str) -> dict[str, dict[str, Any]]:
     if not folder.is_dir():
         return {}
     return {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))}
+
+
+def made_at(record: Mapping[str, Any], chosen: Mapping[str, Any]) -> bool:
+    """Was a profile made at these chosen values? The chosen trial's number and objective name
+    them: a study searched again chooses another trial, or one of the same number with other
+    values (a widened range draws other values) and another objective."""
+    return (record.get("chosen_trial"), record.get("chosen_objective")) == (
+        chosen.get("best_trial"),
+        chosen.get("value"),
+    )
+
+
+def current_profiles(
+    setting_dir: Path, method: str, chosen: Mapping[str, Any]
+) -> tuple[dict[str, dict[str, Any]], list[str]]:
+    """The profiles made at ``method``'s chosen values, by key, and the keys of those made at
+    values chosen before (its study was searched again since): those describe other runs."""
+    profiles = read_profiles(setting_dir, method)
+    current = {key: record for key, record in profiles.items() if made_at(record, chosen)}
+    return current, sorted(profiles.keys() - current.keys())
+
+
+def _runs_made_at(folder: Path, chosen: Mapping[str, Any]) -> None:
+    """Keep a profile's runs (an interrupted profile resumes from them) only if they were made
+    at these chosen values; otherwise remove them, so that no point of another search is
+    reused."""
+    marker = folder / "chosen.yaml"
+    identity = {"chosen_trial": chosen.get("best_trial"), "chosen_objective": chosen.get("value")}
+    if not marker.exists() or yaml.safe_load(marker.read_text()) != identity:
+        shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    marker.write_text(yaml.safe_dump(identity))
 
 
 def describe_profile(record: Mapping[str, Any]) -> str:

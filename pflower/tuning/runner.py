@@ -19,11 +19,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from pflower.registry import ConfigError
 from pflower.results.rundir import read_rows, write_atomic
 from pflower.runtime.signals import handlers_run_promptly
 
 HEARTBEAT_S = 20
 POLL_S = 2.0
+REFUSED_EXIT = 2
+"""pflower's exit code for a run refused before it starts (:class:`pflower.cli.GuardedTask`)."""
 
 
 # ------------------------------------------------------------------------------ run results
@@ -47,6 +50,15 @@ def read_summary(run_dir: Path) -> dict[str, Any] | None:
     return summary
 
 
+def _log_tail(run_dir: Path, lines: int = 12) -> str:
+    """The end of a run's ``tune_stdout.log``: where pflower printed why it refused the run."""
+    try:
+        text = (run_dir / "tune_stdout.log").read_text(errors="replace")
+    except OSError:
+        return f"no log in {run_dir}"
+    return "\n".join(text.strip().splitlines()[-lines:])
+
+
 def objective_of(summary: Mapping[str, Any]) -> float:
     """The tuning objective from a completed run's ``summary.json``
     (see :data:`pflower.tuning.search.OBJECTIVE`)."""
@@ -55,6 +67,13 @@ def objective_of(summary: Mapping[str, Any]) -> float:
 
 class TrialFailed(RuntimeError):
     """The trial's run did not complete (its reason is the message)."""
+
+
+class RunRefused(ConfigError):
+    """pflower refused the run before it started (exit code 2 and no ``summary.json``: a
+    configuration or dataset error, an output folder it cannot write), which every run of the
+    command would meet: the command stops with the run's message rather than spend a trial
+    budget, or a final seed, on it (:func:`pflower.tuning.search.tune` retries the trial later)."""
 
 
 class Pruned(RuntimeError):
@@ -193,6 +212,8 @@ def run_pflower(
         if timed_out:
             _record_failed(run_dir, timed_out)
     summary = read_summary(run_dir)
+    if process.returncode == REFUSED_EXIT and summary is None:
+        raise RunRefused(f"{_log_tail(run_dir)}\n(the command: {' '.join(command)})")
     if process.returncode != 0 or summary is None or summary.get("status") != "completed":
         reason = (summary or {}).get("error") or f"exit code {process.returncode}"
         raise TrialFailed(f"{reason} (see {run_dir / 'tune_stdout.log'})")

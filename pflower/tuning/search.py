@@ -47,6 +47,7 @@ from pflower.tuning.runner import (
     POLL_S,
     Pruned,
     Runner,
+    RunRefused,
     TrialFailed,
     objective_of,
     read_summary,
@@ -85,8 +86,12 @@ class Layout:
         """The profile of ``key`` at ``method``'s chosen values (:mod:`.profile`)."""
         return self.setting_dir(setting) / "profiles" / method / f"{key}.yaml"
 
+    def profile_runs_dir(self, setting: str, method: str, key: str) -> Path:
+        """The runs of ``key``'s profile, one folder per value."""
+        return self.setting_dir(setting) / "profiles" / method / key
+
     def profile_run_dir(self, setting: str, method: str, key: str, value: Any) -> Path:
-        return self.setting_dir(setting) / "profiles" / method / key / format_value(value)
+        return self.profile_runs_dir(setting, method, key) / format_value(value)
 
     def refusal_file(self, setting: str, method: str) -> Path:
         """Why the setting's configuration refuses ``method`` (written instead of tuning it)."""
@@ -245,7 +250,8 @@ def _tpe(seed: int, parallel: bool) -> Any:
 
 
 def retried_numbers(trials: Sequence[Any]) -> set[int]:
-    """Trials failed for staleness (their run was interrupted) and re-enqueued by Optuna."""
+    """Trials failed for staleness (their run was interrupted) or refused before their run
+    started (:class:`~pflower.tuning.runner.RunRefused`), and re-enqueued with their values."""
     _, callback = _retry_callback()
     numbers = {callback.retried_trial_number(t) for t in trials}
     return {n for n in numbers if n is not None}
@@ -349,6 +355,14 @@ def _run_and_tell(
         study.tell(trial, state=TrialState.FAIL)
         log(f"{name} failed: {error}")
         return
+    except RunRefused as error:
+        # not the values' doing: retried with them, as an interrupted trial is, once the
+        # cause is fixed, and not counted toward the budget (see retried_numbers)
+        _, callback = _retry_callback()
+        callback()(study, storage.get_trial(trial._trial_id))
+        trial.set_user_attr("error", f"refused before it started: {error}"[:2000])
+        study.tell(trial, state=TrialState.FAIL)
+        raise
     except BaseException:
         # interrupted: leave the trial RUNNING; Optuna's heartbeat check fails and retries it
         raise
@@ -402,9 +416,9 @@ def tune(
                 _one_trial(
                     study, trial, space, suite, setting, method, layout, timeout_s, log, runner
                 )
-            except BaseException as error:
+            except BaseException as error:  # raised below, once every worker has stopped
                 errors.append(error)
-                raise
+                return
 
     with file_lock(lock):  # create the study once before the workers open it
         study = open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
