@@ -34,7 +34,7 @@ from pflower.tuning.profile import (
     read_profiles,
     run_profile,
 )
-from pflower.tuning.runner import TrialFailed
+from pflower.tuning.runner import RunRefused, TrialFailed
 from pflower.tuning.search import Layout
 from pflower.tuning.suite import load_suite
 
@@ -202,6 +202,32 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     assert again["chosen_objective"] == 0.82 and again["reproduced"] == pytest.approx(-0.019)
     current, stale = current_profiles(layout.setting_dir(setting.name), "fedala", chosen)
     assert list(current) == ["strategy.eta"] and stale == ["strategy.layer_idx"]
+
+
+def test_a_point_the_option_refuses_is_recorded_and_the_profile_goes_on(tmp_path: Path) -> None:
+    """A grid goes a decade past a range's ends, where an option may refuse the value (a fraction
+    of 5): pflower refuses that run before it starts, and the profile records the point as
+    refused, with pflower's line, instead of stopping (a trial's refusal stops a study)."""
+    suite, setting, layout = _tiny(tmp_path)
+    chosen = {"value": 0.8, "best_trial": 0, "space": {}, "params": {"train.lr": 0.02}}
+    path = layout.chosen_file(setting.name, "fedprox")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(chosen))
+
+    def runner(command: Sequence[str], run_dir: Path, *args: Any, **kw: Any) -> dict[str, Any]:
+        mu = float(next(c for c in command if c.startswith("strategy.mu=")).split("=")[1])
+        if mu > 1:
+            log = f"INFO: starting\nconfiguration error: strategy.mu must be <= 1, got {mu}"
+            raise RunRefused(log, command)
+        return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": 0.8}}}}
+
+    record = run_profile(
+        suite, setting, "fedprox", "strategy.mu", layout, [0.1, 5.0], runner=runner, log=print
+    )
+    assert record["points"][0]["objective"] == 0.8
+    refused = record["points"][1]
+    assert refused["error"] == "refused: configuration error: strategy.mu must be <= 1, got 5.0"
+    assert record["best"]["value"] == 0.1
 
 
 def test_bad_profile_requests_are_refused_with_a_message(

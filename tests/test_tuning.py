@@ -278,7 +278,8 @@ def test_a_run_refused_before_it_starts_stops_the_command_and_spends_no_trial(
         timeout=600,
     )
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "configuration error:" in result.stderr and "was not found" in result.stderr
+    assert "dataset error: Dataset 'fmnist' was not found" in result.stderr, result.stderr
+    assert "configuration error: dataset error" not in result.stderr  # one prefix, the run's
     assert "Traceback" not in result.stderr, result.stderr
     assert not (out / "digits" / "chosen").exists()  # no final runs, no chosen values
     layout = Layout(out)

@@ -39,6 +39,7 @@ from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import kernel_caps
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value, number_or_text
+from pflower.tuning.runner import RunRefused
 from pflower.tuning.search import Layout, Runner
 from pflower.tuning.suite import Setting, Suite, check_suite, load_suite
 
@@ -274,6 +275,15 @@ def _profile_values(keys: Sequence[str] | None, values: str | None) -> list[obje
     return [number_or_text(value) for value in values.split(",")]
 
 
+def _refused(error: ConfigError) -> int:
+    """Say why the command stopped and return its exit code, 2 (a refused run's text is the run's
+    own message, which names its kind of error)."""
+    print(
+        error if isinstance(error, RunRefused) else f"configuration error: {error}", file=sys.stderr
+    )
+    return 2
+
+
 def main(argv: Sequence[str]) -> int:
     args = _parser().parse_intermixed_args(list(argv))
     try:
@@ -303,8 +313,7 @@ def main(argv: Sequence[str]) -> int:
         settings = [replace(s, extra=extra) for s in settings]
         profile_values = _profile_values(args.profile, args.profile_values)
     except ConfigError as error:
-        print(f"configuration error: {error}", file=sys.stderr)
-        return 2
+        return _refused(error)
     out = args.out or Path("tuning") / suite.name
     _record_invocation(out, argv)
     runner = None
@@ -329,8 +338,7 @@ def main(argv: Sequence[str]) -> int:
                 runner,
             )
         except ConfigError as error:
-            print(f"configuration error: {error}", file=sys.stderr)
-            return 2
+            return _refused(error)
         return 0
     try:
         run_suite(
@@ -344,7 +352,6 @@ def main(argv: Sequence[str]) -> int:
             runner,
             retry_failed=args.retry_failed,
         )
-    except ConfigError as error:  # a run refused before it started (RunRefused), among others
-        print(f"configuration error: {error}", file=sys.stderr)
-        return 2
+    except ConfigError as error:
+        return _refused(error)
     return 0

@@ -46,6 +46,7 @@ from pflower.results.rundir import error_line, failed_by_itself
 from pflower.searchspace import RANGE_END, Param, format_value
 from pflower.tuning.runner import (
     Runner,
+    RunRefused,
     TrialFailed,
     objective_of,
     read_summary,
@@ -183,6 +184,8 @@ def run_profile(
                 summary = execute(run_command(overrides, run_dir), run_dir, timeout_s=timeout_s)
             except TrialFailed:
                 summary = read_summary(run_dir) or {"error": "the run left no summary"}
+            except RunRefused as refused:  # a value past an end that the option does not take
+                summary = {"error": f"refused: {refused.reason}"}
         found: dict[str, Any] = {"value": value, "inside": _inside(param, value)}
         if summary.get("status") == "completed":
             found["objective"] = objective_of(summary)

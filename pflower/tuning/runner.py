@@ -27,6 +27,8 @@ HEARTBEAT_S = 20
 POLL_S = 2.0
 REFUSED_EXIT = 2
 """pflower's exit code for a run refused before it starts (:class:`pflower.cli.GuardedTask`)."""
+REFUSAL_PREFIXES = ("configuration error:", "dataset error:")
+"""How the lines start that say why pflower refused a run (:mod:`pflower.cli`)."""
 
 
 # ------------------------------------------------------------------------------ run results
@@ -73,7 +75,16 @@ class RunRefused(ConfigError):
     """pflower refused the run before it started (exit code 2 and no ``summary.json``: a
     configuration or dataset error, an output folder it cannot write), which every run of the
     command would meet: the command stops with the run's message rather than spend a trial
-    budget, or a final seed, on it (:func:`pflower.tuning.search.tune` retries the trial later)."""
+    budget, or a final seed, on it (:func:`pflower.tuning.search.tune` retries the trial later).
+    A profile's point past a range's end may be a value the option refuses: that point is
+    recorded as refused (:func:`pflower.tuning.profile.run_profile`)."""
+
+    def __init__(self, log_tail: str, command: Sequence[str]) -> None:
+        lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
+        errors = [line for line in lines if line.startswith(REFUSAL_PREFIXES)]
+        self.reason = (errors or lines or ["the run printed nothing"])[0]
+        """The line pflower printed to say why (the first that names an error)."""
+        super().__init__(f"{log_tail}\n(the command: {' '.join(command)})")
 
 
 class Pruned(RuntimeError):
@@ -213,7 +224,7 @@ def run_pflower(
             _record_failed(run_dir, timed_out)
     summary = read_summary(run_dir)
     if process.returncode == REFUSED_EXIT and summary is None:
-        raise RunRefused(f"{_log_tail(run_dir)}\n(the command: {' '.join(command)})")
+        raise RunRefused(_log_tail(run_dir), command)
     if process.returncode != 0 or summary is None or summary.get("status") != "completed":
         reason = (summary or {}).get("error") or f"exit code {process.returncode}"
         raise TrialFailed(f"{reason} (see {run_dir / 'tune_stdout.log'})")
