@@ -209,7 +209,7 @@ def test_a_point_the_option_refuses_is_recorded_and_the_profile_goes_on(tmp_path
     of 5): pflower refuses that run before it starts, and the profile records the point as
     refused, with pflower's line, instead of stopping (a trial's refusal stops a study)."""
     suite, setting, layout = _tiny(tmp_path)
-    chosen = {"value": 0.8, "best_trial": 0, "space": {}, "params": {"train.lr": 0.02}}
+    chosen = {"value": 0.8, "best_trial": 0, "space": {}, "params": {"strategy.mu": 0.5}}
     path = layout.chosen_file(setting.name, "fedprox")
     path.parent.mkdir(parents=True)
     path.write_text(yaml.safe_dump(chosen))
@@ -222,12 +222,13 @@ def test_a_point_the_option_refuses_is_recorded_and_the_profile_goes_on(tmp_path
         return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": 0.8}}}}
 
     record = run_profile(
-        suite, setting, "fedprox", "strategy.mu", layout, [0.1, 5.0], runner=runner, log=print
+        suite, setting, "fedprox", "strategy.mu", layout, [0.1, 0.5, 5.0], runner=runner, log=print
     )
-    assert record["points"][0]["objective"] == 0.8
-    refused = record["points"][1]
+    assert [p.get("objective") for p in record["points"]] == [0.8, 0.8, None]
+    refused = record["points"][2]
     assert refused["error"] == "refused: configuration error: strategy.mu must be <= 1, got 5.0"
-    assert record["best"]["value"] == 0.1
+    # every point scored the same: the tie goes to the chosen value, not to the first one
+    assert record["best"]["value"] == 0.5
 
 
 def test_bad_profile_requests_are_refused_with_a_message(

@@ -243,7 +243,11 @@ def _record(
         "points": [dict(p) for p in points],
     }
     if scored:
-        best = max(scored, key=lambda p: p["objective"])
+        # a tie is not evidence past an end: the chosen value, then a value inside, wins it
+        best = max(
+            scored,
+            key=lambda p: (p["objective"], p["value"] == params.get(key), p["inside"] is not False),
+        )
         record["best"] = {
             "value": best["value"],
             "objective": best["objective"],
