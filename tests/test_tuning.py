@@ -295,6 +295,19 @@ def test_a_run_refused_before_it_starts_stops_the_command_and_spends_no_trial(
     assert {str(t.params) for t in refused} <= {str(t.params) for t in complete}
 
 
+def test_a_refusal_names_its_reason_and_survives_pickling() -> None:
+    """A refused run's reason is pflower's error line, and the error pickles whole (a Ray task's
+    error reaches the driver pickled)."""
+    import pickle
+
+    log = "INFO: composing\ndataset error: Dataset 'fmnist' was not found under /x.\n  - a.gz"
+    error = trial_runner.RunRefused(log, ["pflower", "dataset=fmnist"])
+    assert error.reason == "dataset error: Dataset 'fmnist' was not found under /x."
+    again = pickle.loads(pickle.dumps(error))
+    assert (str(again), again.reason) == (str(error), error.reason)
+    assert str(error).endswith("(the command: pflower dataset=fmnist)")
+
+
 def test_show_prints_the_space_with_its_sources() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "pflower", "tune", "--show", "fedprox", "--suite", "cpu"],

@@ -275,7 +275,7 @@ def _profile_values(keys: Sequence[str] | None, values: str | None) -> list[obje
     return [number_or_text(value) for value in values.split(",")]
 
 
-def _refused(error: ConfigError) -> int:
+def _exit_with(error: ConfigError) -> int:
     """Say why the command stopped and return its exit code, 2 (a refused run's text is the run's
     own message, which names its kind of error)."""
     print(
@@ -313,7 +313,7 @@ def main(argv: Sequence[str]) -> int:
         settings = [replace(s, extra=extra) for s in settings]
         profile_values = _profile_values(args.profile, args.profile_values)
     except ConfigError as error:
-        return _refused(error)
+        return _exit_with(error)
     out = args.out or Path("tuning") / suite.name
     _record_invocation(out, argv)
     runner = None
@@ -338,7 +338,7 @@ def main(argv: Sequence[str]) -> int:
                 runner,
             )
         except ConfigError as error:
-            return _refused(error)
+            return _exit_with(error)
         return 0
     try:
         run_suite(
@@ -353,5 +353,5 @@ def main(argv: Sequence[str]) -> int:
             retry_failed=args.retry_failed,
         )
     except ConfigError as error:
-        return _refused(error)
+        return _exit_with(error)
     return 0

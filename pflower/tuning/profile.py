@@ -233,8 +233,7 @@ def _record(
         "seed": suite.tune_seed,
         "space": description or "not searched",
         "chosen": params.get(key),
-        "chosen_trial": chosen.get("best_trial"),
-        "chosen_objective": chosen.get("value"),
+        **chosen_identity(chosen),
         "reproduced": (
             at_chosen[0]["objective"] - chosen["value"]
             if at_chosen and chosen.get("value") is not None
@@ -264,14 +263,17 @@ def read_profiles(setting_dir: Path, method: str) -> dict[str, dict[str, Any]]:
     return {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))}
 
 
+def chosen_identity(chosen: Mapping[str, Any]) -> dict[str, Any]:
+    """What names a study's chosen values in a profile: the chosen trial's number and objective
+    (a study searched again chooses another trial, or one of the same number with other values,
+    since a widened range draws other values, and another objective)."""
+    return {"chosen_trial": chosen.get("best_trial"), "chosen_objective": chosen.get("value")}
+
+
 def made_at(record: Mapping[str, Any], chosen: Mapping[str, Any]) -> bool:
-    """Was a profile made at these chosen values? The chosen trial's number and objective name
-    them: a study searched again chooses another trial, or one of the same number with other
-    values (a widened range draws other values) and another objective."""
-    return (record.get("chosen_trial"), record.get("chosen_objective")) == (
-        chosen.get("best_trial"),
-        chosen.get("value"),
-    )
+    """Was a profile (or a profile's runs, by their marker) made at these chosen values?"""
+    identity = chosen_identity(chosen)
+    return {key: record.get(key) for key in identity} == identity
 
 
 def current_profiles(
@@ -289,11 +291,10 @@ def _runs_made_at(folder: Path, chosen: Mapping[str, Any]) -> None:
     at these chosen values; otherwise remove them, so that no point of another search is
     reused."""
     marker = folder / "chosen.yaml"
-    identity = {"chosen_trial": chosen.get("best_trial"), "chosen_objective": chosen.get("value")}
-    if not marker.exists() or yaml.safe_load(marker.read_text()) != identity:
+    if not marker.exists() or not made_at(yaml.safe_load(marker.read_text()) or {}, chosen):
         shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
-    marker.write_text(yaml.safe_dump(identity))
+    marker.write_text(yaml.safe_dump(chosen_identity(chosen)))
 
 
 def describe_profile(record: Mapping[str, Any]) -> str:

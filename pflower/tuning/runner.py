@@ -80,11 +80,16 @@ class RunRefused(ConfigError):
     recorded as refused (:func:`pflower.tuning.profile.run_profile`)."""
 
     def __init__(self, log_tail: str, command: Sequence[str]) -> None:
+        self.log_tail, self.command = log_tail, list(command)
         lines = [line.strip() for line in log_tail.splitlines() if line.strip()]
         errors = [line for line in lines if line.startswith(REFUSAL_PREFIXES)]
         self.reason = (errors or lines or ["the run printed nothing"])[0]
         """The line pflower printed to say why (the first that names an error)."""
         super().__init__(f"{log_tail}\n(the command: {' '.join(command)})")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled by its arguments: a Ray task's error reaches the driver pickled."""
+        return type(self), (self.log_tail, self.command)
 
 
 class Pruned(RuntimeError):
