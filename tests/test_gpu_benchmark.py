@@ -1,5 +1,6 @@
 """``benchmarks/gpu.py`` works end to end on the CPU (``--device cpu --smoke``): pflower against
-the bare loop (its floor) and the concurrency scaling table, as the GPU script will run them."""
+the bare loop (its floor) and the concurrency scaling table, as the GPU script will run them; and
+``benchmarks/gpu_all.sh``, the one device call, keeps to its time budget."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "gpu.py"
+ALL = SCRIPT.parent / "gpu_all.sh"
 
 
 @pytest.mark.slow
@@ -73,3 +75,32 @@ def test_cuda_without_a_gpu_exits_2_before_running_anything(tmp_path: Path) -> N
     assert result.returncode == 2
     assert "no CUDA device" in result.stderr
     assert not (tmp_path / "gpu.json").exists()
+
+
+def test_the_device_script_skips_and_logs_the_steps_its_budget_no_longer_holds(
+    tmp_path: Path,
+) -> None:
+    """A lent GPU machine has minutes: a step that does not fit what is left of ``BUDGET_S`` is
+    skipped with its name (for a second call), an unknown step is named, and the log is kept."""
+    result = subprocess.run(
+        ["bash", str(ALL), "floor-resnet", "options", "floor-everything"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "OUT": str(tmp_path),
+            "BUDGET_S": "44",  # under the 45 s a step needs to start
+            "GPU_ARGS": "--device cpu --smoke",
+            "PYTHON": sys.executable,
+        },
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    log = (tmp_path / "gpu_all.log").read_text()
+    assert "environment ready" in log
+    for step in ("floor-resnet", "options-amp", "options-resident"):
+        assert f"SKIPPED {step}:" in log
+    assert "unknown step floor-everything" in log
+    assert "gpu_all.sh: done" in log
+    assert not (tmp_path / "gpu.json").exists()  # nothing ran, nothing recorded
