@@ -5,11 +5,11 @@
 - ``pflower partition <hydra overrides>``: print the partition's per-client sizes and class
   histograms and write a heatmap PNG, without training.
 - ``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds
-  (:mod:`pflower.reporting.report`); it takes paths, not Hydra overrides.
+  ([`pflower.reporting.report`][pflower.reporting.report]); it takes paths, not Hydra overrides.
 - ``pflower tune [methods] --suite cpu``: tune methods on validation with the same Optuna budget
-  and run the chosen values with new seeds on test (:mod:`pflower.tuning.cli`).
+  and run the chosen values with new seeds on test ([`pflower.tuning.cli`][pflower.tuning.cli]).
 - ``pflower resume <run_dir> [rounds=N]``: continue a run from its last checkpoint (or extend
-  it to N rounds); see :data:`RESUME_HELP`.
+  it to N rounds); see `RESUME_HELP`.
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
@@ -40,7 +40,7 @@ from pflower.runtime.logs import plain_flower_console_unless_tty
 def __getattr__(name: str) -> type[Exception]:
     """``DatasetNotFoundError`` and ``CorruptDatasetError``, the dataset errors that end a
     command with exit code 2, imported on first use: they come with torch, which reporting a
-    configuration error does not need (:mod:`pflower.quickcheck`)."""
+    configuration error does not need ([`pflower.quickcheck`][pflower.quickcheck])."""
     if name == "DatasetNotFoundError":
         from pflower.datasets.base import DatasetNotFoundError
 
@@ -213,8 +213,9 @@ SUBCOMMANDS: dict[str, Callable[[DictConfig], None]] = {"partition": _partition}
 
 def _check_before_imports(arguments: Sequence[str]) -> None:
     """Report a wrong key, value type or option name in a run's (or ``pflower partition``'s)
-    overrides before torch, Flower and Ray are imported (:mod:`pflower.quickcheck`); the full
-    check (:func:`_check_overrides`) follows."""
+    overrides before torch, Flower and Ray are imported
+    ([`pflower.quickcheck`][pflower.quickcheck]); the full
+    check (`_check_overrides`) follows."""
     if arguments and arguments[0] in SUBCOMMANDS:
         arguments = arguments[1:]
     if any(argument.startswith("-") for argument in arguments):

@@ -1,15 +1,19 @@
 """Compose and validate the experiment configuration, the same way in every process.
 
 One Hydra tree (``conf/``) over one schema describes every experiment: the run-level dataclasses
-of :mod:`pflower.config` (stored as ``pflower_schema``, which ``conf/config.yaml`` extends) and
-each algorithm's options dataclass (stored as ``strategy/<name>`` when :mod:`pflower.strategies`
+of [`pflower.config`][pflower.config] (stored as ``pflower_schema``, which ``conf/config.yaml``
+extends) and
+each algorithm's options dataclass (stored as ``strategy/<name>`` when
+[`pflower.strategies`][pflower.strategies]
 is imported). ``pflower`` composes the tree with ``@hydra.main``; the Flower apps compose it from
 the Hydra overrides carried in Flower's run config under the key
-:data:`~pflower.config.RUN_CONFIG_KEY`, so ``pflower ...``, ``flwr run .`` and a deployment run the
+[`RUN_CONFIG_KEY`][pflower.config.RUN_CONFIG_KEY], so ``pflower ...``, ``flwr run .`` and a
+deployment run the
 same experiment.
 
 Validation happens once, here, for every block: Hydra checks keys and types against the schema;
-:func:`validate` builds the typed :class:`~pflower.config.ExperimentConfig` (whose
+[`validate`][pflower.compose.validate] builds the typed
+[`ExperimentConfig`][pflower.config.ExperimentConfig] (whose
 ``__post_init__`` methods check ranges), rejects keys an algorithm does not have, and checks the
 dataset, partition, split and model blocks against their factories.
 """
@@ -54,7 +58,8 @@ def compose_config(overrides: Sequence[str] = (), *, check_scheme: bool = True) 
     """Compose ``conf/config.yaml`` with Hydra ``overrides`` and validate the result.
 
     Works both inside ``@hydra.main`` (Hydra already initialized on our tree) and in a fresh process
-    such as a Ray worker or a SuperNode's ClientApp. ``check_scheme``: see :func:`validate`.
+    such as a Ray worker or a SuperNode's ClientApp. ``check_scheme``: see
+    [`validate`][pflower.compose.validate].
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type or out of range, an unknown name.
@@ -82,9 +87,12 @@ def settings_of(cfg: DictConfig) -> ExperimentConfig:
 def validate(cfg: DictConfig, *, check_scheme: bool = True) -> ExperimentConfig:
     """Check every block of a composed configuration; returns its typed settings.
 
-    Keys and types were checked by Hydra against the structured configs (:mod:`pflower.config`,
-    :mod:`pflower.blocks`, the algorithm's options); building the typed settings runs every
-    dataclass's ``__post_init__`` range checks; then :func:`check_compatible` refuses
+    Keys and types were checked by Hydra against the structured configs
+    ([`pflower.config`][pflower.config],
+    [`pflower.blocks`][pflower.blocks], the algorithm's options); building the typed settings runs
+    every
+    dataclass's ``__post_init__`` range checks; then
+    [`check_compatible`][pflower.compose.check_compatible] refuses
     combinations of blocks that cannot work. ``check_scheme`` is kept for callers: the
     partition's keys and values are checked without importing the schemes either way.
 
@@ -115,7 +123,7 @@ def _check_block_keys(group: str, block: Mapping[str, Any]) -> None:
 def check_compatible(settings: ExperimentConfig) -> None:
     """Refuse, while composing, what only fails later: a model that cannot take the dataset's
     images, and an algorithm that cannot run with the chosen model, partition or optimizer (each
-    algorithm's :meth:`~pflower.core.options.AlgorithmOptions.check_experiment`).
+    algorithm's [`check_experiment`][pflower.core.options.AlgorithmOptions.check_experiment]).
 
     The model is built once per (model, input shape) on PyTorch's ``meta`` device: no memory,
     no initialization cost, the same code path as the real build.
@@ -176,17 +184,20 @@ def _compose_cached(overrides: tuple[str, ...]) -> DictConfig:
 
 
 _COMPOSED: list[tuple[str, ...]] = []
-"""The overrides :func:`config_from_run_config` composed in this process, oldest first."""
+"""The overrides [`config_from_run_config`][pflower.compose.config_from_run_config] composed in this
+process, oldest first."""
 
 
 def composed_overrides() -> list[tuple[str, ...]]:
-    """The overrides :func:`config_from_run_config` composed in this process (what the
+    """The overrides [`config_from_run_config`][pflower.compose.config_from_run_config] composed in
+    this process (what the
     deployment's fork server composes ahead for the ClientApp tasks it forks)."""
     return list(_COMPOSED)
 
 
 def warm_config(overrides: Sequence[str]) -> DictConfig:
-    """Compose ``overrides`` into this process's cache of :func:`config_from_run_config`; the
+    """Compose ``overrides`` into this process's cache of
+    [`config_from_run_config`][pflower.compose.config_from_run_config]; the
     configuration composed."""
     return _compose_cached(tuple(overrides))
 

@@ -7,11 +7,13 @@ the old code and clients running the new one: a silent mix, and with a changed p
 even two different federations. A deployment whose SuperNodes run another pflower than its
 SuperLink's ServerApp is the same mix.
 
-:data:`CODE_FINGERPRINT` hashes the contents of pflower's source files when this module is first
+`CODE_FINGERPRINT` hashes the contents of pflower's source files when this module is first
 imported, which ``import pflower`` does: it names the code the process started with. The server
-puts it into every message it sends (:data:`CODE_KEY`); every client compares it with its own
-(:func:`check_same_code`) and refuses to work for a server running other code.
-``summary.json`` records it with the git commit (:func:`code_version`).
+puts it into every message it sends ([`CODE_KEY`][pflower.provenance.CODE_KEY]); every client
+compares it with its own
+([`check_same_code`][pflower.provenance.check_same_code]) and refuses to work for a server running
+other code.
+``summary.json`` records it with the git commit ([`code_version`][pflower.provenance.code_version]).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from pflower.registry import ConfigError
 PACKAGE_DIR = Path(__file__).resolve().parent
 
 CODE_KEY = "pflower-code"
-"""The message config key holding the server's :data:`CODE_FINGERPRINT`."""
+"""The message config key holding the server's `CODE_FINGERPRINT`."""
 
 ALLOW_MISMATCH_ENV = "PFLOWER_ALLOW_CODE_MISMATCH"
 """Set to ``1`` on a client's machine to let it work for a server running other pflower code."""
@@ -56,8 +58,10 @@ class CodeMismatchError(ConfigError):
 
 
 def check_same_code(config: Mapping[str, Any]) -> None:
-    """Raise :class:`CodeMismatchError` when the server that sent a message with ``config`` runs
-    other pflower code than this process (a message without :data:`CODE_KEY`, e.g. from a test
+    """Raise [`CodeMismatchError`][pflower.provenance.CodeMismatchError] when the server that sent a
+    message with ``config`` runs
+    other pflower code than this process (a message without
+    [`CODE_KEY`][pflower.provenance.CODE_KEY], e.g. from a test
     driving a client directly, is not checked)."""
     theirs = config.get(CODE_KEY)
     if theirs is None or theirs == CODE_FINGERPRINT:
@@ -77,7 +81,7 @@ def check_same_code(config: Mapping[str, Any]) -> None:
 @functools.cache
 def code_version() -> dict[str, Any]:
     """The code a run was made with, for ``summary.json``: ``fingerprint`` (this process's
-    :data:`CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was imported
+    `CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was imported
     from, None outside a git checkout) and ``dirty`` (whether pflower's files differ from that
     commit; None when unknown)."""
     commit = _git("rev-parse", "HEAD")
@@ -96,21 +100,24 @@ KERNEL_CAPS = {
 }
 """The variables that cap the instruction set of torch's CPU kernels (its own ATen kernels,
 oneDNN's convolutions, MKL's matrix products), with the values that make a CPU with AVX-512
-compute what one with AVX2 only computes (:func:`numerics`)."""
+compute what one with AVX2 only computes ([`numerics`][pflower.provenance.numerics])."""
 
 
 def kernel_caps() -> dict[str, str]:
-    """The :data:`KERNEL_CAPS` variables set in this process's environment, with their values."""
+    """The [`KERNEL_CAPS`][pflower.provenance.KERNEL_CAPS] variables set in this process's
+    environment, with their values."""
     return {name: os.environ[name] for name in KERNEL_CAPS if name in os.environ}
 
 
 def numerics() -> dict[str, Any]:
     """What decides the floating-point results of this process's torch: its version, the
     instruction set of its own CPU kernels (``torch.backends.cpu.get_cpu_capability()``) and the
-    :data:`KERNEL_CAPS` variables that were set. One run repeats itself to the last digit on one
+    [`KERNEL_CAPS`][pflower.provenance.KERNEL_CAPS] variables that were set. One run repeats itself
+    to the last digit on one
     machine, but AVX-512 kernels round differently from AVX2 ones, and a sensitive run
     amplifies those last bits over its rounds (FedDyn with α = 1 ended 0.44 points apart on
-    validation); with the three variables set to :data:`KERNEL_CAPS`'s values, a CPU with
+    validation); with the three variables set to [`KERNEL_CAPS`][pflower.provenance.KERNEL_CAPS]'s
+    values, a CPU with
     AVX-512 gives what one without it gives, to the last digit. Empty where torch was not
     imported (a run that failed before it). The clients of a deployment run on their own
     machines, which the server's record does not describe."""

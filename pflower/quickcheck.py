@@ -2,18 +2,22 @@
 
 ``pflower <overrides>`` needs torch, Flower and Ray to run, but not to tell a user that
 ``strategy.gama`` is no key, ``rounds=ten`` no integer or ``strategy=nope`` no algorithm. Every
-schema but one is light: the run-level dataclasses (:mod:`pflower.config`) and the blocks
-(:mod:`pflower.blocks`) import nothing heavy. The algorithms' options dataclasses live in their
+schema but one is light: the run-level dataclasses ([`pflower.config`][pflower.config]) and the
+blocks
+([`pflower.blocks`][pflower.blocks]) import nothing heavy. The algorithms' options dataclasses live
+in their
 algorithm modules, which import torch; their *shape* (field names, types, defaults, enum members)
-is cached here, keyed by :data:`pflower.provenance.CODE_FINGERPRINT` (a hash of every source file
+is cached here, keyed by `pflower.provenance.CODE_FINGERPRINT` (a hash of every source file
 of pflower), so a cache never describes other code than the code that runs.
 
-:func:`check_before_imports` composes the overrides with Hydra against the light schemas and the
+[`check_before_imports`][pflower.quickcheck.check_before_imports] composes the overrides with Hydra
+against the light schemas and the
 cached option shapes, rebuilt as plain dataclasses, and reports what Hydra refuses: an unknown
 key, a value of the wrong type, an unknown group option. What it cannot check without the real
 classes (value ranges in ``__post_init__``, compose-time compatibility) is left to the full
 check that follows, after the imports. When no cache matches the code (first run after a change),
-it checks nothing; the full check then writes the cache (:func:`write_schema_cache`).
+it checks nothing; the full check then writes the cache
+([`write_schema_cache`][pflower.quickcheck.write_schema_cache]).
 
 The cache is one JSON file per fingerprint in ``$PFLOWER_SCHEMA_CACHE`` (default
 ``~/.cache/pflower/schema``); a cache that cannot be read or written is ignored.
@@ -45,7 +49,7 @@ def cache_file() -> Path:
 
 
 def _describe(annotation: Any) -> Any:
-    """A JSON description of a field type that :func:`_rebuild` turns back into one."""
+    """A JSON description of a field type that `_rebuild` turns back into one."""
     if annotation is Any:
         return "any"
     if isinstance(annotation, type) and issubclass(annotation, Enum):

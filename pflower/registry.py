@@ -80,13 +80,14 @@ class Registry(Generic[T]):
         """Call the factory with ``options`` (from config) plus ``context`` (from the caller).
 
         Raises:
-            ConfigError: as :meth:`check`.
+            ConfigError: as [`check`][pflower.registry.Registry.check].
         """
         self.check(name, options, tuple(context))
         return self.get(name)(**dict(options), **context)
 
     def build_block(self, block: Mapping[str, Any], **context: Any) -> T:
-        """:meth:`build` from a config block ``{name: <registered name>, <key>: <value>, ...}``."""
+        """[`build`][pflower.registry.Registry.build] from a config block ``{name: <registered
+        name>, <key>: <value>, ...}``."""
         name, options = name_and_options(block)
         return self.build(name, options, **context)
 

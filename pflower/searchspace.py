@@ -1,16 +1,20 @@
 """Search spaces declared beside the options they tune (fair comparisons, DESIGN contract 9).
 
-A tunable option is an ordinary dataclass field whose default comes from :func:`tunable`, which
+A tunable option is an ordinary dataclass field whose default comes from
+[`tunable`][pflower.searchspace.tunable], which
 records the range in the field's metadata::
 
     @dataclass
     class FedProxOptions(AlgorithmOptions):
         mu: float = tunable(0.01, low=1e-4, high=1.0, log=True, source="FedProx, Sec. 5.2")
 
-Hydra and OmegaConf see a plain field with its default; ``pflower tune`` (:mod:`pflower.tuning`)
-reads the metadata with :func:`declared_space` and asks Optuna for a value of each declared
+Hydra and OmegaConf see a plain field with its default; ``pflower tune``
+([`pflower.tuning`][pflower.tuning])
+reads the metadata with [`declared_space`][pflower.searchspace.declared_space] and asks Optuna for a
+value of each declared
 option. The shared training knobs (``train.lr``, ``train.local_epochs``, ``train.momentum``) are
-declared the same way on :class:`pflower.config.TrainConfig`; a suite says which of them it
+declared the same way on [`pflower.config.TrainConfig`][pflower.config.TrainConfig]; a suite says
+which of them it
 tunes, so every method, FedAvg included, searches the same training space.
 
 The ranges come from the papers that introduced each method (or the paper whose experiments a
@@ -29,16 +33,18 @@ from typing import Any, Protocol, TypeVar
 T = TypeVar("T")
 
 METADATA_KEY = "pflower_tune"
-"""The field-metadata key holding a :class:`Param`."""
+"""The field-metadata key holding a [`Param`][pflower.searchspace.Param]."""
 
 RANGE_END = 0.05
 """A value this close to an end of its range (as a fraction of the range, in log scale for a log
-range) lies at that end (:meth:`Param.end_of`): the leaderboard lists such chosen values, and
+range) lies at that end ([`Param.end_of`][pflower.searchspace.Param.end_of]): the leaderboard lists
+such chosen values, and
 ``pflower tune --profile ends`` profiles them."""
 
 
 class Suggests(Protocol):
-    """The part of an Optuna trial a :class:`Param` uses (kept a protocol: no import here)."""
+    """The part of an Optuna trial a [`Param`][pflower.searchspace.Param] uses (kept a protocol: no
+    import here)."""
 
     def suggest_float(
         self, name: str, low: float, high: float, *, step: float | None = None, log: bool = False
@@ -103,7 +109,8 @@ class Param:
         return dataclasses.replace(self, **values)
 
     def describe(self) -> str:
-        """E.g. ``log-uniform [0.0001, 1]`` or ``one of 0.5, 1.0`` (:meth:`from_description`
+        """E.g. ``log-uniform [0.0001, 1]`` or ``one of 0.5, 1.0``
+        ([`from_description`][pflower.searchspace.Param.from_description]
         reads a range back)."""
         if self.kind == "choice":
             return _CHOICE_PREFIX + ", ".join(str(c) for c in self.choices)
@@ -115,8 +122,10 @@ class Param:
 
     @classmethod
     def from_description(cls, description: str) -> Param | None:
-        """The range or choice a :meth:`describe` text states (as a chosen file records it;
-        bounds to :meth:`describe`'s 6 digits; a choice's values as bools or numbers where they
+        """The range or choice a [`describe`][pflower.searchspace.Param.describe] text states (as a
+        chosen file records it;
+        bounds to [`describe`][pflower.searchspace.Param.describe]'s 6 digits; a choice's values as
+        bools or numbers where they
         read as such, else as text), None for any other text."""
         if description.startswith(_CHOICE_PREFIX):
             values = description.removeprefix(_CHOICE_PREFIX).split(", ")
@@ -152,7 +161,8 @@ class Param:
 
     def end_of(self, value: Any, margin: float = RANGE_END) -> str | None:
         """``"low"`` or ``"high"`` where ``value`` lies within ``margin`` of that end of this
-        range (:meth:`position`), else None (inside, or a choice without a position)."""
+        range ([`position`][pflower.searchspace.Param.position]), else None (inside, or a choice
+        without a position)."""
         if not isinstance(value, int | float) or isinstance(value, bool):
             return None
         position = self.position(value)
@@ -164,7 +174,7 @@ class Param:
 
     def log_span(self) -> tuple[float, float] | None:
         """(least, greatest) of a log range, or of a choice that is a coarse log range
-        (:meth:`position`); None for any other range."""
+        ([`position`][pflower.searchspace.Param.position]); None for any other range."""
         if self.kind == "choice":
             scale = self._log_range()
             return None if scale is None else (float(scale.low or 0), float(scale.high or 0))
@@ -185,12 +195,12 @@ class Param:
 
 
 _CHOICE_PREFIX = "one of "
-"""How :meth:`Param.describe` starts a choice."""
+"""How [`Param.describe`][pflower.searchspace.Param.describe] starts a choice."""
 
 _DESCRIBED_RANGE = re.compile(
     r"(log-uniform|uniform|integer|integer \(log\)) \[([^,\]]+), ([^\]]+)\](?: step (\S+))?"
 )
-"""What :meth:`Param.describe` writes for a range."""
+"""What [`Param.describe`][pflower.searchspace.Param.describe] writes for a range."""
 
 
 def number_or_text(text: str) -> Any:
@@ -238,7 +248,7 @@ def tunable(
 
 def declared_space(options_class: type, prefix: str) -> dict[str, Param]:
     """``{"<prefix>.<field>": Param}`` for every field of ``options_class`` declared with
-    :func:`tunable`, in field order."""
+    [`tunable`][pflower.searchspace.tunable], in field order."""
     return {
         f"{prefix}.{field.name}": field.metadata[METADATA_KEY]
         for field in dataclasses.fields(options_class)

@@ -3,12 +3,14 @@
 The apps receive the experiment exactly as ``flwr run`` delivers it: the Hydra overrides (plus the
 pinned run directory) in the run config, fused with the app's declared defaults. Processes forked
 from this one run the ClientApps (``backend=fork``, the default:
-:mod:`pflower.runtime.forkbackend`), or Flower's Ray backend (``backend=ray``,
+[`pflower.runtime.forkbackend`][pflower.runtime.forkbackend]), or Flower's Ray backend
+(``backend=ray``,
 ``backend=ray_cluster``). Two parts of Flower's simulation engine that cost time in proportion to
 the population rather than to the sampled clients are replaced for these runs
-(:func:`pflower.runtime.engine.scaled_to_many_clients`): with them, a round of 100 clients out of
+([`pflower.runtime.engine.scaled_to_many_clients`][pflower.runtime.engine.scaled_to_many_clients]):
+with them, a round of 100 clients out of
 10,000 takes seconds. Everything here that touches Flower's or Ray's internals is in
-:mod:`pflower.runtime`.
+[`pflower.runtime`][pflower.runtime].
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
     """Run the experiment that ``overrides`` compose as a Flower simulation (on forked workers,
     or on Ray with ``backend=ray``); returns ``run_dir``. With ``backend=fork`` on a GPU the
     run has a process of its own, forked from this one, which never uses CUDA itself
-    (:func:`pflower.runtime.forkbackend.run_in_forked_process`).
+    ([`pflower.runtime.forkbackend.run_in_forked_process`][pflower.runtime.forkbackend.run_in_forked_process]).
 
     Raises:
         ConfigError: ``train.device=cuda`` on a machine without CUDA (checked before Ray starts).

@@ -359,34 +359,25 @@ def partition_gallery() -> dict[str, tuple[str, str]]:
     return {"datasets/gallery.md": ("Partition gallery", "\n".join(parts))}
 
 
-API_PACKAGES = (
-    "pflower.config",
-    "pflower.registry",
-    "pflower.core",
-    "pflower.strategies",
-    "pflower.datasets",
-    "pflower.models",
-    "pflower.results",
-    "pflower.reporting",
-    "pflower.robust",
-    "pflower.server",
-    "pflower.client",
-    "pflower.deploy",
-    "pflower.runtime",
-)
+def api_packages() -> list[str]:
+    """Every public package and module directly under :mod:`pflower` (``__main__`` aside): each
+    gets an API page, so a new package is documented without editing this hook."""
+    found = pkgutil.iter_modules([str(ROOT / "pflower")])
+    return sorted(f"pflower.{m.name}" for m in found if not m.name.startswith("_"))
 
 
 def api_pages(skip: set[str]) -> dict[str, tuple[str, str]]:
     """``reference/api/<package>.md`` -> (title, Markdown) for every documented package, leaving
     out the modules in ``skip`` (the algorithm modules, documented on their own pages)."""
     pages = {}
-    for package in API_PACKAGES:
+    for package in api_packages():
         path = ROOT / Path(*package.split("."))
         if path.is_dir():
             modules = [package] + [
-                f"{package}.{m.name}"
-                for m in pkgutil.iter_modules([str(path)])
-                if not m.name.startswith("_") and f"{package}.{m.name}" not in skip
+                m.name
+                for m in pkgutil.walk_packages([str(path)], f"{package}.")
+                if not any(part.startswith("_") for part in m.name.split("."))
+                and m.name not in skip
             ]
         elif path.with_suffix(".py").is_file():
             modules = [package]

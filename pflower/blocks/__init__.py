@@ -1,24 +1,27 @@
 """The structured configs of the named config groups: ``dataset``, ``partition``, ``model``.
 
 Each registered dataset loader, partition scheme and model has one dataclass in this package
-(:mod:`~pflower.blocks.datasets`, :mod:`~pflower.blocks.partitions`,
-:mod:`~pflower.blocks.models`), stored in Hydra's ConfigStore as ``<group>/<name>``
-(:func:`store_blocks`): its fields are the config keys of ``dataset=<name>`` (``partition=<name>``,
+([`datasets`][pflower.blocks.datasets], [`partitions`][pflower.blocks.partitions],
+[`models`][pflower.blocks.models]), stored in Hydra's ConfigStore as ``<group>/<name>``
+([`store_blocks`][pflower.blocks.store_blocks]): its fields are the config keys of
+``dataset=<name>`` (``partition=<name>``,
 ``model=<name>``), with their types, defaults and help text (the class's ``Attributes:``
 docstring), and its ``__post_init__`` rejects values out of range with
-:class:`~pflower.registry.ConfigError`. ``conf/<group>/*.yaml`` holds only named presets that
+[`ConfigError`][pflower.registry.ConfigError]. ``conf/<group>/*.yaml`` holds only named presets that
 change some of these defaults (none today): Hydra composes ``dataset=mnist`` from the stored node
 alone.
 
 The keys are the keyword arguments of the factory registered under the same name
-(:data:`pflower.datasets.loaders.DATASETS`, :data:`pflower.datasets.partitioners.base.PARTITIONERS`,
-:data:`pflower.models.MODELS`) minus those the caller supplies (``num_partitions``/``seed`` of a
+(`pflower.datasets.loaders.DATASETS`,
+[`pflower.datasets.partitioners.base.PARTITIONERS`][pflower.datasets.partitioners.base.PARTITIONERS],
+`pflower.models.MODELS`) minus those the caller supplies (``num_partitions``/``seed`` of a
 partition scheme, ``input_shape``/``num_classes`` of a model); ``tests/test_config_schema.py``
 checks that names and defaults agree with the factories' signatures. This module imports no
 torch, Flower or dataset code, so a configuration can be checked before any of them is loaded.
 
-The ``split`` group's schema is :class:`pflower.datasets.split.SplitConfig` and the ``backend``
-group's :class:`pflower.config.BackendConfig`; both are stored here too.
+The ``split`` group's schema is
+[`pflower.datasets.split.SplitConfig`][pflower.datasets.split.SplitConfig] and the ``backend``
+group's [`pflower.config.BackendConfig`][pflower.config.BackendConfig]; both are stored here too.
 """
 
 from __future__ import annotations
@@ -106,7 +109,7 @@ def block_of(group: str, options: Any) -> Block:
 
 
 def typed_settings(cfg: Any) -> ExperimentConfig:
-    """The :class:`~pflower.config.ExperimentConfig` of a composed configuration: every
+    """The [`ExperimentConfig`][pflower.config.ExperimentConfig] of a composed configuration: every
     dataclass built (its ``__post_init__`` checks run), the named blocks and ``split`` then turned
     into plain mappings (``{name: ..., key: value}``), as the rest of pflower reads them."""
     from omegaconf import OmegaConf

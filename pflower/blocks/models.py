@@ -172,7 +172,7 @@ class Resnet8(ModelBlock):
 
     Attributes:
         width: stage widths [w, 2w, 4w].
-        init: ``kaiming`` or ``default`` (see :class:`ResNetInit`).
+        init: ``kaiming`` or ``default`` (see [`ResNetInit`][pflower.blocks.models.ResNetInit]).
     """
 
     config_name: ClassVar[str] = "resnet8"
@@ -190,9 +190,9 @@ class Resnet18(ModelBlock):
     algorithm's options (``strategy.dropout``, ``strategy.noise_sigma``, ...), not the model's.
 
     Attributes:
-        stem: ``cifar`` or ``imagenet`` (see :class:`ResNetStem`).
+        stem: ``cifar`` or ``imagenet`` (see [`ResNetStem`][pflower.blocks.models.ResNetStem]).
         width: stage widths [w, 2w, 4w, 8w]; 16 gives about 0.70M parameters for CPU runs.
-        init: ``default`` or ``kaiming`` (see :class:`ResNetInit`).
+        init: ``default`` or ``kaiming`` (see [`ResNetInit`][pflower.blocks.models.ResNetInit]).
     """
 
     config_name: ClassVar[str] = "resnet18"

@@ -56,7 +56,8 @@ class PathologicalPartition(PartitionBlock):
 
     Attributes:
         classes_per_client: classes per client.
-        assignment: ``balanced`` or ``random`` (see :class:`Assignment`).
+        assignment: ``balanced`` or ``random`` (see
+            [`Assignment`][pflower.blocks.partitions.Assignment]).
     """
 
     config_name: ClassVar[str] = "pathological"

@@ -1,2 +1,3 @@
-"""The Flower ClientApp (:mod:`pflower.client.app`). The client half every algorithm derives from
-is :class:`pflower.core.client.PersonalClient`."""
+"""The Flower ClientApp ([`pflower.client.app`][pflower.client.app]). The client half every
+algorithm derives from
+is [`pflower.core.client.PersonalClient`][pflower.core.client.PersonalClient]."""

@@ -71,13 +71,16 @@ def client_fn(context: Context) -> Client:
 
 
 def prepare_ahead(overrides: Sequence[str]) -> None:
-    """Compose ``overrides`` (a run config's, as :func:`client_fn` sees them) and build that
+    """Compose ``overrides`` (a run config's, as [`client_fn`][pflower.client.app.client_fn] sees
+    them) and build that
     experiment's federation and shared model in this process's caches.
 
-    The deployment's fork server (:mod:`pflower.runtime.forkserver`) calls it for the runs its
+    The deployment's fork server ([`pflower.runtime.forkserver`][pflower.runtime.forkserver]) calls
+    it for the runs its
     tasks served, so the tasks it forks afterwards skip loading the dataset, partitioning it and
     building the model (0.1-0.2 s per task); ``backend=fork`` calls it before it forks its
-    workers (:mod:`pflower.runtime.forkbackend`). It runs torch on one thread and leaves it so:
+    workers ([`pflower.runtime.forkbackend`][pflower.runtime.forkbackend]). It runs torch on one
+    thread and leaves it so:
     a process that forks must never have run torch's thread pool, or a child that runs torch on
     more than one thread hangs (GNU OpenMP; the children set their own ``train.threads``).
     """

@@ -1,15 +1,18 @@
 """The run-level configuration schema: every key of ``conf/config.yaml``, its type and its default.
 
 These dataclasses are the single source of truth for run-level settings. They are registered with
-Hydra's ConfigStore (:mod:`pflower.compose`) as the schema ``conf/config.yaml`` extends, so a
+Hydra's ConfigStore ([`pflower.compose`][pflower.compose]) as the schema ``conf/config.yaml``
+extends, so a
 typo'd key or a value of the wrong type fails while Hydra composes; ``__post_init__`` rejects
 values outside their allowed range when the composed tree is turned into these objects
-(``OmegaConf.to_object``). The resulting :class:`ExperimentConfig` is the one typed settings object
+(``OmegaConf.to_object``). The resulting [`ExperimentConfig`][pflower.config.ExperimentConfig] is
+the one typed settings object
 that the server and every client read.
 
 The ``dataset``, ``partition``, ``split`` and ``model`` blocks are chosen by name and checked
-against their factories' signatures (:mod:`pflower.registry`); the ``strategy`` block is the
-selected algorithm's own options dataclass (:mod:`pflower.core.options`).
+against their factories' signatures ([`pflower.registry`][pflower.registry]); the ``strategy`` block
+is the
+selected algorithm's own options dataclass ([`pflower.core.options`][pflower.core.options]).
 """
 
 from __future__ import annotations
@@ -98,7 +101,8 @@ class ExperimentConfig:
 
     Attributes:
         dataset, partition, split, model: the named blocks of the config groups of the same name.
-        strategy: the algorithm's options (an :class:`~pflower.core.options.AlgorithmOptions`).
+        strategy: the algorithm's options (an
+            [`AlgorithmOptions`][pflower.core.options.AlgorithmOptions]).
         backend: the simulation backend.
         seed: drives partitioning, model initialization, client sampling and data order.
         num_clients: K, the number of clients (= SuperNodes in a deployment).
@@ -114,7 +118,8 @@ class ExperimentConfig:
             classes.
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
         progress: print a line per round to the terminal.
-        tracking: a tracker that also receives the per-round metrics (:class:`TrackingConfig`).
+        tracking: a tracker that also receives the per-round metrics
+            ([`TrackingConfig`][pflower.config.TrackingConfig]).
     """
 
     dataset: Any = MISSING
@@ -211,7 +216,8 @@ def plain(value: Any) -> Any:
 
 
 def run_level_defaults() -> dict[str, Any]:
-    """Every run-level key of :class:`ExperimentConfig` with its default, as nested plain values
+    """Every run-level key of [`ExperimentConfig`][pflower.config.ExperimentConfig] with its
+    default, as nested plain values
     (the named blocks, dataset to strategy, have no defaults and are left out).
 
     A configuration recorded before a key existed counts as holding this default: a key is only

@@ -1,5 +1,5 @@
 """Where the app and its config tree are, how the run config carries the overrides, and the
-one check every config section uses (:func:`require`)."""
+one check every config section uses ([`require`][pflower.config.base.require])."""
 
 from __future__ import annotations
 
@@ -60,6 +60,7 @@ def overrides_from_run_config(run_config: Mapping[str, Any]) -> list[str]:
 
 
 def require(condition: bool, message: str) -> None:
-    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
+    """Raise [`ConfigError`][pflower.config.base.ConfigError] with ``message`` unless ``condition``
+    holds."""
     if not condition:
         raise ConfigError(message)

@@ -43,7 +43,8 @@ class EvalConfig:
         batch_size: evaluation batch size.
         client_global_test: the samples on which each client measures Acc(G) at stages L1 and
             L2: its own stratified ``slice`` of the global test set, or a ``subsample`` shared by
-            all clients (see :class:`ClientGlobalTest`). Stage G on the server: see
+            all clients (see [`ClientGlobalTest`][pflower.config.sections.ClientGlobalTest]). Stage
+            G on the server: see
             ``server_test_max_samples``.
         global_test_max_samples: the most samples of a client's Acc(G): the cap of its slice, or
             the size of the shared stratified subsample (class proportions of the whole set,
@@ -259,7 +260,8 @@ class BackendConfig:
 
     Attributes:
         name: the engine's workers: ``fork`` (the default: processes forked from the driver with
-            the experiment built, :mod:`pflower.runtime.forkbackend`) or ``ray`` (Flower's Ray
+            the experiment built, [`pflower.runtime.forkbackend`][pflower.runtime.forkbackend]) or
+            ``ray`` (Flower's Ray
             actors).
         num_cpus_per_client: CPUs per ClientApp worker (Ray reserves them per actor; ``fork``
             starts as many workers as the machine has CPUs for this many each).
@@ -345,7 +347,8 @@ class ClientStateConfig:
     """Where clients keep their personal state between rounds (``client_state.*``).
 
     Attributes:
-        store: in memory (Flower's context) or on disk (see :class:`StateStore`).
+        store: in memory (Flower's context) or on disk (see
+            [`StateStore`][pflower.config.sections.StateStore]).
         dir: the folder of the clients' state snapshots on the machine that runs them; empty:
             ``<output_dir>/client_state``. A SuperNode's node config ``client-state-dir`` takes
             precedence, so that every node can keep its state on its own disk.

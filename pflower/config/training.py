@@ -42,7 +42,7 @@ class Device(StrEnum):
 class AugmentConfig:
     """Training-time image augmentation (``train.augment.*``; off by default), per sample and
     only on training batches (never at evaluation), the same for every algorithm; see
-    :mod:`pflower.core.augment` and docs/guide/augmentation.md.
+    [`pflower.core.augment`][pflower.core.augment] and docs/guide/augmentation.md.
 
     Attributes:
         rotation: rotate each training image by an angle drawn uniformly from
@@ -82,13 +82,16 @@ class TrainConfig:
         momentum: SGD momentum.
         weight_decay: L2 weight decay of the optimizer.
         threads: torch threads per client worker.
-        device: ``auto`` (CUDA where present), ``cpu`` or ``cuda`` (see :class:`Device`).
-        amp: mixed precision of the shared loops, ``off``, ``bf16`` or ``fp16`` (:class:`Amp`).
+        device: ``auto`` (CUDA where present), ``cpu`` or ``cuda`` (see
+            [`Device`][pflower.config.training.Device]).
+        amp: mixed precision of the shared loops, ``off``, ``bf16`` or ``fp16``
+            ([`Amp`][pflower.config.training.Amp]).
         channels_last: models and image batches in channels-last memory format (faster
             convolutions on GPUs with tensor cores).
         data_on_device: a client's data copied to the model's device once per message instead
             of every batch, when it fits in the device's free memory (a no-op on the CPU).
-        augment: random rotation and flips of training images (:class:`AugmentConfig`; off).
+        augment: random rotation and flips of training images
+            ([`AugmentConfig`][pflower.config.training.AugmentConfig]; off).
         ``amp``, ``channels_last`` and ``data_on_device`` are opt-in speed options of local
         training in ``pflower.core.training`` (algorithms with loops of their own ignore them;
         evaluation stays float32); with their defaults results are unchanged

@@ -29,9 +29,10 @@ def weighted_mean(arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
 def weighted_mean_partial(
     arrays: Sequence[NDArrays], weights: np.ndarray, current: NDArrays
 ) -> NDArrays:
-    """:func:`weighted_mean` per array over the clients that sent it (a non-empty array; the
+    """[`weighted_mean`][pflower.core.aggregation.weighted_mean] per array over the clients that
+    sent it (a non-empty array; the
     weights renormalized over them), ``current``'s array where no client did. Equal to
-    :func:`weighted_mean` when every client sent every array."""
+    [`weighted_mean`][pflower.core.aggregation.weighted_mean] when every client sent every array."""
     averaged = []
     for index, layer in enumerate(zip(*arrays, strict=True)):
         sent = [i for i, array in enumerate(layer) if array.size > 0 or current[index].size == 0]

@@ -1,6 +1,7 @@
 """The algorithm registry: config name -> (options, Strategy, client).
 
-An algorithm is one module in :mod:`pflower.strategies` with its server half, its client half and
+An algorithm is one module in [`pflower.strategies`][pflower.strategies] with its server half, its
+client half and
 its options, tied together where the options are declared::
 
     class FedProxStrategy(PersonalizedStrategy["FedProxOptions"]): ...
@@ -43,7 +44,8 @@ class Algorithm:
 
 
 ALGORITHMS: dict[str, Algorithm] = {}
-"""Every registered algorithm, by config name (filled by importing :mod:`pflower.strategies`)."""
+"""Every registered algorithm, by config name (filled by importing
+[`pflower.strategies`][pflower.strategies])."""
 
 
 def get_algorithm(name: str) -> Algorithm:
@@ -82,7 +84,8 @@ def algorithm_of(options: AlgorithmOptions) -> Algorithm:
 
 def options_from_block(block: Mapping[str, Any]) -> AlgorithmOptions:
     """The validated options object of a ``strategy`` block (e.g. read back from a run's
-    ``config.yaml``); raises :class:`~pflower.registry.ConfigError` for unknown names or keys."""
+    ``config.yaml``); raises [`ConfigError`][pflower.registry.ConfigError] for unknown names or
+    keys."""
     options_class = get_algorithm(str(block.get("name"))).options
     check_keys(options_class, block)
     options = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(options_class), dict(block)))

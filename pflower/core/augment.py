@@ -8,7 +8,8 @@ Fashion-MNIST) rather than with the normalized mean. Evaluation never augments.
 
 The random draws (one angle and one flip decision per sample) come from a ``torch.Generator``
 seeded from the state of the loop's batch-order generator when the loop starts
-(:func:`augmenter`), never from torch's global generator: two runs with the same seed augment
+([`augmenter`][pflower.core.augment.augmenter]), never from torch's global generator: two runs with
+the same seed augment
 the same samples the same way, and the batch order is the same with augmentation on or off. The
 images are transformed with ``torchvision.transforms.v2.functional`` (``rotate``, nearest
 interpolation as ``RandomRotation``'s default; ``horizontal_flip``, ``vertical_flip``),
@@ -94,8 +95,10 @@ def augmentation_generator(batch_order: torch.Generator) -> torch.Generator:
 def augmenter(augmentation: Augmentation | None, batch_order: torch.Generator) -> Augment:
     """The augmentation of one training loop whose data order ``batch_order`` draws: the
     identity when ``augmentation`` is None or inactive (the batches are then exactly those of a
-    run without the option), else :meth:`Augmentation.apply` with draws from
-    :func:`augmentation_generator`. Call it before the loop draws its first batch."""
+    run without the option), else [`Augmentation.apply`][pflower.core.augment.Augmentation.apply]
+    with draws from
+    [`augmentation_generator`][pflower.core.augment.augmentation_generator]. Call it before the loop
+    draws its first batch."""
     if augmentation is None or not augmentation.active:
         return _identity
     generator = augmentation_generator(batch_order)

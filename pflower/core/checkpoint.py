@@ -3,11 +3,11 @@
 Server side, ``checkpoint.pkl`` in the run directory holds, after round ``t``: the strategy's
 state (the global model, the per-client model store, control variates, affinity matrices, and
 whatever else the algorithm learned: every attribute that its configuration does not fix, see
-:meth:`PersonalizedStrategy.checkpoint_state`), the server process's global random generators,
+`PersonalizedStrategy.checkpoint_state`), the server process's global random generators,
 the number of ``metrics.jsonl`` rows written by the end of round ``t`` with the length and the
 SHA-256 digest of the file's bytes up to there (the recorder's position), the elapsed wall time,
 the Hydra overrides and the resolved configuration. Client sampling needs no saved generator:
-every round draws from its own stream (:func:`round_rng`), so a resumed run draws what the
+every round draws from its own stream (`round_rng`), so a resumed run draws what the
 uninterrupted run drew.
 
 Client side, every client keeps snapshots of its ``context.state`` in ``client_state.dir``
@@ -28,7 +28,8 @@ simulation of 10,000 clients keeps only the sampled clients' state in memory).
 Every file is written to a temporary name and renamed, so a crash while writing leaves the
 previous file. A checkpoint is refused, with the reason, when it is missing, corrupt (its
 checksum does not match, or it cannot be read), of another format version, or written by a run
-with another configuration (only the keys in :data:`MAY_DIFFER_ON_RESUME` may change); and a run
+with another configuration (only the keys in
+[`MAY_DIFFER_ON_RESUME`][pflower.core.checkpoint.MAY_DIFFER_ON_RESUME] may change); and a run
 directory whose ``metrics.jsonl`` changed since the checkpoint (any byte up to the checkpoint's
 position edited, removed or inserted: its digest differs) is refused too. A run that completed
 is not resumed again (``pflower resume`` says so and writes nothing) unless ``rounds`` extends it.
@@ -115,7 +116,7 @@ def random_state() -> dict[str, Any]:
 
 
 def set_random_state(state: Mapping[str, Any]) -> None:
-    """Restore what :func:`random_state` returned."""
+    """Restore what [`random_state`][pflower.core.checkpoint.random_state] returned."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -135,7 +136,8 @@ def save_checkpoint(run_dir: Path, checkpoint: ServerCheckpoint) -> Path:
 
 
 def load_checkpoint(run_dir: Path) -> ServerCheckpoint:
-    """The checkpoint in ``run_dir``; :class:`CheckpointError` says why when it is unusable."""
+    """The checkpoint in ``run_dir``; [`CheckpointError`][pflower.core.checkpoint.CheckpointError]
+    says why when it is unusable."""
     path = run_dir / CHECKPOINT_FILE
     if not path.is_file():
         hint = (
@@ -188,7 +190,8 @@ def check_compatible(checkpoint: ServerCheckpoint, config: Mapping[str, Any], pa
     """Refuse to resume a run whose configuration differs from the checkpoint's.
 
     ``config`` is the resumed run's resolved configuration; keys under
-    :data:`MAY_DIFFER_ON_RESUME` may differ, and ``rounds`` may not go below the checkpoint's
+    [`MAY_DIFFER_ON_RESUME`][pflower.core.checkpoint.MAY_DIFFER_ON_RESUME] may differ, and
+    ``rounds`` may not go below the checkpoint's
     round.
     """
     rounds = int(config["rounds"])
@@ -338,12 +341,14 @@ def _replaced(records: RecordDict, before: dict[str, Any]) -> bool:
 
 class PersistentClient(NumPyClient):
     """A client whose state survives a crash, or lives on disk: it wraps the algorithm's client,
-    restores the state from :class:`ClientStateFiles` when it reaches the client empty in a
+    restores the state from [`ClientStateFiles`][pflower.core.checkpoint.ClientStateFiles] when it
+    reaches the client empty in a
     resumed run (or always, with ``evict``), snapshots it after every fit and after an evaluate
     that changed it, and with ``evict`` then empties it (``client_state.store=disk``).
 
     An evaluate changed the state if a record was added, removed or replaced: algorithms write
-    state only through :class:`~pflower.core.state.ClientState`, whose ``put_*`` replace the record
+    state only through [`ClientState`][pflower.core.state.ClientState], whose ``put_*`` replace the
+    record
     and whose ``get_*`` return copies, so a record left in place holds what it held. An unchanged
     state is already in the newest snapshot, which a resume restores just the same."""
 

@@ -4,15 +4,24 @@ The base class runs the evaluation protocol every algorithm shares (stages L1 an
 paper, Hussaini et al., Sec. III, each on the client's own test split and on the global test set);
 an algorithm overrides only the hooks that hold its mathematics:
 
-- :meth:`start_model`: the weights local training starts from (default: the global model);
-- :meth:`regularizer`: an extra loss term during local training (default: none);
-- :meth:`after_step`: a function run after every optimizer step (default: none);
-- :meth:`remember`: what to keep in ``context.state`` after training (default: nothing);
-- :meth:`upload`: what to send back (default: the trained weights);
-- :meth:`personalize`: the deployable model at stage L1 (default: the global model);
-- :meth:`evaluation_metrics`: what stage L1 reports about the deployable model (default:
-  :meth:`stage_metrics`; the methods that keep a personalized and a global model add the FLAME
-  paper's PM/GM/HM metrics, :class:`pflower.strategies.moreau.PersonalAndGlobalClient`).
+- [`start_model`][pflower.core.client.PersonalClient.start_model]: the weights local training starts
+  from (default: the global model);
+- [`regularizer`][pflower.core.client.PersonalClient.regularizer]: an extra loss term during local
+  training (default: none);
+- [`after_step`][pflower.core.client.PersonalClient.after_step]: a function run after every
+  optimizer step (default: none);
+- [`remember`][pflower.core.client.PersonalClient.remember]: what to keep in ``context.state`` after
+  training (default: nothing);
+- [`upload`][pflower.core.client.PersonalClient.upload]: what to send back (default: the trained
+  weights);
+- [`personalize`][pflower.core.client.PersonalClient.personalize]: the deployable model at stage L1
+  (default: the global model);
+- [`evaluation_metrics`][pflower.core.client.PersonalClient.evaluation_metrics]: what stage L1
+  reports about the deployable model (default:
+  [`stage_metrics`][pflower.core.client.PersonalClient.stage_metrics]; the methods that keep a
+  personalized and a global model add the FLAME
+  paper's PM/GM/HM metrics,
+  [`pflower.strategies.moreau.PersonalAndGlobalClient`][pflower.strategies.moreau.PersonalAndGlobalClient]).
 
 ``fit`` trains and evaluates stage L2 (the trained model; in an evaluation round, when the fit
 config's ``measure-l2`` is not false); ``evaluate`` evaluates stage L1 (the
@@ -89,7 +98,8 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
     ) -> Callable[[nn.Module], None] | None:
         """A function called after every optimizer step of local training, or None (default).
 
-        Called once per round after :meth:`regularizer` (e.g. FLAME's closed-form ADMM updates
+        Called once per round after [`regularizer`][pflower.core.client.PersonalClient.regularizer]
+        (e.g. FLAME's closed-form ADMM updates
         after each pass over the data).
         """
         return None
@@ -116,7 +126,8 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
     def evaluation_metrics(
         self, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> dict[str, Scalar]:
-        """Stage L1's metrics; ``self.model`` holds the deployable model (:meth:`personalize`)."""
+        """Stage L1's metrics; ``self.model`` holds the deployable model
+        ([`personalize`][pflower.core.client.PersonalClient.personalize])."""
         return self.stage_metrics()
 
     # ------------------------------------------------------------------- shared machinery
@@ -130,7 +141,9 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         regularizer: Regularizer | None = None,
         after_step: Callable[[nn.Module], None] | None = None,
     ) -> float:
-        """Train ``self.model`` on :meth:`training_data`; data order seeded per round/client."""
+        """Train ``self.model`` on
+        [`training_data`][pflower.core.client.PersonalClient.training_data]; data order seeded per
+        round/client."""
         generator = data_order(
             self.experiment.settings.seed, server_round(config), self.partition_id
         )

@@ -1,10 +1,15 @@
 """Declared server state: which attributes of a strategy a checkpoint saves.
 
-A strategy names the attributes that hold what it has learned in :attr:`DeclaredState.checkpointed`
+A strategy names the attributes that hold what it has learned in
+[`DeclaredState.checkpointed`][pflower.core.declared.DeclaredState.checkpointed]
 (the global model, a client-model store, control variates, affinities, ...) and the attributes it
-sets that are recomputed instead in :attr:`DeclaredState.derived` (caches). Each class names only
+sets that are recomputed instead in
+[`DeclaredState.derived`][pflower.core.declared.DeclaredState.derived] (caches). Each class names
+only
 its own; the tuples of its bases are added. Whatever else it sets after the base's configuration
-is reported by :meth:`DeclaredState.undeclared_state`, which a test keeps empty for every
+is reported by
+[`DeclaredState.undeclared_state`][pflower.core.declared.DeclaredState.undeclared_state], which a
+test keeps empty for every
 registered algorithm: state is never saved, or lost, without a decision.
 
 An attribute a strategy sets up before round 1 is declared in one line of its class body, with
@@ -18,9 +23,13 @@ that initial value, and needs no constructor of its own::
         affinity: np.ndarray = state(factory=lambda s: np.zeros((s.settings.num_clients,) * 2))
         chosen: dict[int, list[int]] = state({})
 
-:func:`state` enters the name in the class's :attr:`~DeclaredState.checkpointed`, :func:`cache`
-in its :attr:`~DeclaredState.derived`. The base strategy's constructor calls
-:meth:`DeclaredState.init_declared_state` last, after its configuration, which sets each
+[`state`][pflower.core.declared.state] enters the name in the class's
+[`checkpointed`][pflower.core.declared.DeclaredState.checkpointed],
+[`cache`][pflower.core.declared.cache]
+in its [`derived`][pflower.core.declared.DeclaredState.derived]. The base strategy's constructor
+calls
+[`DeclaredState.init_declared_state`][pflower.core.declared.DeclaredState.init_declared_state] last,
+after its configuration, which sets each
 declared attribute to a copy of its ``initial`` value (so ``state({})`` gives every strategy its
 own dict) or to ``factory(strategy)`` (which may read ``options``, ``settings`` and the initial
 global model). A subclass may redeclare an inherited attribute with another initial value.
@@ -39,7 +48,8 @@ def declared(cls: type, name: str) -> frozenset[str]:
 
 
 class ServerState:
-    """One attribute declared with its initial value (made by :func:`state` or :func:`cache`)."""
+    """One attribute declared with its initial value (made by [`state`][pflower.core.declared.state]
+    or [`cache`][pflower.core.declared.cache])."""
 
     def __init__(
         self, initial: Any, factory: Callable[[Any], Any] | None, *, derived: bool
@@ -69,12 +79,13 @@ def state(initial: Any = None, *, factory: Callable[[Any], Any] | None = None) -
 
 def cache(initial: Any = None, *, factory: Callable[[Any], Any] | None = None) -> Any:
     """Declare a derived attribute (recomputed when needed, not saved by a checkpoint), set when
-    the strategy is built as :func:`state` sets one."""
+    the strategy is built as [`state`][pflower.core.declared.state] sets one."""
     return ServerState(initial, factory, derived=True)
 
 
 def declared_initial_values(cls: type) -> dict[str, ServerState]:
-    """The attributes declared with :func:`state` or :func:`cache` on ``cls`` and its bases, by
+    """The attributes declared with [`state`][pflower.core.declared.state] or
+    [`cache`][pflower.core.declared.cache] on ``cls`` and its bases, by
     name, bases first (a subclass's declaration replaces an inherited one)."""
     fields: dict[str, ServerState] = {}
     for klass in reversed(cls.__mro__):
@@ -88,7 +99,8 @@ class DeclaredState:
     """Checkpointing by declaration (see the module docstring)."""
 
     checkpointed: ClassVar[tuple[str, ...]] = ()
-    """Attributes that hold what the strategy has learned, saved by :meth:`checkpoint_state`."""
+    """Attributes that hold what the strategy has learned, saved by
+    [`checkpoint_state`][pflower.core.declared.DeclaredState.checkpoint_state]."""
 
     derived: ClassVar[tuple[str, ...]] = ()
     """Attributes a strategy sets that a checkpoint does not save, because they are recomputed
@@ -102,23 +114,29 @@ class DeclaredState:
         self._configured = frozenset(vars(self)) | {"_configured"}
 
     def init_declared_state(self) -> None:
-        """Set every attribute declared with :func:`state` or :func:`cache` to its value before
-        round 1; called by the base strategy's ``__init__`` after :meth:`seal_configuration`."""
+        """Set every attribute declared with [`state`][pflower.core.declared.state] or
+        [`cache`][pflower.core.declared.cache] to its value before
+        round 1; called by the base strategy's ``__init__`` after
+        [`seal_configuration`][pflower.core.declared.DeclaredState.seal_configuration]."""
         for name, field in declared_initial_values(type(self)).items():
             setattr(self, name, field.value_for(self))
 
     def checkpoint_state(self) -> dict[str, Any]:
         """What this strategy has learned so far, for a checkpoint: the attributes named by
-        :attr:`checkpointed` in its class and bases (those already set)."""
+        [`checkpointed`][pflower.core.declared.DeclaredState.checkpointed] in its class and bases
+        (those already set)."""
         names = declared(type(self), "checkpointed")
         return {k: v for k, v in vars(self).items() if k in names}
 
     def restore_state(self, state: dict[str, Any]) -> None:
-        """Continue from what :meth:`checkpoint_state` returned."""
+        """Continue from what
+        [`checkpoint_state`][pflower.core.declared.DeclaredState.checkpoint_state] returned."""
         vars(self).update(state)
 
     def undeclared_state(self) -> set[str]:
-        """Attributes set beyond the configuration that are neither :attr:`checkpointed` nor
-        :attr:`derived`: state a checkpoint would silently lose (should be empty)."""
+        """Attributes set beyond the configuration that are neither
+        [`checkpointed`][pflower.core.declared.DeclaredState.checkpointed] nor
+        [`derived`][pflower.core.declared.DeclaredState.derived]: state a checkpoint would silently
+        lose (should be empty)."""
         names = declared(type(self), "checkpointed") | declared(type(self), "derived")
         return set(vars(self)) - self._configured - names

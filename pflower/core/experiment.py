@@ -96,7 +96,7 @@ class Experiment:
         """The stratified subsample of the global test set that every client shares under
         ``eval.client_global_test=subsample``: ``eval.global_test_max_samples`` samples (the same
         for every client and round), or the whole set (null or 0, or a set no larger). Stage G
-        uses :attr:`server_test`."""
+        uses [`server_test`][pflower.core.experiment.Experiment.server_test]."""
         return self._global_test_sample(self.settings.eval.global_test_max_samples)
 
     @cached_property
@@ -110,7 +110,8 @@ class Experiment:
         run's seed, or the whole set (``limit`` null or 0, or no smaller than the set).
 
         The subsample is taken from the pool directly, so a worker that only needs it never
-        copies the whole set (the same samples as subsampling :attr:`full_global_test`)."""
+        copies the whole set (the same samples as subsampling
+        [`full_global_test`][pflower.core.experiment.Experiment.full_global_test])."""
         federation = self.federation
         if not limit or limit >= len(federation.global_test):
             return self.full_global_test
@@ -125,7 +126,8 @@ class Experiment:
 
     @cached_property
     def device(self) -> torch.device:
-        """Where this process runs models (``train.device``; see :func:`resolve_device`)."""
+        """Where this process runs models (``train.device``; see
+        [`resolve_device`][pflower.core.experiment.resolve_device])."""
         return resolve_device(self.settings.train.device)
 
     def new_model(self) -> nn.Module:

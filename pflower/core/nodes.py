@@ -17,7 +17,8 @@ class NodeQuestions:
     """One question to each of some nodes, asked at once, each in a daemon thread of its own.
 
     A node that never answers keeps neither the server loop nor the server process waiting:
-    :meth:`done` tells whether all answered, :attr:`answers` holds the answers so far (the reply,
+    [`done`][pflower.core.nodes.NodeQuestions.done] tells whether all answered,
+    [`answers`][pflower.core.nodes.NodeQuestions.answers] holds the answers so far (the reply,
     or the exception) by node id, in the order the nodes were asked.
     """
 

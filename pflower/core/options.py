@@ -1,8 +1,10 @@
 """Algorithm options: the config schema of the ``strategy`` block.
 
-Every algorithm's options dataclass derives from :class:`AlgorithmOptions` and is the single
+Every algorithm's options dataclass derives from
+[`AlgorithmOptions`][pflower.core.options.AlgorithmOptions] and is the single
 source of truth for the algorithm's config keys: registering it
-(:func:`~pflower.core.algorithm.register_algorithm`) stores it in Hydra's ConfigStore as
+([`register_algorithm`][pflower.core.algorithm.register_algorithm]) stores it in Hydra's ConfigStore
+as
 ``strategy/<name>``, so ``strategy=fedprox strategy.mu=0.1`` composes
 against its fields and types (a typo'd key or a wrong type fails while composing, an enum lists its
 allowed values), and ``__post_init__`` rejects out-of-range values. Presets are YAML files in
@@ -46,7 +48,8 @@ class AlgorithmOptions:
     display_name: ClassVar[str]
     display_rank: ClassVar[int] = 50
     config_name: ClassVar[str] = ""
-    """The registered config name (set by :func:`~pflower.core.algorithm.register_algorithm`)."""
+    """The registered config name (set by
+    [`register_algorithm`][pflower.core.algorithm.register_algorithm])."""
 
     name: str = ""
     aggregation: Aggregation = Aggregation.weighted
@@ -64,7 +67,8 @@ class AlgorithmOptions:
         train, a partition or optimizer it does not support); nothing by default.
 
         Args:
-            settings: the typed :class:`~pflower.config.ExperimentConfig` (its named blocks as
+            settings: the typed [`ExperimentConfig`][pflower.config.ExperimentConfig] (its named
+                blocks as
                 plain mappings).
             model: the experiment's model, built on PyTorch's ``meta`` device (types and
                 shapes only, no weights).
@@ -78,7 +82,8 @@ class AlgorithmOptions:
         return self.display_name
 
     def label_keys(self) -> tuple[str, ...]:
-        """The options that :meth:`label` accounts for (reports add the others where they vary)."""
+        """The options that [`label`][pflower.core.options.AlgorithmOptions.label] accounts for
+        (reports add the others where they vary)."""
         return ()
 
     def variant_rank(self) -> float:

@@ -2,10 +2,12 @@
 
 Everything a client sends is checked before it is aggregated or recorded:
 
-- arrays (:meth:`UpdatePolicy.check_arrays`): the number of arrays, their shapes and dtypes must
+- arrays ([`UpdatePolicy.check_arrays`][pflower.core.policy.UpdatePolicy.check_arrays]): the number
+  of arrays, their shapes and dtypes must
   match what the algorithm expects (so an oversized array is refused by its shape), and floating
   arrays must be finite;
-- metrics (:func:`metric_problem`): finite numbers; accuracies in [0, 1], losses >= 0, counts
+- metrics ([`metric_problem`][pflower.core.policy.metric_problem]): finite numbers; accuracies in
+  [0, 1], losses >= 0, counts
   non-negative integers; text only where the algorithm declares a text metric;
 - the sample count: a non-negative integer no larger than the training-set size the server knows
   for the client's partition (in a simulation, from its own copy of the federation; in a
@@ -46,7 +48,8 @@ COUNT_METRICS = frozenset({"partition_id", "num_test", "bytes_up", "bytes_down"}
 def metric_problem(name: str, value: object, empty_split: bool = False) -> str | None:
     """Why the metric ``name`` = ``value`` cannot be recorded, or None if it can.
 
-    Every metric is a finite number; counts (:data:`COUNT_METRICS`) are non-negative integers,
+    Every metric is a finite number; counts ([`COUNT_METRICS`][pflower.core.policy.COUNT_METRICS])
+    are non-negative integers,
     accuracies (``acc*``) lie in [0, 1], losses (``loss*``, ``*_loss``) are >= 0. An accuracy or
     loss of an empty test split (``empty_split``: the client reported ``num_test`` 0) is NaN.
     """
@@ -84,7 +87,8 @@ def count_problem(num_examples: object, bound: int | None) -> str | None:
 def metrics_problem(
     metrics: Mapping[str, Scalar], partition_id: int, text: frozenset[str] = frozenset()
 ) -> str | None:
-    """Why a reply's metrics are unusable (see :func:`metric_problem`; names in ``text`` must be
+    """Why a reply's metrics are unusable (see
+    [`metric_problem`][pflower.core.policy.metric_problem]; names in ``text`` must be
     strings), or a ``partition_id`` other than the one the node registered; None if fine."""
     claimed = metrics.get("partition_id", partition_id)
     if claimed != partition_id:
@@ -105,7 +109,7 @@ def metrics_problem(
 
 UpdateCheck = Callable[[NDArrays, NDArrays], "str | None"]
 """Why an upload is unusable given the arrays expected, or None
-(:meth:`pflower.core.strategy.PersonalizedStrategy.check_update`)."""
+([`pflower.core.strategy.PersonalizedStrategy.check_update`][pflower.core.strategy.PersonalizedStrategy.check_update])."""
 
 
 @dataclass(frozen=True)
@@ -185,7 +189,8 @@ class UpdatePolicy:
         """Valid updates sorted by partition id, and the rejected ones with the reason.
 
         ``check`` judges the arrays; ``bounds`` are the training-set sizes the server knows, by
-        partition id; ``text`` names the metrics that are text (see :func:`metrics_problem`).
+        partition id; ``text`` names the metrics that are text (see
+        [`metrics_problem`][pflower.core.policy.metrics_problem]).
         """
         updates, rejected = [], {}
         for proxy, res in results:
@@ -235,7 +240,8 @@ class UpdatePolicy:
         partition_of: dict[str, int],
         text: frozenset[str] = frozenset(),
     ) -> tuple[list[tuple[int, dict[str, Scalar]]], set[int]]:
-        """The evaluation results whose metrics pass :func:`metrics_problem`, as (partition id,
+        """The evaluation results whose metrics pass
+        [`metrics_problem`][pflower.core.policy.metrics_problem], as (partition id,
         metrics), and every partition that replied; the others are rejected (logged, recorded)."""
         accepted, rejected = [], {}
         for proxy, res in results:

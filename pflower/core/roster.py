@@ -67,7 +67,8 @@ class NodeRoster:
         self.partition_of: dict[str, int] = {}
         """Node id -> the partition id the node reported."""
         self.num_train: dict[int, int] = {}
-        """Partition id -> its training-set size (as its node reported, or :attr:`train_sizes`)."""
+        """Partition id -> its training-set size (as its node reported, or
+        [`train_sizes`][pflower.core.roster.NodeRoster.train_sizes])."""
         self.train_sizes: list[int] | None = None
         """Training-set size of every partition, from the server's own copy of the federation
         (set by the ServerApp): with it, a simulation's nodes need not be asked."""
@@ -143,7 +144,8 @@ class NodeRoster:
 
     def _read_simulated_partitions(self, client_manager: ClientManager) -> bool:
         """In a simulation that published its node-to-partition map (pflower's own), take every
-        node's partition from it and its training-set size from :attr:`train_sizes`, asking no
+        node's partition from it and its training-set size from
+        [`train_sizes`][pflower.core.roster.NodeRoster.train_sizes], asking no
         node: one question per node costs a message through the Ray workers each, minutes at
         10,000 clients. Returns whether it did."""
         partitions = simulated_partitions(client_manager)
@@ -218,7 +220,8 @@ class NodeRoster:
 
         While it waits it asks each newly connected node for its partition (once) and logs every
         ``connect_log_every`` seconds the connected nodes and the missing partitions. Before the
-        first round (``initial``) it gives up with :class:`NodesMissingError`, recorded in the run
+        first round (``initial``) it gives up with
+        [`NodesMissingError`][pflower.core.roster.NodesMissingError], recorded in the run
         directory; a simulation whose federation has another number of SuperNodes than
         ``num_clients`` is refused at once (its nodes are all registered when it starts). Before
         later rounds it logs the nodes still missing and returns. Returns the nodes that answered

@@ -77,7 +77,8 @@ class ClientSampler:
     unseen:
         Partition ids held out of training (``eval.unseen_fraction``): never sampled here.
     partition:
-        The partition id of a client proxy (:meth:`pflower.core.roster.NodeRoster.partition`).
+        The partition id of a client proxy
+        ([`pflower.core.roster.NodeRoster.partition`][pflower.core.roster.NodeRoster.partition]).
     """
 
     def __init__(

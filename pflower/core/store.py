@@ -13,9 +13,10 @@ class ClientModelStore:
 
     Server-personalized algorithms (a different model sent to every client, computed from the
     other clients' models) read it; the strategy base writes every accepted upload into it before
-    :meth:`PersonalizedStrategy.aggregate` runs. It is the whole of the server's per-client model
+    `PersonalizedStrategy.aggregate` runs. It is the whole of the server's per-client model
     memory, so a checkpoint of the server saves and restores exactly this object
-    (:meth:`state` / :meth:`from_state`).
+    ([`state`][pflower.core.store.ClientModelStore.state] /
+    [`from_state`][pflower.core.store.ClientModelStore.from_state]).
     """
 
     def __init__(self) -> None:
@@ -67,7 +68,8 @@ class ClientModelStore:
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ClientModelStore:
-        """The store a checkpoint's :meth:`state` describes."""
+        """The store a checkpoint's [`state`][pflower.core.store.ClientModelStore.state]
+        describes."""
         store = cls()
         for partition_id, weights in state["models"].items():
             store.put(int(partition_id), weights, int(state["rounds"][partition_id]))

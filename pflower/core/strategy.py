@@ -1,19 +1,23 @@
 """PersonalizedStrategy: the server half every algorithm derives from.
 
 It keeps Flower's FedAvg machinery (``Strategy`` methods, parameters, legacy server loop), the
-hooks an algorithm overrides (:meth:`~PersonalizedStrategy.aggregate` and the per-client hooks),
+hooks an algorithm overrides ([`aggregate`][pflower.core.strategy.PersonalizedStrategy.aggregate]
+and the per-client hooks),
 and delegates the rest of the personalized-FL protocol to named collaborators:
 
-- :class:`~pflower.core.roster.NodeRoster` (``roster``): clients are known by the
+- [`NodeRoster`][pflower.core.roster.NodeRoster] (``roster``): clients are known by the
   ``partition_id`` they report, never by node id, so per-client memory survives node restarts;
   no unbounded wait for nodes (``connect_timeout``);
-- :class:`~pflower.core.policy.UpdatePolicy` (``policy``): uploads with NaN/Inf or wrong shapes
+- [`UpdatePolicy`][pflower.core.policy.UpdatePolicy] (``policy``): uploads with NaN/Inf or wrong
+  shapes
   are rejected as failures; failed clients are recorded; a round with too many failures, or none
   that succeeded, stops the run with an error naming the clients and their exceptions;
-- :class:`~pflower.core.ledger.StageLedger` (``ledger``): a communication metric in every L2 row
+- [`StageLedger`][pflower.core.ledger.StageLedger] (``ledger``): a communication metric in every L2
+  row
   (``bytes_down``, counted here; ``bytes_up``, counted by the client) and the per-client rows of
   stages L1, L2 and U;
-- :mod:`pflower.core.sampling`: clients are sampled with a seeded generator per (phase, round),
+- [`pflower.core.sampling`][pflower.core.sampling]: clients are sampled with a seeded generator per
+  (phase, round),
   so a run is reproducible; clients held out of training (``eval.unseen_fraction``) are never
   sampled to train and are evaluated in every evaluation round as stage U.
 
@@ -21,11 +25,14 @@ Also here: stage G (the global model on the global test set, server side); in an
 stage L2 is measured only by the training clients that are also in the round's evaluation sample
 (``eval.l2_clients=evaluated``, the default; the fit config then carries ``measure-l2: false`` for
 the others) or by all (``trained``); for server-personalized algorithms
-(``keeps_client_models``), a :class:`ClientModelStore` of every client's latest upload, from which
-:meth:`~PersonalizedStrategy.client_messages` computes each sampled client's own model once per
+(``keeps_client_models``), a [`ClientModelStore`][pflower.core.store.ClientModelStore] of every
+client's latest upload, from which
+[`client_messages`][pflower.core.strategy.PersonalizedStrategy.client_messages] computes each
+sampled client's own model once per
 round (its size is recorded every round as a ``server`` row).
 
-Checkpoint state is declared (:class:`~pflower.core.declared.DeclaredState`): ``checkpointed``
+Checkpoint state is declared ([`DeclaredState`][pflower.core.declared.DeclaredState]):
+``checkpointed``
 names the attributes a checkpoint saves (each class adds its own), ``derived`` those it sets that
 are recomputed instead (caches); a test fails if an algorithm holds any other.
 """
@@ -87,7 +94,9 @@ GlobalEvaluator = Callable[[NDArrays], dict[str, float]]
 @dataclass(frozen=True)
 class GlobalEvaluation:
     """Stage G of one round, in two steps so that the server's loop can compute it beside the
-    clients' work (:class:`pflower.server.loop.CheckpointingServer`): ``compute`` scores weights
+    clients' work
+    ([`pflower.server.loop.CheckpointingServer`][pflower.server.loop.CheckpointingServer]):
+    ``compute`` scores weights
     taken when the evaluation was made (it reads no strategy state, so it may run on another
     thread), ``record`` writes its row and returns Flower's ``evaluate`` result."""
 
@@ -103,7 +112,8 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     """Whether the algorithm keeps a global model (evaluated at stage G)."""
 
     keeps_client_models: ClassVar[bool] = False
-    """Whether the server keeps every client's latest upload (:attr:`client_models`)."""
+    """Whether the server keeps every client's latest upload
+    ([`client_models`][pflower.core.strategy.PersonalizedStrategy.client_models])."""
 
     global_model_label: ClassVar[str | None] = None
     """Recorded with stage G as ``model`` when what ``aggregate`` returns is not a global model
@@ -112,14 +122,15 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     partial_uploads: ClassVar[bool] = False
     """Whether clients may leave personal arrays out of a fit upload by sending an empty array
     (size 0) in their place (split models: FedPer/FedRep keep the head, FedBN the BatchNorm
-    layers). :meth:`average` then averages each array over the clients that sent it and keeps the
+    layers). [`average`][pflower.core.strategy.PersonalizedStrategy.average] then averages each
+    array over the clients that sent it and keeps the
     current global array where none did."""
 
     text_metrics: ClassVar[frozenset[str]] = frozenset()
     """Metrics the algorithm's clients report as text (every other metric is a number)."""
 
     checkpointed: ClassVar[tuple[str, ...]] = ("_global_weights", "client_models")
-    """Attributes that hold what the strategy has learned, saved by :meth:`checkpoint_state`.
+    """Attributes that hold what the strategy has learned, saved by `checkpoint_state`.
     A subclass names only its own (the names of its bases are added): server state it sets in
     ``__init__`` or later (control variates, affinities, ...)."""
 
@@ -164,9 +175,10 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         (False for buffers such as BatchNorm statistics); set by the ServerApp, None if unknown."""
         self.message_keys: dict[str, Scalar] = {CODE_KEY: CODE_FINGERPRINT}
         """Sent with every fit and evaluate instruction: the server's code fingerprint (clients
-        refuse other code, :mod:`pflower.provenance`) and, from the server loop, the run
+        refuse other code, [`pflower.provenance`][pflower.provenance]) and, from the server loop,
+        the run
         attempt, the last round checkpointed and, in a resumed run, the round it resumed from
-        (see :mod:`pflower.core.checkpoint`)."""
+        (see [`pflower.core.checkpoint`][pflower.core.checkpoint])."""
         self.seal_configuration()  # all set above is configuration or a collaborator
         self.init_declared_state()  # the algorithm's declared server state, before round 1
 
@@ -193,7 +205,8 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         self, server_round: int, partition_id: int, global_parameters: Parameters
     ) -> Parameters:
         """The arrays sent with client ``partition_id``'s evaluate instruction (default: those of
-        :meth:`client_parameters`); algorithms that send more than a model to train override it."""
+        [`client_parameters`][pflower.core.strategy.PersonalizedStrategy.client_parameters]);
+        algorithms that send more than a model to train override it."""
         return self.client_parameters(server_round, partition_id, global_parameters)
 
     def scored_parameters(self, global_parameters: Parameters) -> Parameters:
@@ -217,8 +230,11 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         self, server_round: int, partition_ids: list[int], global_weights: NDArrays
     ) -> dict[int, NDArrays] | None:
         """Each sampled client's own model for this round's fit, computed once per round
-        (typically from :attr:`client_models`); None (the default) sends
-        :meth:`client_parameters` to each."""
+        (typically from
+        [`client_models`][pflower.core.strategy.PersonalizedStrategy.client_models]); None (the
+        default) sends
+        [`client_parameters`][pflower.core.strategy.PersonalizedStrategy.client_parameters] to
+        each."""
         return None
 
     # --------------------------------------------------------------------- shared helpers
@@ -256,7 +272,8 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
 
     def check_update(self, weights: NDArrays, current: NDArrays) -> str | None:
         """Why an uploaded model is unusable (wrong count/shapes, NaN/Inf), or None if fine;
-        ``current`` is what :meth:`expected_upload` gives."""
+        ``current`` is what
+        [`expected_upload`][pflower.core.strategy.PersonalizedStrategy.expected_upload] gives."""
         return self.policy.check_arrays(weights, current, self.partial_uploads)
 
     # -------------------------------------------------------------- Flower Strategy hooks
@@ -331,8 +348,10 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     def global_evaluation(
         self, server_round: int, parameters: Parameters
     ) -> GlobalEvaluation | None:
-        """Stage G of ``server_round`` as a :class:`GlobalEvaluation` of the weights
-        :meth:`scored_parameters` gives now, or None when the round has no stage G (round 0
+        """Stage G of ``server_round`` as a
+        [`GlobalEvaluation`][pflower.core.strategy.GlobalEvaluation] of the weights
+        [`scored_parameters`][pflower.core.strategy.PersonalizedStrategy.scored_parameters] gives
+        now, or None when the round has no stage G (round 0
         always has one)."""
         if not self.has_global_model or self.evaluate_global is None:
             return None

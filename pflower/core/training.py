@@ -5,9 +5,11 @@ DataLoader workers), so a client's round costs about what a bare PyTorch loop ov
 costs. Algorithms change the loop only through a loss term (``regularizer``) or a hook after each
 optimizer step (``after_step``).
 
-Models run on the device of their parameters (``train.device``, :func:`resolve_device`): the loops
+Models run on the device of their parameters (``train.device``,
+[`resolve_device`][pflower.core.training.resolve_device]): the loops
 prepare each batch on the CPU, where the data live, and move it to the model's device. Weights
-cross the wire as numpy arrays on the CPU (:func:`get_weights`, :func:`set_weights`).
+cross the wire as numpy arrays on the CPU ([`get_weights`][pflower.core.training.get_weights],
+[`set_weights`][pflower.core.training.set_weights]).
 """
 
 from __future__ import annotations
@@ -88,7 +90,8 @@ def to_memory_format(images: torch.Tensor, channels_last: bool) -> torch.Tensor:
 def on_device(data: ImageSplit, device: torch.device) -> ImageSplit:
     """``data`` copied to ``device`` once (``train.data_on_device``), so that batches are indexed
     there with no host-to-device copy each; ``data`` itself on the CPU, or where the copy would
-    take more than :data:`DEVICE_MEMORY_SHARE` of the device's free memory (then logged)."""
+    take more than [`DEVICE_MEMORY_SHARE`][pflower.core.training.DEVICE_MEMORY_SHARE] of the
+    device's free memory (then logged)."""
     if device.type == "cpu" or data.images.device == device:
         return data
     needed = data.images.nbytes + data.labels.nbytes
@@ -241,7 +244,8 @@ def train(
     floats on the CPU) and read once, so a GPU is not synchronized every step. The opt-in speed
     options of ``settings`` (``amp``, ``channels_last``, ``data_on_device``) apply to the forward
     pass and the batches; the regularizer and the optimizer step stay in float32. With
-    ``settings.augment`` each batch is augmented before ``prepare`` (:mod:`pflower.core.augment`).
+    ``settings.augment`` each batch is augmented before ``prepare``
+    ([`pflower.core.augment`][pflower.core.augment]).
     """
     model.train()
     device = model_device(model)
@@ -292,7 +296,8 @@ def evaluate(
     settings: TrainSettings | None = None,
 ) -> EvalResult:
     """Mean cross-entropy and accuracy of ``model`` on ``data`` (eval mode, no gradients), on the
-    model's device; with ``settings``, under its speed options (as :func:`train`)."""
+    model's device; with ``settings``, under its speed options (as
+    [`train`][pflower.core.training.train])."""
     if len(data) == 0:
         return EvalResult(loss=float("nan"), accuracy=float("nan"), num_examples=0)
     model.eval()

@@ -2,13 +2,16 @@
 
 Images are kept as one tensor per split, in the dtype the files store them in (uint8 for MNIST,
 CIFAR, SVHN, CelebA; float32 for generated data). Normalization is applied per batch by
-:meth:`ImageDataset.normalize`, so a client indexes tensors directly instead of running a per-sample
+[`ImageDataset.normalize`][pflower.datasets.base.ImageDataset.normalize], so a client indexes
+tensors directly instead of running a per-sample
 ``Dataset.__getitem__``: that keeps the training loop close to a bare PyTorch loop in speed.
 
 File-backed datasets are decoded once per machine into the dataset cache
-(:mod:`pflower.datasets.cache`) and their split images are read-only memory maps of it, shared by
+([`pflower.datasets.cache`][pflower.datasets.cache]) and their split images are read-only memory
+maps of it, shared by
 every process; the generated ones (``digits``, ``synthetic``) are small and live in memory.
-:meth:`ImageSplit.subset` always returns a writable copy, which is what clients train on.
+[`ImageSplit.subset`][pflower.datasets.base.ImageSplit.subset] always returns a writable copy, which
+is what clients train on.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Computes a federation's index lists: the partition scheme, then test, validation and global
-test shares (steps 1-5 of :mod:`pflower.datasets.federation`'s docstring).
+test shares (steps 1-5 of [`pflower.datasets.federation`][pflower.datasets.federation]'s docstring).
 
-Imported only when a federation is not in the cache (:func:`pflower.datasets.federation.
-build_federation`): the partition schemes import Flower Datasets and, through it, Hugging Face
+Imported only when a federation is not in the cache
+([`pflower.datasets.federation.build_federation`][pflower.datasets.federation.build_federation]):
+the partition schemes import Flower Datasets and, through it, Hugging Face
 ``datasets``, pandas and seaborn.
 """
 
@@ -53,7 +54,8 @@ def share_out(
 
     Raises:
         ConfigError: an impossible request, or a client left without training or test samples.
-        RuntimeError: a held-out sample is also trained on (:func:`check_no_leak`).
+        RuntimeError: a held-out sample is also trained on
+            ([`check_no_leak`][pflower.datasets.builder.check_no_leak]).
     """
     name = partition.get("name")
     # spawn(4)[:3] equals spawn(3): adding the reserve generator changed no existing federation
@@ -137,9 +139,9 @@ def _reserve(
 
     What: for such a scheme, a stratified ``test_fraction`` of the candidates (``holdout`` only)
     and then a stratified ``val_fraction`` of the rest are reserved first (sizes by
-    :func:`_held_out_size`); the scheme shares out only what is left, so its overlapping draws
+    `_held_out_size`); the scheme shares out only what is left, so its overlapping draws
     can never reach a held-out sample. Each client's test (validation) share is then drawn from
-    the reserve by :func:`_draw_matching`, with its train class mix, so it follows the client's
+    the reserve by `_draw_matching`, with its train class mix, so it follows the client's
     distribution as a share cut from the client's own data would. Schemes that deal every sample
     to one client keep the plain path (shares cut from the client's share, unchanged results).
     """
@@ -190,7 +192,7 @@ def _matching_share(
     fraction: float,
     rng: np.random.Generator,
 ) -> np.ndarray:
-    """One client's held-out share (see :func:`_draw_matching`) from the reserve's classes."""
+    """One client's held-out share (see `_draw_matching`) from the reserve's classes."""
     classes, counts = np.unique(train_labels, return_counts=True)
     total = max(1, round(len(train_labels) * fraction / (1.0 - fraction)))
     wanted = largest_remainder(counts * (total / counts.sum()), total)
@@ -236,7 +238,7 @@ def _carve(
     rng: np.random.Generator,
     what: str,
 ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Every share split into ``(kept, carved)`` by :func:`_split_off`."""
+    """Every share split into ``(kept, carved)`` by `_split_off`."""
     pairs = [_split_off(share, labels, fraction, config.stratify, rng, what) for share in shares]
     return [kept for kept, _ in pairs], [carved for _, carved in pairs]
 
@@ -259,7 +261,7 @@ def _split_off(
 ) -> tuple[np.ndarray, np.ndarray]:
     """``(kept, carved)``: about ``fraction`` of ``indices`` carved off, both parts non-empty.
 
-    The carved part has :func:`_held_out_size` samples, clamped to ``[1, n - 1]``; with
+    The carved part has `_held_out_size` samples, clamped to ``[1, n - 1]``; with
     ``stratify`` its class proportions follow the client's.
     """
     n = len(indices)

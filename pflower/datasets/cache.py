@@ -8,7 +8,7 @@ read the same pages of the operating system's page cache, so the images are in m
 machine however many workers there are. Labels and group tags are small and are read into each
 process.
 
-Entry layout (a folder ``<name>-<key>`` under :func:`cache_dir`)::
+Entry layout (a folder ``<name>-<key>`` under [`cache_dir`][pflower.datasets.cache.cache_dir])::
 
     images.npy   the official train split followed by the official test split, stored dtype
     labels.npy   int64 labels, same order
@@ -74,7 +74,8 @@ _READ_ERRORS = (OSError, ValueError, KeyError, TypeError)
 """What reading a missing, incomplete or damaged entry raises."""
 
 _KEPT_ARRAY_FILES = 512
-"""Files kept per :func:`cached_arrays` kind; the least recently used beyond that are deleted."""
+"""Files kept per [`cached_arrays`][pflower.datasets.cache.cached_arrays] kind; the least recently
+used beyond that are deleted."""
 
 Decode = Callable[[], tuple[ImageSplit, ImageSplit]]
 """Decodes a dataset's source files into its official ``(train, test)`` splits."""
@@ -112,7 +113,8 @@ def cached_splits(
     Args:
         name: the dataset's config name (the entry's folder starts with it).
         version: the decoder's version; change it when the decoded arrays would change.
-        sources: every file or folder the decoder reads (see :func:`entry_key`).
+        sources: every file or folder the decoder reads (see
+            [`entry_key`][pflower.datasets.cache.entry_key]).
         options: the loader options that change the decoded arrays (JSON-serializable).
         decode: reads the source files; called only when no valid entry exists.
         digests: MD5s of source files (by file name) that the caller has just verified, so
@@ -162,7 +164,7 @@ def cached_arrays(
     sees a partial one; two processes that miss at once both build (the same arrays) and the
     last rename wins. A file that cannot be read or parsed is built again; whatever ``build``
     or ``parse`` raises on fresh arrays propagates, and nothing is stored when ``build`` fails.
-    Beyond :data:`_KEPT_ARRAY_FILES` files of a kind, the least recently used are deleted.
+    Beyond `_KEPT_ARRAY_FILES` files of a kind, the least recently used are deleted.
     Caching off, or a folder that cannot be written, only costs the build.
     """
     directory = cache_dir()
@@ -299,7 +301,8 @@ def _read_only_tensor(array: np.ndarray) -> torch.Tensor:
 
     torch has no read-only tensors: it warns that writing would be undefined. Here a write cannot
     change the file or another process's data: the mapping is read-only, so an in-place write
-    stops the process with SIGSEGV. pflower never writes to these tensors; :meth:`ImageSplit.subset`
+    stops the process with SIGSEGV. pflower never writes to these tensors;
+    [`ImageSplit.subset`][pflower.datasets.base.ImageSplit.subset]
     and every per-client split are copies.
     """
     with warnings.catch_warnings():

@@ -6,7 +6,8 @@ line, a line of 40 attribute names, then ``<file> <40 values in {-1, 1}>`` per i
 ``list_eval_partition.txt`` (``<file> <0 train | 1 val | 2 test>``).
 
 The label is the ``Male`` attribute (0 female, 1 male). The attribute set is the first
-``num_attributes`` of :data:`CELEBA_ATTRIBUTES` (the order in which the paper adds them):
+``num_attributes`` of [`CELEBA_ATTRIBUTES`][pflower.datasets.celeba.CELEBA_ATTRIBUTES] (the order in
+which the paper adds them):
 
 - ``shift="low"`` ("mutually inclusive"): the training pool is the official-train images with
   *all* attributes of the set; ``groups`` is ``None``.
@@ -77,7 +78,8 @@ _SOURCE = FileSource(
 _MEAN = (0.5, 0.5, 0.5)
 _STD = (0.5, 0.5, 0.5)
 _DECODER_VERSION = "1"
-"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
+"""Part of the dataset cache key ([`pflower.datasets.cache`][pflower.datasets.cache]): bump it when
+decoding changes."""
 
 
 @dataclass(frozen=True)
@@ -206,7 +208,8 @@ def balanced_positions(
 
 
 def read_attribute_table(path: Path) -> AttributeTable:
-    """Parse ``list_attr_celeba.txt``; fails with :class:`CorruptDatasetError` on a bad layout."""
+    """Parse ``list_attr_celeba.txt``; fails with
+    [`CorruptDatasetError`][pflower.datasets.celeba.CorruptDatasetError] on a bad layout."""
     lines = path.read_text(encoding="ascii", errors="replace").splitlines()
     if len(lines) < 2 or not lines[0].strip().isdigit():
         raise CorruptDatasetError(path, "the first line must be the number of images")

@@ -81,7 +81,8 @@ _CIFAR100 = _CifarRelease(
 
 _PIXELS = 3 * 32 * 32
 _DECODER_VERSION = "1"
-"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
+"""Part of the dataset cache key ([`pflower.datasets.cache`][pflower.datasets.cache]): bump it when
+decoding changes."""
 
 # What a CIFAR pickle may reference: numpy's array reconstruction helpers (under their numpy 1 and
 # numpy 2 module names) and the codec Python 3 uses for bytes in protocol-2 pickles.
@@ -193,7 +194,8 @@ def _source(name: str, release: _CifarRelease) -> FileSource:
 
 
 def _read_batch(path: Path, release: _CifarRelease) -> ImageSplit:
-    """One batch file as an :class:`ImageSplit`, after checking its layout strictly."""
+    """One batch file as an [`ImageSplit`][pflower.datasets.base.ImageSplit], after checking its
+    layout strictly."""
     entry = _unpickle(path)
     data, labels = entry.get("data"), entry.get(release.label_key)
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8 or data.ndim != 2:

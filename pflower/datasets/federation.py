@@ -1,18 +1,21 @@
 """A dataset split among clients, as every other part sees it, and the builder that makes it.
 
-:func:`build_federation` is the single entry point the server, the clients, the partition report
+[`build_federation`][pflower.datasets.federation.build_federation] is the single entry point the
+server, the clients, the partition report
 and the tests use. It is a pure function of its arguments (same arguments, same federation), so a
 caller may cache it per process; the simulation calls ``client_fn`` once per message, and
 rebuilding there would dominate the round time.
 
-How a federation is built (``split`` keys in brackets, see :class:`SplitConfig`):
+How a federation is built (``split`` keys in brackets, see
+[`SplitConfig`][pflower.datasets.federation.SplitConfig]):
 
 1. The *pool* is the official train split followed by the official test split; every index below
    points into it (test sample ``i`` is at ``len(train) + i``). The samples shared among clients
    are the official train split (``pool: train``) or all of the pool (``pool: all``: FLAME,
    FedALA), optionally a stratified fraction of them (``subsample_fraction``, for CPU runs; the
    official test split is subsampled the same way where it is used).
-2. The partition scheme (``conf/partition``, :mod:`pflower.datasets.partitioners`) shares those
+2. The partition scheme (``conf/partition``,
+   [`pflower.datasets.partitioners`][pflower.datasets.partitioners]) shares those
    samples among ``num_clients`` clients.
 3. Each client's test share (``client_test``) is ``holdout`` (cut from its own share,
    ``test_fraction``, ``stratify``), ``mirror`` (drawn from the official test split with the class
@@ -26,19 +29,24 @@ How a federation is built (``split`` keys in brackets, see :class:`SplitConfig`)
    place of its test share, and their union in place of the global test set: every evaluation
    stage then scores validation data, and no test sample is read.
 
-The index lists are computed by :mod:`pflower.datasets.builder` and cached once per machine
-(:func:`pflower.datasets.cache.cached_arrays`, keyed by the labels, the arguments and pflower's
+The index lists are computed by [`pflower.datasets.builder`][pflower.datasets.builder] and cached
+once per machine
+([`pflower.datasets.cache.cached_arrays`][pflower.datasets.cache.cached_arrays], keyed by the
+labels, the arguments and pflower's
 code fingerprint): the server computes them, and every client process reads them without
 importing the partition schemes (Flower Datasets and its dependencies cost about 3 s and 200 MB
 per process).
 
 Schemes that give one sample to several clients (``disjoint: false``, see
-:class:`~pflower.datasets.partitioners.SampleSharingScheme`) change steps 2-4: the held-out
+[`SampleSharingScheme`][pflower.datasets.partitioners.SampleSharingScheme]) change steps 2-4: the
+held-out
 samples (``holdout`` tests, validation) are set aside in *reserves* before the scheme runs, and each
 client's held-out shares are drawn from them with its train class mix (see
-:mod:`pflower.datasets.builder`). Cutting them from the overlapping shares instead would make one
+[`pflower.datasets.builder`][pflower.datasets.builder]). Cutting them from the overlapping shares
+instead would make one
 client's test samples other clients' training samples. Every federation's shares are checked
-before they are stored and again when they are read (:func:`check_no_leak`): no client test
+before they are stored and again when they are read
+([`check_no_leak`][pflower.datasets.federation.check_no_leak]): no client test
 sample and no global test sample is in any client's train or validation share, and no validation
 sample is in any client's train share. The ``evaluate_on: val`` view is made after that check
 (its test shares are the validation shares).
@@ -159,14 +167,16 @@ def build_federation(
     """Share ``dataset`` among ``num_clients`` clients; pure and deterministic in its arguments.
 
     The index lists come from the cache when this machine has computed them before (see the
-    module docstring), else from :func:`pflower.datasets.builder.share_out`.
+    module docstring), else from
+    [`pflower.datasets.builder.share_out`][pflower.datasets.builder.share_out].
 
     Args:
         dataset: the dataset with its official train/test split.
         num_clients: the number of clients.
         seed: drives the partition, the subsampling and the per-client splits.
         partition: the ``partition`` block, ``{name: <scheme>, <option>: ...}``.
-        split: the ``conf/split/*.yaml`` block (:class:`SplitConfig`).
+        split: the ``conf/split/*.yaml`` block
+            ([`SplitConfig`][pflower.datasets.federation.SplitConfig]).
 
     Raises:
         ConfigError: an invalid block, an impossible request, or a client left without

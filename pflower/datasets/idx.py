@@ -54,7 +54,8 @@ _FMNIST_STATS = ((0.2860,), (0.3530,))
 
 _IDX_UINT8 = 0x08
 _DECODER_VERSION = "1"
-"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
+"""Part of the dataset cache key ([`pflower.datasets.cache`][pflower.datasets.cache]): bump it when
+decoding changes."""
 
 
 def load_mnist(
@@ -96,7 +97,8 @@ def load_fmnist(
 def idx_source(name: str) -> FileSource:
     """The files of ``mnist`` or ``fmnist``: accepted layouts, checksums, how to obtain them.
 
-    With :func:`~pflower.datasets.sources.locate` and :func:`resolve_data_root` this answers
+    With [`locate`][pflower.datasets.sources.locate] and
+    [`resolve_data_root`][pflower.datasets.base.resolve_data_root] this answers
     "are the original files under the data root, and where?" without reading them (tests use
     it to skip with a message that names the files, the folder and the remedy).
     """

@@ -2,26 +2,37 @@
 
 A ``dataset`` block is ``{name: <registered name>, <option>: <value>, ...}``; its options are the
 keyword arguments of the loader registered under that name, declared with their types and
-defaults by the block's dataclass (:mod:`pflower.blocks`), which rejects a misspelt option with the
+defaults by the block's dataclass ([`pflower.blocks`][pflower.blocks]), which rejects a misspelt
+option with the
 list of valid ones while composing. Every loader returns an
-:class:`ImageDataset` with the official train/test split in stored dtype and its default
+[`ImageDataset`][pflower.datasets.base.ImageDataset] with the official train/test split in stored
+dtype and its default
 normalization (overridable with ``mean``/``std``).
 
 ============== ============================================== =====================
 name           source                                         loader
 ============== ============================================== =====================
-digits         scikit-learn's bundled 8x8 digits              :func:`load_digits`
-synthetic      seeded class prototypes plus noise             :func:`load_synthetic`
-mnist          original IDX .gz files                         :func:`load_mnist`
-fmnist         original IDX .gz files                         :func:`load_fmnist`
-cifar10        cifar-10-batches-py pickles                    :func:`load_cifar10`
-cifar100       cifar-100-python pickles (fine labels)         :func:`load_cifar100`
-svhn           train_32x32.mat / test_32x32.mat               :func:`load_svhn`
-celeba_gender  img_align_celeba + attribute/partition lists   :func:`load_celeba_gender`
+digits         scikit-learn's bundled 8x8 digits
+[`load_digits`][pflower.datasets.digits.load_digits]
+synthetic      seeded class prototypes plus noise
+[`load_synthetic`][pflower.datasets.loaders.load_synthetic]
+mnist          original IDX .gz files
+[`load_mnist`][pflower.datasets.idx.load_mnist]
+fmnist         original IDX .gz files
+[`load_fmnist`][pflower.datasets.idx.load_fmnist]
+cifar10        cifar-10-batches-py pickles
+[`load_cifar10`][pflower.datasets.cifar.load_cifar10]
+cifar100       cifar-100-python pickles (fine labels)
+[`load_cifar100`][pflower.datasets.cifar.load_cifar100]
+svhn           train_32x32.mat / test_32x32.mat
+[`load_svhn`][pflower.datasets.loaders.load_svhn]
+celeba_gender  img_align_celeba + attribute/partition lists
+[`load_celeba_gender`][pflower.datasets.celeba.load_celeba_gender]
 ============== ============================================== =====================
 
 The file-backed datasets are decoded once per machine into the dataset cache and memory-mapped
-from it (:mod:`pflower.datasets.cache`: ``$PFLOWER_CACHE``, default ``~/.cache/pflower/arrays``),
+from it ([`pflower.datasets.cache`][pflower.datasets.cache]: ``$PFLOWER_CACHE``, default
+``~/.cache/pflower/arrays``),
 so every worker process shares one copy of the images.
 """
 
@@ -59,7 +70,8 @@ def load_dataset(name: str, options: Mapping[str, Any]) -> ImageDataset:
 
     Clients call this on every Flower message, so equal arguments return the same object
     (do not modify its tensors in place). List values, e.g. Hydra ``ListConfig``, become tuples.
-    For a loader that reads files, ``root`` is resolved first (:func:`resolve_data_root`), so the
+    For a loader that reads files, ``root`` is resolved first
+    ([`resolve_data_root`][pflower.datasets.base.resolve_data_root]), so the
     cache is keyed by the absolute folder actually read: a relative root, a changed
     ``$PFLOWER_DATA`` or another working directory never returns another folder's dataset.
 

@@ -1,8 +1,10 @@
 """What a partition looks like: per-client class histograms as a table, a heatmap, CSV and JSON.
 
 pflower reports every partition it builds, so that a data environment can be checked by eye.
-:func:`report_partition` does all of it for the ``pflower partition`` command; the pieces are
-usable alone (e.g. :func:`class_histogram` in tests and notebooks). The heatmap follows FLIU's
+[`report_partition`][pflower.datasets.report.report_partition] does all of it for the ``pflower
+partition`` command; the pieces are
+usable alone (e.g. [`class_histogram`][pflower.datasets.report.class_histogram] in tests and
+notebooks). The heatmap follows FLIU's
 Figs. 2-4: clients by classes, sample counts as colour (and as numbers when the grid is small
 enough to read them).
 """
@@ -136,9 +138,9 @@ def report_partition(
 ) -> Path:
     """Print the table; write the heatmap, the histogram CSV and a JSON summary to ``out_dir``.
 
-    Returns ``out_dir``, which then holds :data:`HEATMAP_FILE`, :data:`HISTOGRAM_FILE` (rows
+    Returns ``out_dir``, which then holds `HEATMAP_FILE`, `HISTOGRAM_FILE` (rows
     ``client, share, total, class_0 ...`` for the train, test and, if any, val shares) and
-    :data:`SUMMARY_FILE` (sizes, histograms, global test size, noise std). ``title`` heads the
+    `SUMMARY_FILE` (sizes, histograms, global test size, noise std). ``title`` heads the
     heatmap (default: the dataset's name).
     """
     out_dir = Path(out_dir)

@@ -1,10 +1,15 @@
 """Shared plumbing of the file-backed loaders: find, verify and download files; resolve mean/std.
 
-Every loader describes its files with a :class:`FileSource` (which files, which directory layouts
-under the data root are accepted, how to obtain them) and calls :func:`locate`. That gives all
-datasets the same behaviour: a missing dataset fails with one :class:`DatasetNotFoundError` that
+Every loader describes its files with a [`FileSource`][pflower.datasets.sources.FileSource] (which
+files, which directory layouts
+under the data root are accepted, how to obtain them) and calls
+[`locate`][pflower.datasets.sources.locate]. That gives all
+datasets the same behaviour: a missing dataset fails with one
+[`DatasetNotFoundError`][pflower.datasets.base.DatasetNotFoundError] that
 names the expected files, the directory searched and how to get them; a file whose checksum or
-format is wrong fails with one :class:`CorruptDatasetError`; downloads happen only when asked.
+format is wrong fails with one
+[`CorruptDatasetError`][pflower.datasets.sources.CorruptDatasetError]; downloads happen only when
+asked.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ class FileSource:
     Attributes:
         name: the dataset's config name, used in messages.
         layouts: sub-directories of the root searched in order (``"."`` is the root itself);
-            the first one is where :attr:`fetch` puts the files.
+            the first one is where `fetch` puts the files.
         files: names that must all exist in one layout directory (files or directories).
         md5: official MD5 checksums of those files, where known.
         how_to_obtain: one or more sentences for the error message (say there why a dataset
@@ -76,7 +81,8 @@ def locate(source: FileSource, root: Path, *, download: bool, verify: bool) -> P
 
 
 def verify_md5(path: Path, expected: str) -> None:
-    """Raise :class:`CorruptDatasetError` unless the MD5 of ``path`` is ``expected``."""
+    """Raise [`CorruptDatasetError`][pflower.datasets.sources.CorruptDatasetError] unless the MD5 of
+    ``path`` is ``expected``."""
     digest = hashlib.md5(usedforsecurity=False)
     with path.open("rb") as stream:
         for chunk in iter(lambda: stream.read(1 << 20), b""):

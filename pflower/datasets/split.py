@@ -1,7 +1,8 @@
 """The ``split`` config block, and the index lists that make a federation (what is cached).
 
 Both are light (numpy only): a process that finds its federation in the cache builds it from
-:class:`Shares` without importing the partition schemes (:mod:`pflower.datasets.builder`, which
+[`Shares`][pflower.datasets.split.Shares] without importing the partition schemes
+([`pflower.datasets.builder`][pflower.datasets.builder], which
 computes them, imports Flower Datasets, Hugging Face ``datasets``, pandas and seaborn: about 3 s
 and 200 MB per process).
 """
@@ -19,7 +20,7 @@ from pflower.registry import ConfigError
 
 @dataclass(frozen=True)
 class ClientSplit:
-    """One client's sample indices into :attr:`Federation.pool`."""
+    """One client's sample indices into `Federation.pool`."""
 
     train: np.ndarray
     test: np.ndarray
@@ -31,9 +32,11 @@ class Shares:
     """Every client's index lists, the global test indices and the per-client input-noise stds of
     a quality-skew scheme (``None`` for other schemes): a federation, less its dataset.
 
-    Computed by :func:`pflower.datasets.builder.share_out`, which checks them with
-    :func:`check_no_leak` before they are returned or stored; stored by the federation cache as
-    the flat arrays of :meth:`to_arrays`.
+    Computed by [`pflower.datasets.builder.share_out`][pflower.datasets.builder.share_out], which
+    checks them with
+    [`check_no_leak`][pflower.datasets.split.check_no_leak] before they are returned or stored;
+    stored by the federation cache as
+    the flat arrays of [`to_arrays`][pflower.datasets.split.Shares.to_arrays].
     """
 
     clients: tuple[ClientSplit, ...]
@@ -55,7 +58,8 @@ class Shares:
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray]) -> Shares:
-        """The inverse of :meth:`to_arrays`, checked with :func:`check_no_leak`.
+        """The inverse of [`to_arrays`][pflower.datasets.split.Shares.to_arrays], checked with
+        [`check_no_leak`][pflower.datasets.split.check_no_leak].
 
         Raises:
             KeyError, ValueError: arrays missing or inconsistent (a damaged cache entry).
@@ -79,7 +83,7 @@ class Shares:
 
 
 _SHARE_KINDS = ("train", "test", "val")
-"""The fields of :class:`ClientSplit`, in order."""
+"""The fields of [`ClientSplit`][pflower.datasets.split.ClientSplit], in order."""
 
 
 def check_no_leak(clients: tuple[ClientSplit, ...], global_test: np.ndarray) -> None:

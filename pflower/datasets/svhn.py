@@ -28,7 +28,8 @@ _MD5 = {
 _MEAN = (0.4377, 0.4438, 0.4728)
 _STD = (0.1980, 0.2010, 0.1970)
 _DECODER_VERSION = "1"
-"""Part of the dataset cache key (:mod:`pflower.datasets.cache`): bump it when decoding changes."""
+"""Part of the dataset cache key ([`pflower.datasets.cache`][pflower.datasets.cache]): bump it when
+decoding changes."""
 
 
 def load_svhn(

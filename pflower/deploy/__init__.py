@@ -6,19 +6,19 @@ Control/runtime API (port 8000); each SuperNode serves its ClientApp executor on
 API port (9094 + i). Node ``i`` carries the node config ``partition-id=i num-partitions=N``, and
 its client's personalized state (``context.state``) lives in that SuperNode for the whole run.
 
-One description of the topology (:mod:`~pflower.deploy.topology`) serves two targets, so that
+One description of the topology ([`topology`][pflower.deploy.topology]) serves two targets, so that
 they cannot drift apart:
 
 - ``pflower deploy up|status|down`` starts, inspects and stops the topology as processes on this
-  machine (no Docker, :mod:`~pflower.deploy.local`), with one log file per process in
+  machine (no Docker, [`local`][pflower.deploy.local]), with one log file per process in
   ``<dir>/logs`` and the process table in ``<dir>/deployment.json``; ``pflower deploy run
   <overrides>`` submits an experiment to it;
 - ``pflower deploy compose --num-clients N`` writes ``docker/compose.yml`` and its overlays
-  (TLS plus SuperNode authentication, GPUs) for N clients (:mod:`~pflower.deploy.compose`).
+  (TLS plus SuperNode authentication, GPUs) for N clients ([`compose`][pflower.deploy.compose]).
 
 Every process started here carries a tag in its environment, which Flower's own child processes
 inherit; stopping a deployment ends exactly the processes that carry its tag, and no others
-(:mod:`~pflower.deploy.processes`). The command line is :mod:`~pflower.deploy.cli`.
+([`processes`][pflower.deploy.processes]). The command line is [`cli`][pflower.deploy.cli].
 """
 
 from pflower.deploy.cli import main

@@ -1,6 +1,6 @@
 """``pflower deploy``: the command line of the local deployment and the compose files.
 
-``up|status|down`` start, inspect and stop a :class:`~pflower.deploy.local.Deployment`, whose
+``up|status|down`` start, inspect and stop a [`Deployment`][pflower.deploy.local.Deployment], whose
 process table stays in the deployment directory between commands; ``run`` submits an
 experiment to it; ``compose`` writes the docker-compose files.
 """
@@ -129,7 +129,8 @@ class NothingToResume(Exception):
 def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
     """The overrides that continue the run in ``run_dir`` from its checkpoint (the run's own,
     then ``extra``, e.g. ``rounds=N``), checked against the checkpoint before anything runs;
-    :class:`NothingToResume` if the run already completed those rounds."""
+    [`NothingToResume`][pflower.deploy.cli.NothingToResume] if the run already completed those
+    rounds."""
     from pflower.compose import compose_config
     from pflower.core.checkpoint import completed, load_checkpoint
     from pflower.server.app import resumable_checkpoint

@@ -5,14 +5,17 @@ ClientApp executor, without TLS; ``with-tls.yml`` adds TLS and SuperNode authent
 ``with-gpu.yml`` the CUDA image and a GPU per ClientApp executor, ``with-host-network.yml``
 host networking instead of compose's bridge network (every service on 127.0.0.1, for engines
 without bridge networks, such as rootful podman in a sandbox; ``tests/test_containers.py``). The
-services' commands come from the argument builders of :mod:`pflower.deploy.topology`, which also
+services' commands come from the argument builders of
+[`pflower.deploy.topology`][pflower.deploy.topology], which also
 start the local processes, so that both targets run the same topology. As in a local deployment,
-the SuperNodes and the executors run through pflower's launcher (:mod:`pflower.deploy.launcher`:
+the SuperNodes and the executors run through pflower's launcher
+([`pflower.deploy.launcher`][pflower.deploy.launcher]:
 short polling intervals; a ClientApp fork server in each ClientApp executor), which changes when
 a message is handled, never what it computes.
 
 No service sends Flower's usage telemetry: every one sets ``FLWR_TELEMETRY_ENABLED=0``
-(:data:`TELEMETRY`); to send it, set the variable to ``1`` in an overlay's ``environment``.
+([`TELEMETRY`][pflower.deploy.compose.TELEMETRY]); to send it, set the variable to ``1`` in an
+overlay's ``environment``.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def _service(
     **extra: Any,
 ) -> dict[str, Any]:
     """A service of the CPU image running ``entrypoint command``, with ``environment`` (plus
-    :data:`TELEMETRY`) and compose keys ``extra``."""
+    [`TELEMETRY`][pflower.deploy.compose.TELEMETRY]) and compose keys ``extra``."""
     return {
         **_image("cpu"),
         "entrypoint": list(entrypoint),  # a copy: shared lists become YAML anchors

@@ -1,7 +1,8 @@
 """``python -m pflower.deploy.launcher [--no-fork-server] {supernode,superexec} [--] ARGS``:
 Flower's SuperNode or SuperExec with short polling and a ClientApp fork server.
 
-The public entry point of :mod:`pflower.runtime.launcher`, where the launcher lives (it changes
+The public entry point of [`pflower.runtime.launcher`][pflower.runtime.launcher], where the launcher
+lives (it changes
 parts of Flower's SuperNode that have no setting, so it is inside pflower's runtime fence).
 """
 

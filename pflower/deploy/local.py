@@ -1,6 +1,7 @@
 """A deployment as local processes: one SuperLink and N SuperNodes on this machine.
 
-:class:`Deployment` starts, inspects and stops them, keeps their process table in a state file
+[`Deployment`][pflower.deploy.local.Deployment] starts, inspects and stops them, keeps their process
+table in a state file
 (so that a later ``pflower deploy status|down`` finds them), and drives the Flower CLI (``flwr``)
 against them to register nodes, submit runs and follow them.
 """
@@ -46,10 +47,12 @@ CONNECTION = "pflower-local"
 """Name of the SuperLink connection written to the deployment's Flower configuration."""
 
 STATE_FILE = "deployment.json"
-"""The process table in the deployment directory, written by :meth:`Deployment.save`."""
+"""The process table in the deployment directory, written by
+[`Deployment.save`][pflower.deploy.local.Deployment.save]."""
 
 FLWR_TIMEOUT_S = 600.0
-"""Default of :attr:`Deployment.flwr_timeout` (``pflower deploy up|run --flwr-timeout``): the
+"""Default of [`Deployment.flwr_timeout`][pflower.deploy.local.Deployment.flwr_timeout] (``pflower
+deploy up|run --flwr-timeout``): the
 most seconds one ``flwr`` command (``run``, ``list``, ``supernode list|register``) may take. On
 a loaded 2-core machine ``flwr run`` (which packs and uploads the app) took over 120 s."""
 
@@ -80,7 +83,8 @@ class Deployment:
 
     ``directory`` holds ``logs/<process>.log``, each process's ``FLWR_HOME`` under ``home/``,
     the Flower CLI configuration (``flwr/config.toml``, with
-    the connection :data:`CONNECTION`) and the process table :data:`STATE_FILE`.
+    the connection [`CONNECTION`][pflower.deploy.local.CONNECTION]) and the process table
+    [`STATE_FILE`][pflower.deploy.local.STATE_FILE].
     """
 
     directory: Path
@@ -90,7 +94,8 @@ class Deployment:
     tag: str = field(default_factory=lambda: f"pflower-{uuid.uuid4().hex[:12]}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     fast_rounds: bool = True
-    """Start SuperNodes through :mod:`pflower.deploy.launcher` (ClientApp fork server, short
+    """Start SuperNodes through [`pflower.deploy.launcher`][pflower.deploy.launcher] (ClientApp fork
+    server, short
     polling intervals); False starts ``flower-supernode`` itself."""
     state_database: str = IN_MEMORY_STATE
     """The SuperLink's ``--database``: its state in memory (Flower's default, lost when the
@@ -98,7 +103,8 @@ class Deployment:
     (Flower commits every change of state to it: the SuperLink then used about twice the CPU
     time per round, on 2 cores part of the round's time)."""
     flwr_timeout: float = FLWR_TIMEOUT_S
-    """The most seconds one ``flwr`` command may take (:data:`FLWR_TIMEOUT_S`); not kept in
+    """The most seconds one ``flwr`` command may take
+    ([`FLWR_TIMEOUT_S`][pflower.deploy.local.FLWR_TIMEOUT_S]); not kept in
     the state file: each ``pflower deploy`` command sets its own (``--flwr-timeout``)."""
     _popens: dict[str, subprocess.Popen[bytes]] = field(
         default_factory=dict, init=False, repr=False
@@ -197,7 +203,8 @@ class Deployment:
 
     # ----------------------------------------------------------------- flwr CLI
     def write_cli_config(self) -> Path:
-        """Write the Flower CLI configuration holding the connection :data:`CONNECTION`."""
+        """Write the Flower CLI configuration holding the connection
+        [`CONNECTION`][pflower.deploy.local.CONNECTION]."""
         connection: dict[str, Any] = {"address": self.endpoints.control_address}
         if self.security.ca is None:
             connection["insecure"] = True
@@ -213,7 +220,9 @@ class Deployment:
         self, *args: str, timeout: float | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
         """Run ``flwr <args>`` against this deployment (its own ``FLWR_HOME``), for at most
-        ``timeout`` seconds (default :attr:`flwr_timeout`); :class:`DeployTimeoutError` after
+        ``timeout`` seconds (default
+        [`flwr_timeout`][pflower.deploy.local.Deployment.flwr_timeout]);
+        [`DeployTimeoutError`][pflower.deploy.local.DeployTimeoutError] after
         that, naming the setting."""
         env = dict(os.environ, FLWR_HOME=str(self.cli_home))
         limit = self.flwr_timeout if timeout is None else timeout
@@ -281,7 +290,8 @@ class Deployment:
 
     def run_status(self, run_id: str) -> str:
         """Status of run ``run_id`` as ``flwr list`` reports it (e.g. ``finished:completed``);
-        :class:`SuperLinkGoneError` if the SuperLink does not answer with one."""
+        [`SuperLinkGoneError`][pflower.deploy.local.SuperLinkGoneError] if the SuperLink does not
+        answer with one."""
         result = self.flwr("list", CONNECTION, "--run-id", run_id, "--format", "json", check=False)
         try:
             return str(json.loads(result.stdout)["runs"][0]["status"])
@@ -298,7 +308,8 @@ class Deployment:
 
         Follows the run's log with ``flwr log --stream``, which returns when the run ends (one
         process for the whole wait, not repeated polls), into ``logs/run-<id>.log`` or, with
-        ``to_terminal``, to this process's output. :class:`SuperLinkGoneError` if the SuperLink
+        ``to_terminal``, to this process's output.
+        [`SuperLinkGoneError`][pflower.deploy.local.SuperLinkGoneError] if the SuperLink
         stopped answering (``pflower deploy down`` while the run went on: the ServerApp then
         records the run as failed, ``interrupted``, in its ``summary.json``).
         """

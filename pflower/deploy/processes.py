@@ -1,6 +1,7 @@
 """Starting, finding and stopping the processes of a deployment.
 
-Every process started here carries the environment variable :data:`TAG_VARIABLE`; Flower's own
+Every process started here carries the environment variable
+[`TAG_VARIABLE`][pflower.deploy.processes.TAG_VARIABLE]; Flower's own
 child processes (SuperExec, ServerApp and ClientApp processes, which start new sessions) inherit
 it. Stopping a deployment ends exactly the processes that carry its tag, and no others.
 """

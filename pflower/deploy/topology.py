@@ -1,8 +1,10 @@
 """The deployment's topology: addresses, security material and the Flower command lines.
 
 The argument builders are the single description of the SuperLink, SuperNode and SuperExec
-processes; both the local processes (:mod:`pflower.deploy.local`) and the docker-compose files
-(:mod:`pflower.deploy.compose`) are built from them, so that the two targets cannot drift apart.
+processes; both the local processes ([`pflower.deploy.local`][pflower.deploy.local]) and the
+docker-compose files
+([`pflower.deploy.compose`][pflower.deploy.compose]) are built from them, so that the two targets
+cannot drift apart.
 """
 
 from __future__ import annotations
@@ -151,7 +153,8 @@ def launcher_command(
     component: str, args: list[str], python: str | None = None, fork_server: bool = True
 ) -> list[str]:
     """The command running ``flower-<component> args`` (``supernode`` or ``superexec``) through
-    pflower's launcher (:mod:`pflower.deploy.launcher`: short polling intervals and, where
+    pflower's launcher ([`pflower.deploy.launcher`][pflower.deploy.launcher]: short polling
+    intervals and, where
     ClientApps run and ``fork_server``, a ClientApp fork server) on ``python`` (default: this
     interpreter)."""
     options = [] if fork_server else ["--no-fork-server"]

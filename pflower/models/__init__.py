@@ -1,6 +1,6 @@
 """Model zoo: ``build_model(name, options, input_shape, num_classes)`` and the model registry.
 
-See :mod:`pflower.models.zoo` for the registered names and their options.
+See [`pflower.models.zoo`][pflower.models.zoo] for the registered names and their options.
 """
 
 from pflower.models.regularization import NOISE_MODES, Regularization

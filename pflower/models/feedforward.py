@@ -2,7 +2,8 @@
 
 Every CNN and MLP of the five papers has this shape (conv → ReLU → [max-pool 2] repeated, flatten,
 [dropout], Linear → ReLU repeated, final Linear), so one class described by a list of
-:class:`ConvSpec` and a list of hidden widths builds them all; the zoo (``zoo.py``) holds the
+[`ConvSpec`][pflower.models.feedforward.ConvSpec] and a list of hidden widths builds them all; the
+zoo (``zoo.py``) holds the
 per-paper recipes. The flatten width is computed from the dataset's input shape.
 
 Parameter names follow the papers' reference code: ``features.conv1``, ``features.conv2``, ...,
@@ -52,7 +53,7 @@ class FeedForwardNet(nn.Module):
     """
 
     head_module: ClassVar[str] = "fc"
-    """The classification head (body/head split, :mod:`pflower.models.split`)."""
+    """The classification head (body/head split, [`pflower.models.split`][pflower.models.split])."""
 
     def __init__(
         self,

@@ -2,7 +2,7 @@
 
 Source: FedMPR (Göksu & Pugeault), Sec. IV-B "Regularization" (Eqs. 3-4): dropout and weight
 noise "within the basic blocks" (Figs. 4-5), at the rates d = 0.2 and σ = 0.4 of Sec. VII. The
-order inside a block is pflower's reading (see :class:`~pflower.models.resnet.BasicBlock`).
+order inside a block is pflower's reading (see [`BasicBlock`][pflower.models.resnet.BasicBlock]).
 
 Both act only at forward time and hold no parameters, so a regularized ResNet has exactly the
 ``state_dict`` of the plain one (one wire format for FedMPR, its ablations and the baselines):
@@ -21,7 +21,8 @@ Both act only at forward time and hold no parameters, so a regularized ResNet ha
   ``weight_mult``                W ⊙ (1 + N(0, σ²))
   ``activation``                 x + N(0, σ²) added after each BatchNorm of the block
 
-Blocks apply their :class:`Regularization` only in ``train()``; in ``eval()`` a block is the plain
+Blocks apply their [`Regularization`][pflower.models.regularization.Regularization] only in
+``train()``; in ``eval()`` a block is the plain
 one and its output is deterministic. Randomness comes from torch's global RNG, so a client that
 wants its own stream seeds it before training (pflower's reading of the paper's "randomly
 generated values specific to each client", Sec. IV-B: seed = hash(global_seed, client_id, round)).

@@ -5,8 +5,10 @@ Module and parameter names are torchvision's (``conv1``, ``bn1``, ``layer1.0.con
 same ``state_dict`` keys and shapes as ``torchvision.models.resnet18``. The code is written from
 the architecture description (He et al., 2016), not copied.
 
-Each BasicBlock carries a :class:`~pflower.models.regularization.Regularization` (off by default)
-that FedMPR switches on with :func:`apply_regularization`; it adds no parameters.
+Each BasicBlock carries a [`Regularization`][pflower.models.regularization.Regularization] (off by
+default)
+that FedMPR switches on with [`apply_regularization`][pflower.models.resnet.apply_regularization];
+it adds no parameters.
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ class ResNet(nn.Module):
     """
 
     head_module: ClassVar[str] = "fc"
-    """The classification head (body/head split, :mod:`pflower.models.split`)."""
+    """The classification head (body/head split, [`pflower.models.split`][pflower.models.split])."""
 
     def __init__(
         self,
@@ -144,7 +146,8 @@ def apply_regularization(
     feature extraction". Parameters and ``state_dict`` are unchanged.
 
     Raises:
-        ConfigError: ``model`` is not a :class:`ResNet`, or a stage does not exist in it.
+        ConfigError: ``model`` is not a [`ResNet`][pflower.models.resnet.ResNet], or a stage does
+            not exist in it.
     """
     if not isinstance(model, ResNet):
         raise ConfigError(

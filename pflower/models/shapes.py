@@ -1,8 +1,10 @@
 """Spatial-size bookkeeping for CNNs whose flatten size depends on the dataset's input shape.
 
 The zoo never hard-codes a flatten width such as ``7 * 7 * 64``: each model walks its convolutions
-and poolings through :class:`SpatialSize`, which computes the feature-map size with PyTorch's
-formula and fails with a :class:`~pflower.registry.ConfigError` naming the model, the input and
+and poolings through [`SpatialSize`][pflower.models.shapes.SpatialSize], which computes the
+feature-map size with PyTorch's
+formula and fails with a [`ConfigError`][pflower.registry.ConfigError] naming the model, the input
+and
 the layer at which the map vanished, instead of a shape error in the first forward pass.
 """
 

@@ -39,7 +39,8 @@ def head_name(model: nn.Module) -> str:
 
 
 def head(model: nn.Module) -> nn.Module:
-    """``model``'s head submodule (the classifier applied to :func:`represent`)."""
+    """``model``'s head submodule (the classifier applied to
+    [`represent`][pflower.models.split.represent])."""
     module: nn.Module = getattr(model, head_name(model))
     return module
 

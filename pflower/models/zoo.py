@@ -1,12 +1,15 @@
 """The model zoo: every model of the five papers, by config name, built for a dataset's input.
 
 A config block ``model: {name: <registered name>, <option>: <value>, ...}`` chooses a model;
-:func:`build_model` adds the dataset's ``input_shape`` ``(C, H, W)`` and ``num_classes``, which are
+[`build_model`][pflower.models.zoo.build_model] adds the dataset's ``input_shape`` ``(C, H, W)`` and
+``num_classes``, which are
 never set in a model config. Each factory's keyword defaults are the model's defaults, the same
-as its ``model`` block's (:mod:`pflower.blocks`, checked by a test). Every model's classification
+as its ``model`` block's ([`pflower.blocks`][pflower.blocks], checked by a test). Every model's
+classification
 layer is the ``nn.Linear`` attribute
 ``fc`` (the head of FedRep-style base/head splits), declared by its class's ``head_module`` with a
-``represent(x)`` method giving the head's input (:mod:`pflower.models.split`). Parameter counts in
+``represent(x)`` method giving the head's input ([`pflower.models.split`][pflower.models.split]).
+Parameter counts in
 the docstrings are asserted in ``tests/test_models.py``.
 """
 
@@ -249,7 +252,8 @@ def resnet18(
     FedMPR's dropout and weight noise (Sec. IV-B) are the algorithm's options
     (``strategy.dropout``, ``strategy.noise_sigma``, ``strategy.noise_mode``,
     ``strategy.reg_stages``); its client switches them on in the BasicBlocks for local training
-    only (:func:`~pflower.models.resnet.apply_regularization`). Built here, the model is the
+    only ([`apply_regularization`][pflower.models.resnet.apply_regularization]). Built here, the
+    model is the
     plain ResNet-18 of the baselines.
     """
     return ResNet(input_shape, num_classes, (2, 2, 2, 2), width=width, stem=stem, init=init)

@@ -1,3 +1,4 @@
 """Cross-run reports (``pflower report``): grouping runs into experiments, statistics over seeds,
-tables and figures. The command line is :mod:`pflower.reporting.report`; runs are read with
-:func:`pflower.results.runs.load_runs`."""
+tables and figures. The command line is [`pflower.reporting.report`][pflower.reporting.report]; runs
+are read with
+[`pflower.results.runs.load_runs`][pflower.results.runs.load_runs]."""

@@ -1,5 +1,6 @@
 """The report's figures, one pair per section, one panel per partition. Every figure has a title
-(the section and stage; :func:`pflower.reporting.report` passes the report's title), every
+(the section and stage; [`pflower.reporting.report`][pflower.reporting.report] passes the report's
+title), every
 method its own colour and marker, axes labelled with their units, and its legend outside the
 panels:
 
@@ -14,7 +15,8 @@ panels:
   the attack-free run counting as fraction 0): the benign clients' final-round Acc(L) against the
   share of malicious clients, one panel per attack and partition, one line per method (with its
   robust aggregator) and model type;
-- a tuned leaderboard's setting (:func:`leaderboard`, drawn by ``pflower report --leaderboard``):
+- a tuned leaderboard's setting ([`leaderboard`][pflower.reporting.figures.leaderboard], drawn by
+  ``pflower report --leaderboard``):
   every method's final accuracy, its seeds and the methods that share rank 1.
 """
 
@@ -187,7 +189,8 @@ def fairness(section: Section, stage: str, path: Path, title: str = "") -> Path:
 def robustness(panels: Panels, stage: str, path: Path, title: str = "") -> Path | None:
     """Benign clients' final-round Acc(L) at ``stage`` against ``attack.fraction`` (malicious
     clients are never scored), one panel per attack and partition, mean over seeds with ±1 std
-    bars; None when there is no panel (:func:`~pflower.reporting.robustness.robustness_panels`)."""
+    bars; None when there is no panel
+    ([`robustness_panels`][pflower.reporting.robustness.robustness_panels])."""
     if not panels:
         return None
     lines = [line for panel in panels.values() for line in panel]

@@ -9,7 +9,7 @@ in a report table by its configuration:
 - the *method* (table row) is the label the algorithm's options give themselves (e.g. FedAvg,
   FLIU, FLIU25), plus any other strategy option that tells apart experiments which would
   otherwise share a label (e.g. ``FedAvg (aggregation=uniform)``); methods are ordered as their
-  options order themselves (:meth:`~pflower.core.options.AlgorithmOptions.sort_key`);
+  options order themselves ([`sort_key`][pflower.core.options.AlgorithmOptions.sort_key]);
 - the *partition* (column block) names the ``partition.*`` block the same way (IID, PATH, LS ...);
 - every other key that varies (``num_clients``, ``dataset.name``, ``train.lr`` ...) splits the
   report into *sections*, one per combination of values.
@@ -78,7 +78,8 @@ def show(value: Any) -> str:
 
 
 def experiment_key(run: RunResult) -> tuple[tuple[str, Any], ...]:
-    """The run's configuration, completed with :func:`~pflower.config.run_level_defaults`, without
+    """The run's configuration, completed with
+    [`run_level_defaults`][pflower.config.run_level_defaults], without
     the keys that seeds may differ in."""
     config = {
         **flatten(run_level_defaults()),
@@ -168,7 +169,8 @@ def varying_keys(configs: Sequence[Config]) -> dict[str, list[str]]:
 
 
 def _unflattened(value: Any) -> Any:
-    """A leaf of :func:`flatten` as the configuration held it (lists are kept as JSON text)."""
+    """A leaf of [`flatten`][pflower.reporting.groups.flatten] as the configuration held it (lists
+    are kept as JSON text)."""
     if isinstance(value, str) and value.startswith("["):
         try:
             return json.loads(value)
@@ -193,7 +195,7 @@ def options_of(config: Config) -> AlgorithmOptions | None:
 def method_name(config: Config) -> tuple[str, frozenset[str]]:
     """The method's label and the strategy keys that the label accounts for.
 
-    Keys that differ between experiments sharing a label are added to it by :func:`_labels`; a
+    Keys that differ between experiments sharing a label are added to it by `_labels`; a
     label that accounts for every option (FLIU25 names γ) needs none of them.
     """
     options = options_of(config)

@@ -10,7 +10,8 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   equal and positive count as separated). Methods no other method beats significantly share
   rank 1, and so on: a rank is a statement about the evidence, not about the order of the means;
 - **FDR rank**: the same count when the p-values of all the setting's pairs are adjusted
-  together for a 5% false discovery rate (Benjamini-Hochberg; :func:`fdr_better_counts`). With
+  together for a 5% false discovery rate (Benjamini-Hochberg;
+  [`fdr_better_counts`][pflower.reporting.leaderboard.fdr_better_counts]). With
   33 methods the plain rank makes 528 tests at 5% each, so some of its separations are expected
   to be chance; of those that remain in the FDR rank, about 5% at most (an approximation: the
   procedure's bound is proven for independent or positively dependent tests, and the tests of
@@ -21,32 +22,38 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   and the trials spent (complete / pruned / failed; trials interrupted by a stopped command and
   retried with the same values are listed apart, they are not part of the budget);
 - seconds per round and MB per client-round (array megabytes down and up per training
-  client), the runs' ``summary.json`` ``cost`` (:func:`pflower.results.rundir.run_cost`),
+  client), the runs' ``summary.json`` ``cost``
+  ([`pflower.results.rundir.run_cost`][pflower.results.rundir.run_cost]),
   computed from ``metrics.jsonl`` for a run that predates it; where neither holds it, seconds
   per round is the run's wall time over its rounds and the megabytes are not known.
 
 Under each setting's table: the methods ranked above a method with a higher mean (their
 differences to the others vary from seed to seed, so the test separates few methods from
-them: :func:`ranked_above_higher_means`),
+them: [`ranked_above_higher_means`][pflower.reporting.leaderboard.ranked_above_higher_means]),
 the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
 column and named with the error, since the mean over the other seeds flatters the method; an
 interrupted run, one stopped by a signal, has not run yet and counts nowhere), the final runs
 that completed without some clients' replies
-(:func:`~pflower.results.rundir.rejected_replies`: a client whose model diverged is rejected and
+([`rejected_replies`][pflower.results.rundir.rejected_replies]: a client whose model diverged is
+rejected and
 the run goes on without it; a client left out of the final evaluation is in no client mean,
 which flatters the method, so the seeds column counts those runs), the chosen values
-at an end of their searched range (:func:`range_ends`: the range, not the budget, may hold the
-method back), each with its profile where one was run (:mod:`pflower.tuning.profile`),
+at an end of their searched range ([`range_ends`][pflower.reporting.leaderboard.range_ends]: the
+range, not the budget, may hold the
+method back), each with its profile where one was run
+([`pflower.tuning.profile`][pflower.tuning.profile]),
 the methods run with the suite's ``per_method`` changes (with the overrides and the reason),
 those the setting refuses, and those with no final runs yet. Above it, the shared ``train.*``
 knobs every method of the setting searched (from the chosen files).
 
 The page records the code fingerprint(s) of the final runs and of the code rendering it, the
-CPU kernels the final runs used (:func:`pflower.provenance.numerics`), the date, the machine(s)
+CPU kernels the final runs used ([`pflower.provenance.numerics`][pflower.provenance.numerics]), the
+date, the machine(s)
 and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is written to
 ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``, with one figure per setting
 (``<root>/leaderboard_<setting>.png``: every method's final accuracy, its seeds and the methods
-that share rank 1; :func:`pflower.reporting.figures.leaderboard`).
+that share rank 1;
+[`pflower.reporting.figures.leaderboard`][pflower.reporting.figures.leaderboard]).
 """
 
 from __future__ import annotations
@@ -97,7 +104,8 @@ class Entry:
     line. They are in no mean and no test; the table and a note under it say so."""
     rejected: dict[int, Rejected] = field(default_factory=dict)
     """Completed final runs that went on without some clients' replies, by seed
-    (:func:`~pflower.results.rundir.rejected_replies`). They are in the means; a note under the
+    ([`rejected_replies`][pflower.results.rundir.rejected_replies]). They are in the means; a note
+    under the
     table names them."""
     last10: list[float] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
@@ -105,13 +113,16 @@ class Entry:
     chosen: Mapping[str, Any] = field(default_factory=dict)
     codes: set[str] = field(default_factory=set)
     kernels: list[str] = field(default_factory=list)
-    """Each final run's CPU kernel capability (:func:`pflower.provenance.numerics`), "not
+    """Each final run's CPU kernel capability
+    ([`pflower.provenance.numerics`][pflower.provenance.numerics]), "not
     recorded" for a run made before pflower recorded it."""
     rank: int = 0
     rank_fdr: int = 0
-    """The rank with the false discovery rate controlled (:func:`fdr_better_counts`)."""
+    """The rank with the false discovery rate controlled
+    ([`fdr_better_counts`][pflower.reporting.leaderboard.fdr_better_counts])."""
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Profiles recorded at the chosen values, by key (:mod:`pflower.tuning.profile`)."""
+    """Profiles recorded at the chosen values, by key
+    ([`pflower.tuning.profile`][pflower.tuning.profile])."""
     stale_profiles: list[str] = field(default_factory=list)
     """Keys whose profile was made at values chosen before the study was searched again."""
 
@@ -163,7 +174,7 @@ def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
 
 def load_setting(setting_dir: Path) -> list[Entry]:
     """Every method of a setting folder with completed final runs (and the failed ones of each,
-    in :attr:`Entry.failed`)."""
+    in [`Entry.failed`][pflower.reporting.leaderboard.Entry.failed])."""
     entries = []
     final_root = setting_dir / "final"
     methods = sorted(p.name for p in final_root.iterdir()) if final_root.is_dir() else []
@@ -224,7 +235,8 @@ def significantly_better(
     a: Mapping[int, float], b: Mapping[int, float], alpha: float = ALPHA
 ) -> bool:
     """Is ``a`` above ``b`` beyond the seeds' noise? Both map a final seed to an accuracy: a
-    positive mean paired difference with p < ``alpha`` (:func:`paired_test`; equal positive
+    positive mean paired difference with p < ``alpha``
+    ([`paired_test`][pflower.reporting.leaderboard.paired_test]; equal positive
     differences count as separated, fewer than two common seeds never do)."""
     test = paired_test(a, b)
     return test is not None and test[0] > 0 and test[1] < alpha
@@ -255,7 +267,8 @@ def fdr_better_counts(entries: Sequence[Entry], alpha: float = ALPHA) -> dict[st
 
 def rank_with_ties(entries: Sequence[Entry]) -> None:
     """rank = 1 + the number of methods significantly better (see the module docstring), and
-    rank_fdr the same with the false discovery rate controlled (:func:`fdr_better_counts`)."""
+    rank_fdr the same with the false discovery rate controlled
+    ([`fdr_better_counts`][pflower.reporting.leaderboard.fdr_better_counts])."""
     fdr = fdr_better_counts(entries)
     for entry in entries:
         entry.rank = 1 + sum(
@@ -272,7 +285,7 @@ def ranked_above_higher_means(entries: Sequence[Entry]) -> list[tuple[Entry, lis
     differences to the others vary widely across seeds (one bad seed, say) is separated from few:
     it can share rank 1 far below the leaders, above a steadier method with a higher mean.
     Listed under the table so the rank is read with its per-seed values. Every entry has final runs
-    (:func:`load_setting` keeps no other).
+    ([`load_setting`][pflower.reporting.leaderboard.load_setting] keeps no other).
     """
     means = [statistics.fmean(e.final) for e in entries]
     inversions = []
@@ -307,7 +320,7 @@ def _inversion_notes(entries: Sequence[Entry]) -> list[str]:
 
 def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str]:
     """The chosen values (``chosen/<method>.yaml``) that lie within ``margin`` of an end of the
-    range searched for them (:meth:`~pflower.searchspace.Param.position`), e.g.
+    range searched for them ([`position`][pflower.searchspace.Param.position]), e.g.
     ``train.lr = 0.0001, low end of log-uniform [0.0001, 0.01]``. A choice counts only where it
     is a coarse log range (positive numbers spanning a decade or more, such as FedDyn's α in
     0.001, 0.01, 0.1) and the least or greatest value was chosen."""
@@ -414,7 +427,7 @@ def _trials(chosen: Mapping[str, Any]) -> str:
 
 def _trials_drawn(trials: Any) -> str:
     """How a suite's trials were drawn: Optuna's TPE sampler draws its first
-    :data:`~pflower.tuning.search.TPE_STARTUP_TRIALS` at random."""
+    [`TPE_STARTUP_TRIALS`][pflower.tuning.search.TPE_STARTUP_TRIALS] at random."""
     if isinstance(trials, int) and trials <= TPE_STARTUP_TRIALS:
         return (
             f"{trials} trials per method and setting, each a seeded random draw from the "

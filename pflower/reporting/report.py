@@ -1,18 +1,19 @@
 """``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds.
 
 ``pflower report --leaderboard <suite folder>`` renders a ``pflower tune`` suite's tuned
-leaderboard instead (:mod:`pflower.reporting.leaderboard`).
+leaderboard instead ([`pflower.reporting.leaderboard`][pflower.reporting.leaderboard]).
 
 Reads every run directory at or below the given paths, groups runs that differ only in ``seed``
-(:mod:`pflower.reporting.groups`), and writes into ``--out``:
+([`pflower.reporting.groups`][pflower.reporting.groups]), and writes into ``--out``:
 
 - ``report.md``: tables with one row per method and columns partition x metric (FLIU Table I's
   stages L1, L2 and G with Acc(L), Acc(G) and Acc = Acc(L) + Acc(G); ρ_ε, loss variance and
   bottom-10% accuracy), cells ``mean ± std (number of seeds)`` at the final round; which config
   keys vary; failed and incomplete runs; completed runs that went on without some clients'
-  replies (:func:`pflower.results.rundir.rejected_replies`); across sections, the robustness
+  replies ([`pflower.results.rundir.rejected_replies`][pflower.results.rundir.rejected_replies]);
+  across sections, the robustness
   study (benign accuracy per attack against the share of malicious clients,
-  :mod:`pflower.reporting.robustness`);
+  [`pflower.reporting.robustness`][pflower.reporting.robustness]);
 - ``report.csv`` (the same matrix) and ``report_values.csv`` (raw numbers);
 - ``plots/``: accuracy per round by method with std bands over seeds, per-client final accuracy
   distributions, fairness (accuracy against loss variance) and the robustness figure.

@@ -4,7 +4,8 @@ Sec. VI-B3 and its Fig. 7).
 
 Each attack and fraction is its own section of the report (they are configuration keys); this
 module gathers them into lines. An attack-free run (``attack=none``, or any attack at fraction 0:
-no client is then malicious, :func:`pflower.robust.attacks.malicious_set`) is the same run for
+no client is then malicious,
+[`pflower.robust.attacks.malicious_set`][pflower.robust.attacks.malicious_set]) is the same run for
 every attack, so it gives each attack's line its point at fraction 0: a study runs it once.
 """
 

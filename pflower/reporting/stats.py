@@ -2,12 +2,14 @@
 rounds; then mean ± std over seeds.
 
 Per run and round, stage L1 and L2 statistics over clients come from
-:func:`pflower.results.statistics.summarize_stage`: Acc(L) and Acc(G) are the unweighted client
+[`pflower.results.statistics.summarize_stage`][pflower.results.statistics.summarize_stage]: Acc(L)
+and Acc(G) are the unweighted client
 means (as in FLIU's Table I), Acc = Acc(L) + Acc(G), rho_eps counts clients with Acc(L) > eps, the
 loss variance over clients is the fairness measure, and "bottom-10%" is the mean Acc(L) of the
 worst tenth of the clients. G is the global model's accuracy on the global test set. The last-10%
 value averages a metric over the evaluated rounds among the last 10% of rounds
-(:func:`pflower.results.rundir.last_rounds`). Across seeds the report gives the mean, the
+([`pflower.results.rundir.last_rounds`][pflower.results.rundir.last_rounds]). Across seeds the
+report gives the mean, the
 population standard deviation (ddof = 0) and the number of seeds. Headline numbers are never the
 best over rounds.
 """
@@ -124,7 +126,8 @@ def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, fl
 
 def run_costs(run: RunResult) -> dict[str, float]:
     """The run's seconds per round and megabytes of arrays one client downloads and uploads per
-    round (:func:`pflower.results.rundir.run_cost`), under the report's column names."""
+    round ([`pflower.results.rundir.run_cost`][pflower.results.rundir.run_cost]), under the report's
+    column names."""
     names = {
         "seconds_per_round": "seconds per round",
         "mb_down_per_client_round": "MB down",
@@ -135,7 +138,8 @@ def run_costs(run: RunResult) -> dict[str, float]:
 
 def run_results(run: RunResult, eps: float) -> dict[str, float]:
     """Every metric at the final round, and (key suffix ``last10``) averaged over the evaluated
-    rounds in the last 10% of rounds; then the run's costs (:func:`run_costs`)."""
+    rounds in the last 10% of rounds; then the run's costs
+    ([`run_costs`][pflower.reporting.stats.run_costs])."""
     assert run.final_round is not None
     final = round_results(run, run.final_round, eps)
     window = [round_results(run, r, eps) for r in run.window()]

@@ -1,2 +1,3 @@
-"""A run's results: the run directory (:mod:`.rundir`), its statistics (:mod:`.statistics`) and
-its plots (:mod:`.plots`)."""
+"""A run's results: the run directory ([`.rundir`][pflower.results.rundir]), its statistics
+([`.statistics`][pflower.results.statistics]) and
+its plots ([`.plots`][pflower.results.plots])."""

@@ -1,6 +1,7 @@
 """Plots of one run: accuracy per round by stage, and the final per-client accuracy distribution.
 
-Both figures carry the run's title (method, dataset, partition, clients, seed: :func:`run_title`),
+Both figures carry the run's title (method, dataset, partition, clients, seed:
+[`run_title`][pflower.results.plots.run_title]),
 label their axes with units, keep the legend outside the data, and draw every series so that it
 stays visible where it overlaps another (at 1.0, L1 and L2 often do): each stage has its own
 colour, marker and line style, and the personalized stages' markers are hollow.
@@ -63,7 +64,8 @@ def client_boxes(
     dot_size: float,
 ) -> None:
     """One box a group of clients' values on ``ax``: quartiles, median and mean, with every
-    client drawn as a jittered dot in its group's colour (what :func:`client_markers` names)."""
+    client drawn as a jittered dot in its group's colour (what
+    [`client_markers`][pflower.results.plots.client_markers] names)."""
     ax.boxplot(
         data,
         tick_labels=labels,
@@ -98,7 +100,8 @@ def plot_run(
     title: str = "",
 ) -> list[Path]:
     """Write ``accuracy.png`` and ``clients.png`` (stage G and ``client_stages``) into
-    ``out_dir``, titled ``title`` (e.g. :func:`run_title`); returns their paths."""
+    ``out_dir``, titled ``title`` (e.g. [`run_title`][pflower.results.plots.run_title]); returns
+    their paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     return [
         _accuracy_per_round(rows, client_stages, out_dir / "accuracy.png", title),

@@ -19,11 +19,14 @@ Layout::
                      results), ``final`` (stage aggregates of that round), ``last10`` (the same
                      aggregates averaged over the evaluated rounds among the last 10% of
                      rounds), ``failures``, ``wall_time_s``, ``cost`` (seconds per round and
-                     megabytes per client-round, :func:`run_cost`), the resolved ``config`` and
+                     megabytes per client-round, [`run_cost`][pflower.results.rundir.run_cost]), the
+                     resolved ``config`` and
                      ``code``: the pflower code that made it (source fingerprint, git commit,
-                     whether the checkout had uncommitted changes; :mod:`pflower.provenance`)
+                     whether the checkout had uncommitted changes;
+                     [`pflower.provenance`][pflower.provenance])
     plots/           accuracy.png (per round, by stage), clients.png (final per-client accuracy)
-    tensorboard/     TensorBoard events, with ``tracking=tensorboard`` (see :mod:`.tracking`)
+    tensorboard/     TensorBoard events, with ``tracking=tensorboard`` (see
+    [`.tracking`][pflower.results.tracking])
     mlflow.db        the MLflow store, with ``tracking=mlflow`` (unless ``tracking.uri`` names
                      another)
     run.log          Flower's log
@@ -35,8 +38,10 @@ Hussaini et al., Sec. III and Fig. 1); U is stage L1 of the clients held out of 
 (the participation gap of pFL-Bench, Chen et al., NeurIPS 2022). Headline numbers
 are final-round values, shown beside the last-10% mean; never the best round.
 
-:class:`Recorder` is what the server strategy reports to; :class:`RunRecorder` writes the files;
-:func:`pflower.results.runs.load_run` reads them back (for ``pflower report``).
+[`Recorder`][pflower.results.rundir.Recorder] is what the server strategy reports to;
+[`RunRecorder`][pflower.results.rundir.RunRecorder] writes the files;
+[`pflower.results.runs.load_run`][pflower.results.runs.load_run] reads them back (for ``pflower
+report``).
 """
 
 from __future__ import annotations
@@ -81,7 +86,8 @@ LAST_FRACTION = 0.1
 Row = dict[str, Any]
 Status = Literal["completed", "failed", "interrupted", "incomplete"]
 """A run as read back: ``interrupted`` is a failed ``summary.json`` of a run stopped by a signal
-(:func:`was_interrupted`), ``incomplete`` a run without one (still running, or killed)."""
+([`was_interrupted`][pflower.results.rundir.was_interrupted]), ``incomplete`` a run without one
+(still running, or killed)."""
 
 
 def client_row(server_round: int, stage: str, partition_id: int, metrics: Mapping[str, Any]) -> Row:
@@ -97,7 +103,8 @@ def last_rounds(rounds: int) -> range:
 
 
 def round_summary(rows: Iterable[Row], server_round: int, thresholds: Sequence[float]) -> Row:
-    """Aggregates of every stage evaluated in ``server_round`` (see :mod:`.statistics`)."""
+    """Aggregates of every stage evaluated in ``server_round`` (see
+    [`.statistics`][pflower.results.statistics])."""
     in_round = [r for r in rows if r["round"] == server_round]
     summary: Row = {}
     for stage in CLIENT_STAGES:
@@ -133,7 +140,8 @@ def headline(rows: Sequence[Row], rounds: int, thresholds: Sequence[float]) -> R
     """``final_round``, ``final`` and ``last10`` of a run with ``rounds`` planned rounds.
 
     ``final`` holds the aggregates of the last evaluated round; ``last10`` their mean over the
-    evaluated rounds in :func:`last_rounds` (evaluated every round, that is the last 10% of rounds;
+    evaluated rounds in [`last_rounds`][pflower.results.rundir.last_rounds] (evaluated every round,
+    that is the last 10% of rounds;
     with ``eval.every > 1``, only the evaluated ones among them).
     """
     evaluated = evaluated_rounds(rows)
@@ -268,7 +276,8 @@ REJECTION_NOTE = (
     "is lost, and the round goes on without it. A client left out of the final round's "
     "evaluation is in no client mean of its run, which flatters the method."
 )
-"""What the reports say under their lists of :func:`rejected_replies`."""
+"""What the reports say under their lists of
+[`rejected_replies`][pflower.results.rundir.rejected_replies]."""
 
 
 @dataclass(frozen=True)
@@ -336,7 +345,8 @@ def rejected_replies(summary: Mapping[str, Any]) -> Rejected | None:
 
 
 def was_interrupted(summary: Mapping[str, Any]) -> bool:
-    """Did the run of this ``summary.json`` stop on a signal (:data:`INTERRUPTING_SIGNALS`:
+    """Did the run of this ``summary.json`` stop on a signal
+    ([`INTERRUPTING_SIGNALS`][pflower.results.rundir.INTERRUPTING_SIGNALS]:
     ``kill``, the ``timeout`` command, Ctrl-C), rather than complete or fail by itself?"""
     return summary.get("status") == "failed" and str(summary.get("error") or "").startswith(
         INTERRUPTED_BY
@@ -366,7 +376,8 @@ def record_interrupted(run_dir: Path, cfg: DictConfig, reason: str) -> None:
 @contextlib.contextmanager
 def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
     """While active, SIGTERM and SIGINT (``kill``, ``timeout``, Ctrl-C) first record the run in
-    ``run_dir`` as failed, ``interrupted by SIGTERM`` (:func:`record_interrupted`), then do what
+    ``run_dir`` as failed, ``interrupted by SIGTERM``
+    ([`record_interrupted`][pflower.results.rundir.record_interrupted]), then do what
     they did before: a default disposition ends the process, a handler (Flower's graceful exit
     in a ServerApp process) is called; an ignored signal stays ignored. SIGINT ends the process
     as SIGTERM does (exit status 130): Python's KeyboardInterrupt would be swallowed by Flower's
@@ -374,7 +385,8 @@ def summary_on_signal(run_dir: Path, cfg: DictConfig) -> Iterator[None]:
     belong to the main thread: called on another thread (the ServerApp of a simulation), this
     does nothing, and the caller on the main thread is the one to use it. A signal caught by
     another thread while the main thread waits (a simulation's whole run) is handled at once
-    all the same (:func:`~pflower.runtime.signals.handlers_run_promptly`). A process forked
+    all the same ([`handlers_run_promptly`][pflower.runtime.signals.handlers_run_promptly]). A
+    process forked
     while this is active (a simulation's worker) inherits the handler; there it records
     nothing, as the run is its parent's to record."""
     if threading.current_thread() is not threading.main_thread():
@@ -412,7 +424,8 @@ class RecorderPosition:
     ``metrics.jsonl``, with ``elapsed_s`` seconds of wall time already spent. ``size`` and
     ``sha256`` are the length and the SHA-256 digest of the file's bytes up to that row (empty
     for a checkpoint written before pflower stored them): a resume refuses a file whose first
-    ``size`` bytes no longer have that digest (:func:`metrics_changed`)."""
+    ``size`` bytes no longer have that digest
+    ([`metrics_changed`][pflower.results.rundir.metrics_changed])."""
 
     rows: int
     elapsed_s: float
@@ -453,7 +466,8 @@ class Recorder:
     """What the server strategy observes, as events; the base class records nothing."""
 
     def client_stage(self, server_round: int, stage: str, rows: Sequence[Row]) -> None:
-        """Per-client rows of stage ``L1`` or ``L2`` (built with :func:`client_row`)."""
+        """Per-client rows of stage ``L1`` or ``L2`` (built with
+        [`client_row`][pflower.results.rundir.client_row])."""
 
     def global_stage(self, server_round: int, metrics: Mapping[str, float]) -> None:
         """Metrics of the global model (stage ``G``)."""

@@ -1,4 +1,5 @@
-"""Run directories read back (for ``pflower report``): see :mod:`pflower.results.rundir` for the
+"""Run directories read back (for ``pflower report``): see
+[`pflower.results.rundir`][pflower.results.rundir] for the
 layout these functions read."""
 
 from __future__ import annotations
@@ -36,13 +37,15 @@ class RunResult:
     final_round: int | None = None
     rows: list[Row] = field(default_factory=list)
     cost: dict[str, float] = field(default_factory=dict)
-    """The run's cost figures (:func:`pflower.results.rundir.run_cost`): ``summary.json``'s, or
+    """The run's cost figures
+    ([`pflower.results.rundir.run_cost`][pflower.results.rundir.run_cost]): ``summary.json``'s, or
     computed from ``metrics.jsonl`` for a run made before pflower recorded them there."""
     code: dict[str, Any] | None = None
     """The pflower code that made the run (``summary.json``'s ``code``), None for an incomplete
     run or one made before pflower recorded it."""
     rejected: Rejected | None = None
-    """The client replies a completed run went on without (:func:`rejected_replies`), if any."""
+    """The client replies a completed run went on without
+    ([`rejected_replies`][pflower.results.rundir.rejected_replies]), if any."""
 
     @property
     def seed(self) -> Any:

@@ -1,7 +1,8 @@
 """Optional experiment trackers: TensorBoard and MLflow receive what ``metrics.jsonl`` records.
 
 ``tracking=tensorboard`` or ``tracking=mlflow`` (the ``tracking`` group,
-:class:`~pflower.config.TrackingConfig`) adds a *sink* to the run's recorder. ``metrics.jsonl``
+[`TrackingConfig`][pflower.config.TrackingConfig]) adds a *sink* to the run's recorder.
+``metrics.jsonl``
 stays the record of the run: rows are written there first, and a sink that fails mid-run is
 switched off with a warning, never taking rows with it.
 
@@ -72,10 +73,11 @@ class Sink(Protocol):
     """A tracker that receives a run's parameters once and its metrics once per round."""
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        """The flattened configuration (:func:`flat_params`)."""
+        """The flattened configuration ([`flat_params`][pflower.results.tracking.flat_params])."""
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        """The scalars of round ``step`` (:func:`round_metrics`)."""
+        """The scalars of round ``step``
+        ([`round_metrics`][pflower.results.tracking.round_metrics])."""
 
     def close(self, completed: bool) -> None:
         """The run ended (``completed`` or failed); flush and release."""
@@ -110,7 +112,7 @@ def param_text(value: Any) -> str:
 
 def flat_params(config: Mapping[str, Any], prefix: str = "") -> Params:
     """The configuration with dotted keys; numbers (not booleans) stay numbers, every other value
-    becomes :func:`param_text`."""
+    becomes [`param_text`][pflower.results.tracking.param_text]."""
     flat: Params = {}
     for key, value in config.items():
         dotted = f"{prefix}{key}"
@@ -291,7 +293,8 @@ def open_sink(tracking: Mapping[str, Any], run_dir: Path, resume: bool = False) 
 
 # ------------------------------------------------------------------------- the recorder's hook
 class Tracker:
-    """What :class:`~pflower.results.rundir.RunRecorder` calls: sends each round's scalars to the
+    """What [`RunRecorder`][pflower.results.rundir.RunRecorder] calls: sends each round's scalars to
+    the
     sink once, and isolates the run from the sink (its first error switches it off, with a
     warning; ``metrics.jsonl`` is written before the sink is called).
 
@@ -324,7 +327,7 @@ class Tracker:
         ``already_recorded`` rows of the recorder are not sent.
 
         Raises:
-            ConfigError: see :func:`open_sink`.
+            ConfigError: see [`open_sink`][pflower.results.tracking.open_sink].
         """
         sink = open_sink(config.get("tracking") or {}, run_dir, resume=already_recorded > 0)
         tracker = cls(sink, warn, already_recorded)

@@ -1,7 +1,9 @@
 """Byzantine clients and robust aggregation, usable with every algorithm.
 
-- :mod:`.attacks`: which clients are malicious (one pure function that the server and the clients
+- [`.attacks`][pflower.robust.attacks]: which clients are malicious (one pure function that the
+  server and the clients
   share) and what a model-poisoning client uploads (FLAME paper, Zhu et al., Sec. VI-B3);
-- :mod:`.aggregators`: Multi-Krum (Blanchard et al., NeurIPS 2017), coordinate-wise trimmed mean
+- [`.aggregators`][pflower.robust.aggregators]: Multi-Krum (Blanchard et al., NeurIPS 2017),
+  coordinate-wise trimmed mean
   and median (Yin et al., ICML 2018), on top of Flower's implementations.
 """

@@ -10,7 +10,8 @@ ICML 2021, Sec. 4):
 A model-poisoning client skips local training and leaves its state untouched; the attack vector
 replaces the whole upload, redrawn every round. σ is ``attack.noise_std`` (the paper's variance
 0.1 gives the default σ = √0.1). The malicious set is chosen once per seed, uniformly without
-replacement, with |M| = max(1, ⌊fraction·m⌋) (the authors' code), by :func:`malicious_ids`, which
+replacement, with |M| = max(1, ⌊fraction·m⌋) (the authors' code), by
+[`malicious_ids`][pflower.robust.attacks.malicious_ids], which
 the server (to leave malicious clients unscored) and the clients (to act) both call.
 """
 

@@ -1,18 +1,22 @@
 """Flower's simulation engine as pflower runs it: the private call that starts it, two of its
 functions replaced so a round costs what its sampled clients cost, and Ray's head started lean.
 
-:func:`run_engine` is what :mod:`pflower.simulation` calls to run one experiment: Flower 1.39's
-``_run_simulation`` (:data:`~pflower.runtime.fence.RUN_SIMULATION`, the call `flwr run`'s
+[`run_engine`][pflower.runtime.engine.run_engine] is what [`pflower.simulation`][pflower.simulation]
+calls to run one experiment: Flower 1.39's
+``_run_simulation`` (`RUN_SIMULATION`, the call `flwr run`'s
 simulation runtime makes; the public ``run_simulation`` takes no run config), inside
-:func:`scaled_to_many_clients`, which replaces for the run's length
+[`scaled_to_many_clients`][pflower.runtime.engine.scaled_to_many_clients], which replaces for the
+run's length
 
-- ``vce_api.add_messages_to_queue`` (:data:`~pflower.runtime.fence.ADD_MESSAGES_TO_QUEUE`) by
-  :func:`deliver_pending_messages`, and
-- ``vce_api._register_nodes`` (:data:`~pflower.runtime.fence.REGISTER_NODES`) by a wrapper that
+- ``vce_api.add_messages_to_queue`` (`ADD_MESSAGES_TO_QUEUE`) by
+  [`deliver_pending_messages`][pflower.runtime.engine.deliver_pending_messages], and
+- ``vce_api._register_nodes`` (`REGISTER_NODES`) by a wrapper that
   publishes the node-to-partition map on the in-memory link state
-  (:data:`SIMULATED_PARTITIONS`, read back by :func:`published_partitions`).
+  ([`SIMULATED_PARTITIONS`][pflower.runtime.engine.SIMULATED_PARTITIONS], read back by
+  [`published_partitions`][pflower.runtime.engine.published_partitions]).
 
-With them a round of 100 clients out of 10,000 takes seconds. :func:`lean_ray_head` is the Ray
+With them a round of 100 clients out of 10,000 takes seconds.
+[`lean_ray_head`][pflower.runtime.engine.lean_ray_head] is the Ray
 backend's: Ray's head node starts without its autoscaler monitor and API server.
 """
 
@@ -44,7 +48,8 @@ if TYPE_CHECKING:
 
 SIMULATED_PARTITIONS = "pflower_partitions"
 """Attribute of a simulation's in-memory link state holding its node-id -> partition-id map,
-set when the engine registers the nodes (:func:`scaled_to_many_clients`)."""
+set when the engine registers the nodes
+([`scaled_to_many_clients`][pflower.runtime.engine.scaled_to_many_clients])."""
 
 
 def deliver_pending_messages(
@@ -92,7 +97,8 @@ def _publishing(register_nodes: Any) -> Any:
 @contextlib.contextmanager
 def scaled_to_many_clients() -> Iterator[None]:
     """While active, Flower's simulation engine delivers messages with
-    :func:`deliver_pending_messages` and publishes its node-to-partition map on the link state
+    [`deliver_pending_messages`][pflower.runtime.engine.deliver_pending_messages] and publishes its
+    node-to-partition map on the link state
     (so the server need not ask every node for its partition before the first round); Flower's
     two functions come back at the end."""
     register_nodes = REGISTER_NODES.current()
@@ -129,7 +135,7 @@ def published_partitions(grid: object) -> dict[int, int] | None:
 
 RAY_HEAD_EXTRAS = (RAY_START_MONITOR, RAY_START_API_SERVER)
 """Methods of Ray's head node that start processes a simulation does not use (see
-:func:`lean_ray_head`)."""
+[`lean_ray_head`][pflower.runtime.engine.lean_ray_head])."""
 
 
 @contextlib.contextmanager
@@ -142,8 +148,8 @@ def lean_ray_head() -> Iterator[None]:
     for the API server. Measured on 2 cores, they cost about 3 s of an 8-10 s ``ray.init`` and
     about 125 MB. Ray has no public switch for them (``ray start --no-monitor`` exists,
     ``ray.init`` has nothing), so the two methods of Ray's ``Node`` that start them
-    (:data:`~pflower.runtime.fence.RAY_START_MONITOR`,
-    :data:`~pflower.runtime.fence.RAY_START_API_SERVER`) do nothing while Flower's backend calls
+    (`RAY_START_MONITOR`,
+    `RAY_START_API_SERVER`) do nothing while Flower's backend calls
     ``ray.init`` (Ray is pinned by Flower, 2.55.1 for Flower 1.39). Ray handles a head node
     without an API server as one whose dashboard did not start: there is no dashboard URL, and
     no usage statistics are reported. Attaching to a running cluster (``backend.address``)
@@ -155,7 +161,8 @@ def lean_ray_head() -> Iterator[None]:
 
 
 def _start_nothing(*_args: Any, **_kwargs: Any) -> None:
-    """Stands in for a process-starting method of Ray's ``Node`` (see :func:`lean_ray_head`)."""
+    """Stands in for a process-starting method of Ray's ``Node`` (see
+    [`lean_ray_head`][pflower.runtime.engine.lean_ray_head])."""
 
 
 def run_engine(
@@ -170,10 +177,11 @@ def run_engine(
     app_dir: Path,
     server_context: Any,
 ) -> None:
-    """Flower's simulation engine on this process (:data:`~pflower.runtime.fence.RUN_SIMULATION`):
+    """Flower's simulation engine on this process (`RUN_SIMULATION`):
     the ServerApp on a thread, the ClientApps on the backend's workers, as `flwr run`'s
     simulation runtime starts it: a run ``run_id`` with ``override_config`` and the app's
-    directory (for the run config's defaults), inside :func:`scaled_to_many_clients`."""
+    directory (for the run config's defaults), inside
+    [`scaled_to_many_clients`][pflower.runtime.engine.scaled_to_many_clients]."""
     from flwr.supercore.constant import NOOP_FEDERATION_ID
     from flwr.supercore.telemetry import EventType
 
@@ -200,6 +208,6 @@ def run_engine(
 def fused_run_config(app_dir: Path, override_config: dict[str, Any]) -> dict[str, Any]:
     """The run config a simulation's apps see: the app's declared defaults (its
     ``pyproject.toml``) fused with ``override_config``
-    (:data:`~pflower.runtime.fence.FUSED_CONFIG`)."""
+    (`FUSED_CONFIG`)."""
     fused: dict[str, Any] = FUSED_CONFIG.current()(app_dir, override_config)
     return fused

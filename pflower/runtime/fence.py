@@ -1,12 +1,16 @@
 """Every symbol of Flower 1.39 (and of the Ray that Flower 1.39 pins) that pflower replaces, or
-relies on outside Flower's API reference, in one table: :data:`INTERNALS`.
+relies on outside Flower's API reference, in one table:
+[`INTERNALS`][pflower.runtime.fence.INTERNALS].
 
 Each entry names the symbol, the parameters pflower was written against (names and kinds; which
-have defaults) and why pflower needs it. A replacement goes through :meth:`Internal.replaced` (a
+have defaults) and why pflower needs it. A replacement goes through
+[`Internal.replaced`][pflower.runtime.fence.Internal.replaced] (a
 context manager that puts the original back when the run ends) or, where the process exists for
 the replacement's sake (the fork server, a SuperNode's launcher, a task's child),
-:meth:`Internal.replace_for_process`. Both check the symbol first and fail with
-:class:`FlowerChanged`, naming it, if Flower changed it; ``tests/test_runtime_fence.py`` checks
+[`Internal.replace_for_process`][pflower.runtime.fence.Internal.replace_for_process]. Both check the
+symbol first and fail with
+[`FlowerChanged`][pflower.runtime.fence.FlowerChanged], naming it, if Flower changed it;
+``tests/test_runtime_fence.py`` checks
 every entry, so a Flower upgrade that moves one fails in one test with one message.
 """
 
@@ -55,7 +59,8 @@ class Internal:
     name: str
     """Attribute of ``module``; ``Class.method`` for a method."""
     parameters: str | None
-    """What :func:`parameters_of` gives for the symbol in Flower 1.39; None for a module."""
+    """What [`parameters_of`][pflower.runtime.fence.parameters_of] gives for the symbol in Flower
+    1.39; None for a module."""
     why: str
 
     @property
@@ -86,7 +91,8 @@ class Internal:
         )
 
     def check(self) -> None:
-        """Raise :class:`FlowerChanged` unless the symbol exists with the recorded parameters."""
+        """Raise [`FlowerChanged`][pflower.runtime.fence.FlowerChanged] unless the symbol exists
+        with the recorded parameters."""
         value = self.current()
         if self.parameters is None:
             if not isinstance(value, types.ModuleType):

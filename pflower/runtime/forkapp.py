@@ -1,8 +1,11 @@
-"""What a fork server's child runs (:mod:`pflower.runtime.forkserver`): the run's FAB, installed
-once per node (:func:`install_fabs_once`, Flower's ``run_clientapp.install_from_fab``); the
-server's import of pflower, kept only for a FAB with the same code (:func:`keep_app_if_unchanged`,
+"""What a fork server's child runs ([`pflower.runtime.forkserver`][pflower.runtime.forkserver]): the
+run's FAB, installed
+once per node ([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once], Flower's
+``run_clientapp.install_from_fab``); the
+server's import of pflower, kept only for a FAB with the same code
+([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged],
 Flower's ``clientapp.utils.load_app``); and the configurations the children composed, prepared
-ahead by the server (:func:`warm_configs`).
+ahead by the server ([`warm_configs`][pflower.runtime.forkapp.warm_configs]).
 """
 
 from __future__ import annotations
@@ -24,13 +27,14 @@ APP_PACKAGE = "pflower"
 
 INSTALLED_FAB_MARK = ".pflower-fab-sha256"
 """File in an installed app's directory holding the SHA-256 of the FAB installed there, written
-once the installation is complete (:func:`install_fabs_once`)."""
+once the installation is complete
+([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once])."""
 
 
 def installed_fab(digest: str) -> Path | None:
     """The directory in which a task of this node installed the FAB whose SHA-256 is ``digest``
     (``$FLWR_HOME/apps/<publisher>.<name>.<version>.<digest[:8]>``, complete and marked with
-    :data:`INSTALLED_FAB_MARK`); None if there is none."""
+    [`INSTALLED_FAB_MARK`][pflower.runtime.forkapp.INSTALLED_FAB_MARK]); None if there is none."""
     from flwr.common.constant import APP_DIR, FAB_HASH_TRUNCATION
     from flwr.supercore.utils import get_flwr_home
 
@@ -60,7 +64,7 @@ def install_fabs_once() -> None:
     installation return that directory at once; anything else is installed by Flower's
     function as before, and the installation is marked afterwards. The server calls this
     before it forks, so its children inherit the wrapper, for the server's life
-    (:data:`~pflower.runtime.fence.INSTALL_FROM_FAB`).
+    (`INSTALL_FROM_FAB`).
     """
     original = INSTALL_FROM_FAB.current()
 
@@ -105,13 +109,17 @@ def app_digest(package_dir: Path, conf_dir: Path) -> str:
 
 
 APP_DIGEST_FILE = ".pflower-app-digest"
-"""File in an app directory installed by :func:`install_fabs_once` that keeps its
-:func:`app_digest` (such a directory's files are the FAB's, so the digest is computed once)."""
+"""File in an app directory installed by
+[`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once] that keeps its
+[`app_digest`][pflower.runtime.forkapp.app_digest] (such a directory's files are the FAB's, so the
+digest is computed once)."""
 
 
 def installed_app_digest(root: Path, package: str = APP_PACKAGE) -> str:
-    """:func:`app_digest` of the app installed in ``root`` (``package`` and ``conf``); read from
-    and written to :data:`APP_DIGEST_FILE` where :func:`install_fabs_once` marked ``root`` as a
+    """[`app_digest`][pflower.runtime.forkapp.app_digest] of the app installed in ``root``
+    (``package`` and ``conf``); read from
+    and written to [`APP_DIGEST_FILE`][pflower.runtime.forkapp.APP_DIGEST_FILE] where
+    [`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once] marked ``root`` as a
     complete installation."""
     marked = (root / INSTALLED_FAB_MARK).is_file()
     if marked:
@@ -125,7 +133,8 @@ def installed_app_digest(root: Path, package: str = APP_PACKAGE) -> str:
 
 
 def loaded_app_digest(package: str = APP_PACKAGE) -> str | None:
-    """:func:`app_digest` of the imported ``package`` (None if it is not imported)."""
+    """[`app_digest`][pflower.runtime.forkapp.app_digest] of the imported ``package`` (None if it is
+    not imported)."""
     if package not in sys.modules:
         return None
     try:
@@ -150,7 +159,8 @@ def configs_to_warm() -> list[list[str]]:
 
 
 def send_warm_hint(overrides: list[list[str]]) -> None:
-    """Ask the server (at :data:`SOCKET_VARIABLE`) to compose ``overrides`` ahead; best effort."""
+    """Ask the server (at [`SOCKET_VARIABLE`][pflower.runtime.forkapp.SOCKET_VARIABLE]) to compose
+    ``overrides`` ahead; best effort."""
     path = os.environ.get(SOCKET_VARIABLE)
     if not overrides or not path:
         return
@@ -184,7 +194,7 @@ def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> Non
 
     Flower loads the ClientApp with ``load_app(reference, error, project_dir)``, which imports
     the module from the FAB's directory unless it is imported already. This wraps that call
-    (:data:`~pflower.runtime.fence.LOAD_APP`, for the child's life): if the FAB's ``package`` and
+    (`LOAD_APP`, for the child's life): if the FAB's ``package`` and
     ``conf`` have the digest ``loaded`` of the server's import, the imported modules are used as
     they are; otherwise (or if Flower's call is not the one known) they are forgotten first and
     the FAB's own code is imported, as in a new process.

@@ -8,14 +8,18 @@ is a new Python process that imports Ray, Flower, torch and pflower and then loa
 and builds the federation (``benchmarks/results/README.md``, start-up split). Each actor also
 holds its own copy of the dataset.
 
-Here the driver does that work once: :func:`forked_workers` composes the experiment the ClientApps
+Here the driver does that work once: [`forked_workers`][pflower.runtime.forkbackend.forked_workers]
+composes the experiment the ClientApps
 will see, builds its federation and shared model in the driver's caches (the ``prepare`` it is
-given: :func:`pflower.client.app.prepare_ahead`) and then forks the workers, before the ServerApp
+given: [`pflower.client.app.prepare_ahead`][pflower.client.app.prepare_ahead]) and then forks the
+    workers, before the ServerApp
 thread starts, while the driver has no other thread but pflower's signal watcher
-(:mod:`pflower.runtime.signals`, which a forked child forgets). The workers begin with everything
+([`pflower.runtime.signals`][pflower.runtime.signals], which a forked child forgets). The workers
+begin with everything
 imported and built, and share the driver's memory pages until they write to them (one dataset per
 machine).
-:class:`ForkBackend` is the engine's backend over these workers: like Flower's ``RayBackend`` it
+[`ForkBackend`][pflower.runtime.forkbackend.ForkBackend] is the engine's backend over these workers:
+like Flower's ``RayBackend`` it
 runs one message at a time per worker, and the ClientApp gets the message and the node's context and
 returns the reply and the updated context, pickled through a pipe; an exception in the ClientApp
 becomes Flower's ``ClientAppException``, which the engine turns into an error reply, as it does for
@@ -27,11 +31,13 @@ is shared by all workers); a worker that dies (killed, out of memory) fails the 
 and is not replaced: the run goes on with the others, and a message fails once none is left.
 A process that has used CUDA cannot fork workers that use it, and the driver evaluates stage G
 on ``train.device``; so a run on a GPU runs in a process of its own forked from the driver
-(:func:`run_in_forked_process`), and the driver itself never uses CUDA: the next job of a Hydra
+([`run_in_forked_process`][pflower.runtime.forkbackend.run_in_forked_process]), and the driver
+itself never uses CUDA: the next job of a Hydra
 sweep (or a resumed run) forks its workers as the first did.
 
 Every process forked here dies with the process it was forked from, whatever ends that one
-(:func:`pflower.runtime.processes.die_with_parent`): a driver ended by ``kill -9`` leaves no
+([`pflower.runtime.processes.die_with_parent`][pflower.runtime.processes.die_with_parent]): a driver
+ended by ``kill -9`` leaves no
 worker behind.
 """
 
@@ -62,11 +68,13 @@ if TYPE_CHECKING:
 
 RAY_BACKEND_MODULE = RAY_BACKEND.module
 """The module from which Flower 1.39's ``start_vce`` imports the one backend it builds
-(:data:`pflower.runtime.fence.START_VCE`)."""
+(`pflower.runtime.fence.START_VCE`)."""
 
 WORKER_STOP_S = 5.0
-"""How long :meth:`ForkWorkers.close` waits for a worker to end before it is killed (and
-:func:`run_in_forked_process` for the run process, after its result, before it is terminated)."""
+"""How long [`ForkWorkers.close`][pflower.runtime.forkbackend.ForkWorkers.close] waits for a worker
+to end before it is killed (and
+[`run_in_forked_process`][pflower.runtime.forkbackend.run_in_forked_process] for the run process,
+after its result, before it is terminated)."""
 
 
 @dataclass(frozen=True)
@@ -84,9 +92,10 @@ class _Worker:
 
 def _serve(app: ClientApp, connection: Connection, parent_pid: int | None) -> None:
     """A worker's loop: run ``app`` on each (message, context) received, send back the reply
-    and the updated context (or a :class:`_Failure`); end on ``None`` or a closed pipe (the
+    and the updated context (or a `_Failure`); end on ``None`` or a closed pipe (the
     driver ended, even while this worker trained), and be killed when the driver ``parent_pid``
-    ends (:func:`die_with_parent`; None: not forked, as in a test).
+    ends ([`die_with_parent`][pflower.runtime.forkbackend.die_with_parent]; None: not forked, as in
+    a test).
 
     SIGTERM and SIGINT are the driver's to handle, so a worker ignores them: ``kill`` or
     ``timeout`` sends SIGTERM to a run's whole process group, and a worker that died of it
@@ -189,8 +198,10 @@ class ForkWorkers:
         return reply
 
     def close(self) -> None:
-        """Ask every worker to end, wait :data:`WORKER_STOP_S`, kill the rest (a worker ignores
-        SIGTERM: see :func:`_serve`)."""
+        """Ask every worker to end, wait
+        [`WORKER_STOP_S`][pflower.runtime.forkbackend.WORKER_STOP_S], kill the rest (a worker
+        ignores
+        SIGTERM: see `_serve`)."""
         for worker in self._workers:
             with contextlib.suppress(OSError):
                 worker.connection.send(None)
@@ -204,10 +215,12 @@ class ForkWorkers:
 
 class ForkBackend:
     """Flower's simulation ``Backend`` (duck-typed: the engine only calls these members) over
-    the :class:`ForkWorkers` of the enclosing :func:`forked_workers`."""
+    the [`ForkWorkers`][pflower.runtime.forkbackend.ForkWorkers] of the enclosing
+    [`forked_workers`][pflower.runtime.forkbackend.forked_workers]."""
 
     workers: ForkWorkers | None = None
-    """Set by :func:`forked_workers` for the engine's call of the constructor."""
+    """Set by [`forked_workers`][pflower.runtime.forkbackend.forked_workers] for the engine's call
+    of the constructor."""
 
     def __init__(self, backend_config: dict[str, object]) -> None:
         if ForkBackend.workers is None:
@@ -231,7 +244,7 @@ class ForkBackend:
         return self._workers.run(message, context)
 
     def terminate(self) -> None:
-        """The workers end with :func:`forked_workers`."""
+        """The workers end with [`forked_workers`][pflower.runtime.forkbackend.forked_workers]."""
 
 
 def _run_and_report(task: Callable[[], None], connection: Connection, parent_pid: int) -> None:
@@ -297,11 +310,13 @@ def default_worker_count(cpus_per_client: float) -> int:
 def forked_workers(app: ClientApp, prepare: Callable[[], None], count: int) -> Iterator[None]:
     """While active, Flower's simulation engine runs its ClientApps on ``count`` workers forked
     from this process, after ``prepare()`` built what they share (the run config's experiment:
-    :func:`pflower.client.app.prepare_ahead`).
+    [`pflower.client.app.prepare_ahead`][pflower.client.app.prepare_ahead]).
 
-    Flower's ``start_vce`` imports ``RayBackend`` from :data:`RAY_BACKEND_MODULE` when it starts
+    Flower's ``start_vce`` imports ``RayBackend`` from
+    [`RAY_BACKEND_MODULE`][pflower.runtime.forkbackend.RAY_BACKEND_MODULE] when it starts
     the engine; while this is active that module is one whose ``RayBackend`` is
-    :class:`ForkBackend` (so Ray is not even imported), and the real module comes back after."""
+    [`ForkBackend`][pflower.runtime.forkbackend.ForkBackend] (so Ray is not even imported), and the
+    real module comes back after."""
     import torch
 
     if torch.cuda.is_initialized():  # children of this process could not use CUDA

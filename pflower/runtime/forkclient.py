@@ -1,11 +1,13 @@
 """The ``flwr-clientapp`` stand-in: hands the task to pflower's fork server, else runs Flower's.
 
 A SuperExec runs every ClientApp task as a new ``flwr-clientapp`` process, found on ``PATH``.
-:mod:`pflower.runtime.forkserver` puts a script of that name first on the SuperExec's ``PATH``
+[`pflower.runtime.forkserver`][pflower.runtime.forkserver] puts a script of that name first on the
+SuperExec's ``PATH``
 which runs this file (``python -I -S``: the standard library only, nothing of pflower, torch or
 Flower is imported here, so it starts in milliseconds). It
 
-1. connects to the fork server's Unix socket (environment variable :data:`SOCKET_VARIABLE`) and
+1. connects to the fork server's Unix socket (environment variable
+   [`SOCKET_VARIABLE`][pflower.runtime.forkclient.SOCKET_VARIABLE]) and
    sends its command line, environment, working directory and standard streams (the file
    descriptors themselves, ``SCM_RIGHTS``);
 2. receives the pid of the child the server forked to run the task (Flower's own
@@ -74,7 +76,7 @@ def _receive_exactly(sock: socket.socket, size: int) -> bytes:
 def receive_message(sock: socket.socket, max_fds: int = 0) -> tuple[dict[str, Any], list[int]]:
     """One framed JSON message and the file descriptors that came with it.
 
-    Raises :class:`EOFError` if the connection closes before a whole message arrived.
+    Raises `EOFError` if the connection closes before a whole message arrived.
     """
     fds: list[int] = []
     if max_fds:

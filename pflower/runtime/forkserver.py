@@ -7,17 +7,22 @@ exits. Such a process spends most of its life importing torch, Flower and the ap
 
 The fork server imports those libraries once, then forks a child per task:
 
-- :class:`ForkServerProcess` (in the process that starts the SuperNode or SuperExec, see
-  :mod:`pflower.runtime.launcher`) makes a directory holding the listening Unix socket and a
+- [`ForkServerProcess`][pflower.runtime.forkserver.ForkServerProcess] (in the process that starts
+  the SuperNode or SuperExec, see
+  [`pflower.runtime.launcher`][pflower.runtime.launcher]) makes a directory holding the listening
+  Unix socket and a
   ``bin/flwr-clientapp`` script, starts the server (``python -m pflower.runtime.forkserver``,
   the socket passed as an open file descriptor), and gives the SuperNode/SuperExec an
   environment with ``bin`` first on ``PATH`` and the socket in
-  :data:`~pflower.runtime.forkclient.SOCKET_VARIABLE`;
-- the script runs :mod:`pflower.runtime.forkclient` (standard library only), which sends the
+  [`SOCKET_VARIABLE`][pflower.runtime.forkclient.SOCKET_VARIABLE];
+- the script runs [`pflower.runtime.forkclient`][pflower.runtime.forkclient] (standard library
+  only), which sends the
   server its command line, environment, working directory and standard streams and waits;
-- the server (:class:`ForkServer`) forks; the child takes over the streams, environment, working
+- the server ([`ForkServer`][pflower.runtime.forkserver.ForkServer]) forks; the child takes over the
+  streams, environment, working
   directory and ``sys.argv`` of the stand-in and calls Flower's ``flwr-clientapp`` entry point
-  (:data:`DEFAULT_TARGET`), which connects to the SuperNode, pulls the task, runs the app and
+  ([`DEFAULT_TARGET`][pflower.runtime.forkserver.DEFAULT_TARGET]), which connects to the SuperNode,
+  pulls the task, runs the app and
   exits; the server reports the child's exit status back to the stand-in, which exits likewise.
 
 What the child runs is what ``flwr-clientapp`` runs: the same Flower function, the same arguments
@@ -26,16 +31,20 @@ imports ``pflower.client.app`` (and with it torch, torchvision, Flower, Hydra, d
 ``torch._dynamo`` (which torch imports when the first optimizer is built) and composes the default
 configuration once (Hydra's lazy imports). Before it forks it also changes two things in Flower's
 ClientApp runtime that its children inherit: a FAB installed by an earlier task of the node is not
-unpacked and checked again (:func:`~pflower.runtime.forkapp.install_fabs_once`:
+unpacked and checked again ([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once]:
 ``run_clientapp.install_from_fab``), and an array that the SuperNode has not pulled yet is asked for
-again after 0.02 s instead of 1 s (:func:`pflower.runtime.polling.prompt_object_pulls`). The app a
+again after 0.02 s instead of 1 s
+([`pflower.runtime.polling.prompt_object_pulls`][pflower.runtime.polling.prompt_object_pulls]). The
+app a
 child runs is still the run's FAB: Flower imports the ClientApp from the FAB's directory unless it
 is imported already, so a child keeps the server's ``pflower`` modules only when the FAB's
 ``pflower/**/*.py`` and ``conf/**/*.yaml`` have the same digest as the imported ones (computed once
 per installed FAB), and otherwise forgets them and imports the FAB's code
-(:func:`~pflower.runtime.forkapp.keep_app_if_unchanged`: ``clientapp.utils.load_app``). A child that
+([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged]:
+``clientapp.utils.load_app``). A child that
 ran the server's import tells the server which configurations it composed, and the server prepares
-them too (:func:`~pflower.runtime.forkapp.warm_configs`: composed, with the experiment's federation
+them too ([`warm_configs`][pflower.runtime.forkapp.warm_configs]: composed, with the experiment's
+federation
 and model built): later children find them in their caches. The server runs torch only there, on one
 thread (no thread pool exists when it forks), and is single-threaded itself; it parks its objects
 outside the garbage collector (``gc.freeze``) and its children end with ``os._exit`` after flushing
@@ -45,7 +54,8 @@ page of the server's memory (seconds per task).
 The server lives as long as the process that started it (``--watch-pid``: the kernel sends it
 SIGTERM when that process ends, whatever ended it, and it also checks twice a second) and removes
 its directory when it ends. Each child is killed when the server ends
-(:func:`pflower.runtime.processes.die_with_parent`): a SuperNode ended by ``kill -9`` leaves no
+([`pflower.runtime.processes.die_with_parent`][pflower.runtime.processes.die_with_parent]): a
+SuperNode ended by ``kill -9`` leaves no
 ClientApp task behind. If the server is gone, the stand-in runs the real ``flwr-clientapp``
 instead.
 """
@@ -257,7 +267,8 @@ def resolve(target: str) -> Callable[[], object]:
 def run_task(task: Task, target: str, loaded_app: str | None = None) -> None:
     """In the child: take over the stand-in's streams, environment, directory and command line,
     keep the server's import of the app for a FAB with its digest ``loaded_app``
-    (:func:`keep_app_if_unchanged`), then call ``target``. The child ends with the exit status
+    ([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged]), then call
+    ``target``. The child ends with the exit status
     ``target`` leaves (as ``flwr-clientapp`` would), without tearing the interpreter down."""
     for number in (0, 1, 2):
         received = task.fds.get(number)
@@ -307,7 +318,8 @@ def import_clientapp_probe() -> None:
 
 # ---------------------------------------------------------------------- starting a server
 def shim_script(python: str) -> str:
-    """The ``flwr-clientapp`` script: :mod:`pflower.runtime.forkclient` on ``python``."""
+    """The ``flwr-clientapp`` script: [`pflower.runtime.forkclient`][pflower.runtime.forkclient] on
+    ``python``."""
     client = shlex.quote(str(Path(forkclient.__file__).resolve()))
     return f'#!/bin/sh\nexec {shlex.quote(python)} -I -S {client} "$0" "$@"\n'
 
@@ -376,7 +388,7 @@ class ForkServerProcess:
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with the stand-in first on ``PATH``
-        and the socket's path in :data:`~pflower.runtime.forkclient.SOCKET_VARIABLE`."""
+        and the socket's path in [`SOCKET_VARIABLE`][pflower.runtime.forkclient.SOCKET_VARIABLE]."""
         env = dict(os.environ if base is None else base)
         env["PATH"] = os.pathsep.join([str(self.bin), env.get("PATH", "")])
         env[SOCKET_VARIABLE] = str(self.socket_path)
@@ -400,7 +412,8 @@ class ForkServerProcess:
             raise RuntimeError(f"unexpected reply from the fork server: {reply}")
 
     def stop(self, grace: float = 10.0) -> None:
-        """End the server (and with it any running child: :func:`die_with_parent`) and remove
+        """End the server (and with it any running child:
+        [`die_with_parent`][pflower.runtime.forkserver.die_with_parent]) and remove
         its directory."""
         if self.popen.poll() is None:
             self.popen.terminate()

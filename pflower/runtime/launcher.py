@@ -4,23 +4,28 @@
 ``flower-supernode`` in this process and ``... superexec <flower-superexec arguments>`` its
 ``flower-superexec``, after three changes that only touch timing, never what a task computes:
 
-- a fork server (:mod:`pflower.runtime.forkserver`) whose ``flwr-clientapp`` stand-in comes
+- a fork server ([`pflower.runtime.forkserver`][pflower.runtime.forkserver]) whose
+  ``flwr-clientapp`` stand-in comes
   first on ``PATH``, so that the SuperExec (started by the SuperNode in ``subprocess``
   isolation, or the SuperExec itself in ``process`` isolation) starts each ClientApp task as a
   fork of a process that imported torch and Flower already, instead of a new interpreter that
   imports them (not started for a SuperNode in ``process`` isolation: it runs no ClientApps);
-- the SuperExec asks for tasks every :attr:`Polling.superexec_s` instead of every second
+- the SuperExec asks for tasks every
+  [`Polling.superexec_s`][pflower.runtime.launcher.Polling.superexec_s] instead of every second
   (Flower's own setting, the environment variable ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``, which
   wins if set);
-- the SuperNode waits :attr:`Polling.supernode_s` at most between its polls instead of 3 s
+- the SuperNode waits [`Polling.supernode_s`][pflower.runtime.launcher.Polling.supernode_s] at most
+  between its polls instead of 3 s
   between asking the SuperLink for a message while it has none, and 0.5 s between looking for
   its ClientApp's reply. Flower 1.39 has no setting for these: its message loop
   (``flwr.supernode.start_client_internal``) calls ``time.sleep`` with constants, so this
-  process gives that module a ``time`` whose ``sleep`` is capped (:func:`cap_supernode_sleeps`,
-  :data:`~pflower.runtime.fence.SUPERNODE_TIME`; ``PFLOWER_SUPERNODE_POLL_INTERVAL`` sets
+  process gives that module a ``time`` whose ``sleep`` is capped
+  ([`cap_supernode_sleeps`][pflower.runtime.launcher.cap_supernode_sleeps],
+  `SUPERNODE_TIME`; ``PFLOWER_SUPERNODE_POLL_INTERVAL`` sets
   another cap);
 - the SuperNode, and the ClientApps the fork server starts, retry an array of a message that is
-  not there yet after 0.02 s instead of 1 s (:func:`pflower.runtime.polling.prompt_object_pulls`):
+  not there yet after 0.02 s instead of 1 s
+  ([`pflower.runtime.polling.prompt_object_pulls`][pflower.runtime.polling.prompt_object_pulls]):
   the SuperNode announces a message to its ClientApp before it has pulled the message's arrays.
 
 Each poll costs the SuperLink (SuperNode polls) or the SuperNode (SuperExec polls) a request:
@@ -31,7 +36,8 @@ Without these, a message waits for the SuperNode's next poll (0-3 s), then for t
 (0-1 s), then for a new ClientApp process to import its libraries (6-8 s on 2 cores), and its
 reply for the SuperNode's next look (0-0.5 s): with a ``train`` and an ``evaluate`` message per
 client and round, over 10 s per round. The ServerApp's own wait for replies (3 s steps in
-Flower's ``HttpGrid``) is shortened in the ServerApp (:mod:`pflower.runtime.polling`).
+Flower's ``HttpGrid``) is shortened in the ServerApp
+([`pflower.runtime.polling`][pflower.runtime.polling]).
 
 ``python -m pflower.deploy.launcher`` is the public entry point of this module. The changes hold
 for the life of the launcher's process, which exists for them.
@@ -61,7 +67,8 @@ SUPEREXEC_POLL_VARIABLE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 """Flower's own setting of the SuperExec's task poll (seconds); a value already set is kept."""
 
 SUPERNODE_POLL_VARIABLE = "PFLOWER_SUPERNODE_POLL_INTERVAL"
-"""The cap on the SuperNode loop's sleeps (seconds), if not :attr:`Polling.supernode_s`."""
+"""The cap on the SuperNode loop's sleeps (seconds), if not
+[`Polling.supernode_s`][pflower.runtime.launcher.Polling.supernode_s]."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +104,7 @@ class CappedSleepTime(types.ModuleType):
 
 def cap_supernode_sleeps(cap: float) -> None:
     """Cap the sleeps of Flower's SuperNode message loop at ``cap`` seconds (see the module
-    docstring). Fails (:class:`~pflower.runtime.fence.FlowerChanged`) if Flower's module no
+    docstring). Fails ([`FlowerChanged`][pflower.runtime.fence.FlowerChanged]) if Flower's module no
     longer has the ``time`` this replaces."""
     SUPERNODE_TIME.check()
     current = SUPERNODE_TIME.current()

@@ -3,7 +3,8 @@ beside the live view, and colour codes only on a terminal.
 
 Flower's console handler (``flwr.supercore.logger.ConsoleHandler``, Flower 1.39) colours every
 line unconditionally, so piped output (CI logs, ``| tee``) would be full of escape codes.
-:func:`plain_flower_console_unless_tty` switches the colours off unless the handler's stream is
+[`plain_flower_console_unless_tty`][pflower.runtime.logs.plain_flower_console_unless_tty] switches
+the colours off unless the handler's stream is
 a terminal (and ``NO_COLOR`` is unset: https://no-color.org); every pflower process calls it
 when it starts (the command line, the ServerApp and the ClientApp).
 """
@@ -19,7 +20,7 @@ from pflower.runtime.fence import CONSOLE_HANDLER, CONSOLE_HANDLER_CLASS
 def plain_flower_console_unless_tty() -> None:
     """Colour Flower's console log lines only where their stream is a terminal (the
     ``colored`` attribute of Flower's ``ConsoleHandler``:
-    :data:`~pflower.runtime.fence.CONSOLE_HANDLER_CLASS`)."""
+    `CONSOLE_HANDLER_CLASS`)."""
     from flwr.supercore.logger import LOGGER_NAME
 
     handler_class = CONSOLE_HANDLER_CLASS.current()
@@ -34,7 +35,7 @@ def quiet_flower_console(progress: bool) -> None:
     """Flower logs to its own console handler (and to run.log); Hydra's root handler would
     print every line twice, so Flower's logger does not propagate. With the live view on
     (``progress``), the console shows only Flower's warnings
-    (:data:`~pflower.runtime.fence.CONSOLE_HANDLER`)."""
+    (`CONSOLE_HANDLER`)."""
     from flwr.supercore.logger import LOGGER_NAME
 
     logging.getLogger(LOGGER_NAME).propagate = False

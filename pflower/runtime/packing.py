@@ -7,12 +7,15 @@ the same way. A FedAvgCNN model is 8 tensors, so 16 of the 19 objects of a ``tra
 message's content are its arrays and their chunks; packed, the content is 5 objects.
 
 In a deployment the ServerApp sends every ``ArrayRecord`` of more than one array as one array
-(:func:`pack`: a JSON layout, then every array's bytes one after the other), the ClientApp's
-:func:`packed_arrays_mod` gives the client the records as they were (:func:`unpack`) and packs
+([`pack`][pflower.runtime.packing.pack]: a JSON layout, then every array's bytes one after the
+other), the ClientApp's
+[`packed_arrays_mod`][pflower.runtime.packing.packed_arrays_mod] gives the client the records as
+they were ([`unpack`][pflower.runtime.packing.unpack]) and packs
 its reply's records the same way, and the ServerApp unpacks the reply. Each array's bytes,
 dtype, shape and ``stype`` travel unchanged, so every result is bit-identical to unpacked
 messages. A message with nothing packed (every message of a simulation) passes the mod
-untouched, and so does its reply. (It lives in :mod:`pflower.runtime` for the type of a ClientApp
+untouched, and so does its reply. (It lives in [`pflower.runtime`][pflower.runtime] for the type of
+a ClientApp
 mod's ``call_next``, ``flwr.clientapp.typing.ClientAppCallable``, outside Flower's API reference.)
 """
 
@@ -69,7 +72,8 @@ def pack_record(record: ArrayRecord, shared: PackedArrays | None = None) -> Arra
 
 
 def is_packed_record(record: object) -> TypeGuard[ArrayRecord]:
-    """Whether ``record`` is an ``ArrayRecord`` that :func:`pack_record` made."""
+    """Whether ``record`` is an ``ArrayRecord`` that
+    [`pack_record`][pflower.runtime.packing.pack_record] made."""
     return (
         isinstance(record, ArrayRecord)
         and list(record.keys()) == [PACKED_KEY]
@@ -78,7 +82,8 @@ def is_packed_record(record: object) -> TypeGuard[ArrayRecord]:
 
 
 def unpack_record(record: ArrayRecord) -> ArrayRecord:
-    """The ``ArrayRecord`` that :func:`pack_record` packed into ``record``."""
+    """The ``ArrayRecord`` that [`pack_record`][pflower.runtime.packing.pack_record] packed into
+    ``record``."""
     data = record[PACKED_KEY].data
     start = _LENGTH_BYTES + int.from_bytes(data[:_LENGTH_BYTES], "little")
     layout = json.loads(data[_LENGTH_BYTES:start])
@@ -99,7 +104,8 @@ def unpack_record(record: ArrayRecord) -> ArrayRecord:
 
 def pack(content: RecordDict, shared: PackedArrays | None = None) -> RecordDict:
     """``content`` with every ``ArrayRecord`` of more than one array packed into one array
-    (reusing the packed arrays in ``shared``: :func:`pack_record`); the other records (and their
+    (reusing the packed arrays in ``shared``: [`pack_record`][pflower.runtime.packing.pack_record]);
+    the other records (and their
     order) as they are."""
     return RecordDict(
         {
@@ -117,7 +123,8 @@ def is_packed(content: RecordDict) -> bool:
 
 
 def unpack(content: RecordDict) -> RecordDict:
-    """``content`` with every packed record unpacked (the inverse of :func:`pack`)."""
+    """``content`` with every packed record unpacked (the inverse of
+    [`pack`][pflower.runtime.packing.pack])."""
     return RecordDict(
         {
             name: unpack_record(record) if is_packed_record(record) else record

@@ -6,14 +6,17 @@ Flower's legacy server loop sends each client its ``train``/``evaluate`` message
 ``HttpGrid``, which pushes the message, asks the SuperLink for the reply, and then asks again
 every 3 s: a reply that arrives just after a look waits 3 s, twice a round.
 
-:class:`PromptClientManager` (the ServerApp's client manager) gives every proxy that talks to
-an ``HttpGrid`` a :class:`PromptGrid` around it: the same push, the same pulls and the same
+[`PromptClientManager`][pflower.runtime.polling.PromptClientManager] (the ServerApp's client
+manager) gives every proxy that talks to
+an ``HttpGrid`` a [`PromptGrid`][pflower.runtime.polling.PromptGrid] around it: the same push, the
+same pulls and the same
 end conditions (all replies, or ``timeout``), with pauses that start at
-:attr:`PromptGrid.first_s` and grow by half up to :attr:`PromptGrid.longest_s`, so a reply waits
+`PromptGrid.first_s` and grow by half up to `PromptGrid.longest_s`, so a reply waits
 at most ``longest_s`` and a long round costs the SuperLink a pull every ``longest_s``. The
 simulation's ``InMemoryGrid`` (0.1 s pulls already) is left alone.
 
-A round's messages also go out together: :func:`fit_at_once` and :func:`evaluate_at_once` push all
+A round's messages also go out together: [`fit_at_once`][pflower.runtime.polling.fit_at_once] and
+[`evaluate_at_once`][pflower.runtime.polling.evaluate_at_once] push all
 of a round's ``train`` (or ``evaluate``) messages in one request and wait for all replies, where
 Flower's legacy loop gives each client a thread that pushes its own message and waits for its
 reply. The SuperLink then registers every message's objects before any of them is pushed, so
@@ -23,21 +26,25 @@ client, the SuperLink of Flower 1.39 sometimes dropped a shared array while anot
 still needed it, and that client failed with ``ObjectPushError``. One push also removes the legacy
 loop's thread limit (``min(32, cores + 4)`` clients in flight). Only timing changes: the
 messages, and so every result, are the same. The messages' arrays travel packed, each
-``ArrayRecord`` as one array (:mod:`pflower.runtime.packing`): 5 objects per ``train`` message to
+``ArrayRecord`` as one array ([`pflower.runtime.packing`][pflower.runtime.packing]): 5 objects per
+``train`` message to
 move instead of 19 for an 8-tensor model.
 
-:func:`prompt_object_pulls` shortens a wait that every Flower process pulling a message's arrays
+[`prompt_object_pulls`][pflower.runtime.polling.prompt_object_pulls] shortens a wait that every
+Flower process pulling a message's arrays
 can hit: a message is announced before its arrays are all stored (the SuperNode stores the
 message, and so starts its ClientApp, before it has pulled the arrays from the SuperLink; a reply
 is pushed before its arrays), and Flower retries an array it cannot have yet after 1 s, then
 2 s, 4 s, ... (``pull_objects``' ``initial_backoff``). The ServerApp (for its replies), the
-SuperNode and its ClientApps (:mod:`pflower.runtime.launcher`, :mod:`pflower.runtime.forkserver`)
-retry after :data:`OBJECT_PULL_FIRST_S` instead, doubling up to :data:`OBJECT_PULL_LONGEST_S`.
+SuperNode and its ClientApps ([`pflower.runtime.launcher`][pflower.runtime.launcher],
+[`pflower.runtime.forkserver`][pflower.runtime.forkserver])
+retry after [`OBJECT_PULL_FIRST_S`][pflower.runtime.polling.OBJECT_PULL_FIRST_S] instead, doubling
+up to [`OBJECT_PULL_LONGEST_S`][pflower.runtime.polling.OBJECT_PULL_LONGEST_S].
 
 Outside a deployment the rounds go through Flower's legacy ``fit_clients``/``evaluate_clients``
-(:data:`~pflower.runtime.fence.FIT_CLIENTS`), which this module hands on with their result types
-(:func:`fit_clients`, :func:`evaluate_clients`). Flower internals used here
-(:mod:`pflower.runtime.fence`): ``HttpGrid.send_and_receive``'s
+(`FIT_CLIENTS`), which this module hands on with their result types
+(`fit_clients`, `evaluate_clients`). Flower internals used here
+([`pflower.runtime.fence`][pflower.runtime.fence]): ``HttpGrid.send_and_receive``'s
 contract, ``GridClientProxy``'s grid, the defaults of ``pull_objects`` and
 ``pull_and_inflate_object_from_tree``, and the legacy message conversions of
 ``flwr.compat.common.recorddict_compat``.
@@ -97,10 +104,11 @@ def prompt_object_pulls(
 
     Replaces the ``initial_backoff``/``backoff_cap`` keyword defaults (``__kwdefaults__``) of
     Flower 1.39's ``inflatable_utils.pull_objects`` and ``pull_and_inflate_object_from_tree``
-    (:data:`~pflower.runtime.fence.PULL_OBJECTS`, :data:`~pflower.runtime.fence.PULL_AND_INFLATE`),
+    (`PULL_OBJECTS`, `PULL_AND_INFLATE`),
     which every pull of a message's arrays goes through and which have no other setting. The
     processes that call it (a deployment's ServerApp, a SuperNode started by pflower's launcher,
-    a fork server) keep it for their life. Fails (:class:`~pflower.runtime.fence.FlowerChanged`)
+    a fork server) keep it for their life. Fails
+    ([`FlowerChanged`][pflower.runtime.fence.FlowerChanged])
     if Flower's functions no longer have these parameters."""
     saved: list[tuple[Any, dict[str, Any]]] = []
     for internal in (PULL_OBJECTS, PULL_AND_INFLATE):
@@ -119,7 +127,8 @@ def prompt_object_pulls(
 
 class PromptGrid(Grid):
     """``grid`` with a ``send_and_receive`` that polls for replies with growing pauses (and this
-    process's object pulls made prompt: :func:`prompt_object_pulls`)."""
+    process's object pulls made prompt:
+    [`prompt_object_pulls`][pflower.runtime.polling.prompt_object_pulls])."""
 
     first_s = 0.02
     longest_s = 0.2
@@ -180,8 +189,10 @@ class PromptClientManager(SimpleClientManager):
 
 
 def round_grid(proxies: Iterable[ClientProxy]) -> PromptGrid | None:
-    """The deployment grid that all ``proxies`` talk through: the :class:`PromptGrid` that
-    :class:`PromptClientManager` gave them; None where any has none (a simulation's proxies talk
+    """The deployment grid that all ``proxies`` talk through: the
+    [`PromptGrid`][pflower.runtime.polling.PromptGrid] that
+    [`PromptClientManager`][pflower.runtime.polling.PromptClientManager] gave them; None where any
+    has none (a simulation's proxies talk
     through an ``InMemoryGrid``; the in-process test proxies through no grid at all)."""
     grids = [getattr(proxy, "grid", None) for proxy in proxies]
     if not grids or not all(isinstance(grid, PromptGrid) for grid in grids):
@@ -202,7 +213,8 @@ def exchange(
     """Send each proxy its content in one push; each proxy's reply content, or why it has none.
 
     The messages are those ``GridClientProxy`` builds, with their arrays packed
-    (:mod:`pflower.runtime.packing`: the ClientApp unpacks them; the replies are unpacked here).
+    ([`pflower.runtime.packing`][pflower.runtime.packing]: the ClientApp unpacks them; the replies
+    are unpacked here).
     Replies are matched by their source node (one message per node). A node that did not reply
     within ``timeout`` or replied with an error gets an exception, as from ``GridClientProxy``.
     """
@@ -243,7 +255,8 @@ def _at_once(
     timeout: float | None,
     group_id: int,
 ) -> tuple[list[tuple[ClientProxy, Res]], list[tuple[ClientProxy, Res] | BaseException]]:
-    """:func:`exchange`, sorted into Flower's results and failures (as ``fit_clients`` does)."""
+    """[`exchange`][pflower.runtime.polling.exchange], sorted into Flower's results and failures (as
+    ``fit_clients`` does)."""
     results: list[tuple[ClientProxy, Res]] = []
     failures: list[tuple[ClientProxy, Res] | BaseException] = []
     for proxy, answer in exchange(grid, requests, message_type, timeout, group_id):

@@ -1,7 +1,8 @@
 """Processes that pflower forks die with the process they were forked from.
 
 A forked worker (``backend=fork``), the run process of a GPU run, a ClientApp fork server and
-each of its task children call :func:`die_with_parent` first thing: on Linux the kernel then
+each of its task children call [`die_with_parent`][pflower.runtime.processes.die_with_parent] first
+thing: on Linux the kernel then
 sends them SIGKILL when their parent ends, whatever ended it (SIGKILL included, which no handler
 and no ``atexit`` can see). Without it a driver killed with ``kill -9`` left its workers
 running, adopted by init, holding their memory until killed by hand.

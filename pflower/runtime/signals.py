@@ -8,10 +8,12 @@ waits in Flower's simulation engine for the whole run (``run_api`` joins its wor
 so a ``kill`` caught by a worker thread ran pflower's handler only after the last round: the run
 completed and its summary said so, and only then did the process end by the signal.
 
-:func:`handlers_run_promptly` closes that gap. Python's C-level handler also writes the signal's
-number to the wakeup file descriptor (:func:`signal.set_wakeup_fd`), from whichever thread
+[`handlers_run_promptly`][pflower.runtime.signals.handlers_run_promptly] closes that gap. Python's
+C-level handler also writes the signal's
+number to the wakeup file descriptor (`signal.set_wakeup_fd`), from whichever thread
 caught it. A watcher thread reads it and, unless the handler has started within
-:data:`GRACE_S`, sends the signal again to the main thread alone (:func:`signal.pthread_kill`),
+[`GRACE_S`][pflower.runtime.signals.GRACE_S], sends the signal again to the main thread alone
+(`signal.pthread_kill`),
 which interrupts its wait (``EINTR``); Python then runs the handler there.
 """
 
@@ -33,7 +35,8 @@ GRACE_S = 0.25
 again: a main thread that caught the signal itself starts the handler well within it."""
 
 STOP_S = 1.0
-"""Most seconds the end of :func:`handlers_run_promptly` waits for its thread."""
+"""Most seconds the end of [`handlers_run_promptly`][pflower.runtime.signals.handlers_run_promptly]
+waits for its thread."""
 
 SUPPORTED = hasattr(signal, "pthread_kill") and hasattr(os, "register_at_fork")
 """POSIX only: Windows has neither thread-directed signals nor ``fork`` (and there the
@@ -108,7 +111,8 @@ class _Watcher:
 
 
 _active: _Watcher | None = None
-"""The watcher of this process, while :func:`handlers_run_promptly` is active."""
+"""The watcher of this process, while
+[`handlers_run_promptly`][pflower.runtime.signals.handlers_run_promptly] is active."""
 
 
 def _forget_in_forked_child() -> None:
@@ -131,13 +135,15 @@ def handlers_run_promptly(
     handler: Handler, signums: frozenset[int], started: threading.Event
 ) -> Iterator[None]:
     """While active, a signal in ``signums`` caught by a thread other than the main one is sent
-    to the main thread again, unless ``started`` is set within :data:`GRACE_S`: ``handler``,
+    to the main thread again, unless ``started`` is set within
+    [`GRACE_S`][pflower.runtime.signals.GRACE_S]: ``handler``,
     installed for those signals, sets it first thing. Call it on the main thread, after
     installing ``handler``.
 
     Limits: once ``started`` is set, later signals get no help (the handler is expected to end
     the process, as pflower's does); nested, only the outermost one watches, for its own
-    handler; off the main thread, or where it is not :data:`SUPPORTED`, it does nothing, and a
+    handler; off the main thread, or where it is not
+    [`SUPPORTED`][pflower.runtime.signals.SUPPORTED], it does nothing, and a
     watcher that cannot start (no file descriptor left) is logged and done without."""
     global _active
     if (

@@ -1,2 +1,3 @@
-"""The Flower ServerApp (:mod:`pflower.server.app`). The server half every algorithm derives from
-is :class:`pflower.core.strategy.PersonalizedStrategy`."""
+"""The Flower ServerApp ([`pflower.server.app`][pflower.server.app]). The server half every
+algorithm derives from
+is [`pflower.core.strategy.PersonalizedStrategy`][pflower.core.strategy.PersonalizedStrategy]."""

@@ -97,7 +97,8 @@ def checkpoint_every(cfg: DictConfig) -> int:
 
 def server_fn(context: Context) -> ServerAppComponents:
     """The Strategy and the number of rounds of the experiment in the run config, run by a
-    :class:`CheckpointingServer` (resuming from the run directory's checkpoint if asked to)."""
+    [`CheckpointingServer`][pflower.server.app.CheckpointingServer] (resuming from the run
+    directory's checkpoint if asked to)."""
     cfg = config_from_run_config(context.run_config)
     run_dir = run_directory(cfg)
     checkpoint = resumable_checkpoint(cfg, run_dir) if cfg.checkpoint.resume else None

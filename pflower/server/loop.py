@@ -1,8 +1,10 @@
 """The server's round loop: Flower's legacy ``Server`` loop, checkpointed and resumable.
 
-:class:`CheckpointingServer` runs the rounds as ``flwr.server.Server.fit`` does (fit round, stage
+[`CheckpointingServer`][pflower.server.loop.CheckpointingServer] runs the rounds as
+``flwr.server.Server.fit`` does (fit round, stage
 G on the server, evaluate round) and after every ``checkpoint.every``-th round and the last one
-writes a :class:`~pflower.core.checkpoint.ServerCheckpoint`. One difference: stage G, the
+writes a [`ServerCheckpoint`][pflower.core.checkpoint.ServerCheckpoint]. One difference: stage G,
+the
 server's own evaluation of the global model, is computed on a thread of its own while the
 clients work, the initial model's (round 0) during round 1's fit phase and round ``r``'s during
 round ``r``'s evaluate phase, and recorded before that phase's results are aggregated; so
@@ -12,8 +14,10 @@ checkpoint, it restores the strategy, the server's random generators and the glo
 what the checkpoint already covers (the initial evaluation and rounds up to the checkpoint's) and
 goes on from the next round.
 
-In a deployment a round's messages go out in one push (:func:`~pflower.runtime.polling.fit_at_once`
-and :func:`~pflower.runtime.polling.evaluate_at_once`); elsewhere (a simulation, in-process tests)
+In a deployment a round's messages go out in one push
+([`fit_at_once`][pflower.runtime.polling.fit_at_once]
+and [`evaluate_at_once`][pflower.runtime.polling.evaluate_at_once]); elsewhere (a simulation,
+in-process tests)
 each client is reached by Flower's ``fit_clients``/``evaluate_clients``.
 """
 
@@ -58,8 +62,10 @@ from pflower.runtime.polling import (
 
 
 class GlobalStage:
-    """Stage G computed on ``executor`` beside the clients' work: :meth:`start` one evaluation,
-    :meth:`finish` waits for it and records it (row and ``history``) on the caller's thread."""
+    """Stage G computed on ``executor`` beside the clients' work:
+    [`start`][pflower.server.loop.GlobalStage.start] one evaluation,
+    [`finish`][pflower.server.loop.GlobalStage.finish] waits for it and records it (row and
+    ``history``) on the caller's thread."""
 
     def __init__(self, executor: ThreadPoolExecutor, history: History) -> None:
         self._executor = executor
@@ -148,7 +154,7 @@ class CheckpointingServer(Server):
         timeout: float | None,
         before_aggregate: Callable[[], None] = lambda: None,
     ) -> tuple[Parameters | None, dict[str, Scalar], FitResultsAndFailures] | None:
-        """Flower's ``Server.fit_round``, the clients reached as :meth:`_round` says."""
+        """Flower's ``Server.fit_round``, the clients reached as `_round` says."""
         strategy = self.strategy
         return self._round(
             "fit",
@@ -166,7 +172,7 @@ class CheckpointingServer(Server):
         timeout: float | None,
         before_aggregate: Callable[[], None] = lambda: None,
     ) -> tuple[float | None, dict[str, Scalar], EvaluateResultsAndFailures] | None:
-        """Flower's ``Server.evaluate_round``, the clients reached as :meth:`_round` says."""
+        """Flower's ``Server.evaluate_round``, the clients reached as `_round` says."""
         strategy = self.strategy
         return self._round(
             "evaluate",

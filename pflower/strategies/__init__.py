@@ -1,7 +1,9 @@
 """The algorithms: one module each, holding its Strategy, its client and its options.
 
 Importing this package imports every algorithm module in it, which registers each algorithm under
-its config name (:func:`pflower.core.algorithm.register_algorithm`): a new algorithm is a new
+its config name
+([`pflower.core.algorithm.register_algorithm`][pflower.core.algorithm.register_algorithm]): a new
+algorithm is a new
 module here and nothing else.
 """
 

@@ -320,7 +320,8 @@ class ALAClientMixin(PersonalClient[Any]):
     Wherever the method starts from or evaluates the received model, it gets
     ALA(received, local) instead (the paper's "+ALA", Table 4: ALA "only modifies the local
     initialization"); everything else of the method is unchanged. The options must derive from
-    :class:`ALAFields`. ``ala_candidates`` may restrict ALA to part of the model.
+    [`ALAFields`][pflower.strategies.ala.ALAFields]. ``ala_candidates`` may restrict ALA to part of
+    the model.
     """
 
     def ala_candidates(self) -> list[str] | None:

@@ -69,7 +69,8 @@ class APFLStrategy(PersonalizedStrategy["APFLOptions"]):
 
 class APFLClient(PersonalAndGlobalClient["APFLOptions"]):
     """Trains w (uploaded), v_i and α_i (kept) on the same mini-batches. Stage L1: the mixture
-    v̄_i (PM, :meth:`personalize`) and the received w (GM)."""
+    v̄_i (PM, [`personalize`][pflower.strategies.apfl.APFLClient.personalize]) and the received w
+    (GM)."""
 
     personal_key: ClassVar[str] = LOCAL
 

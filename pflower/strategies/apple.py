@@ -136,7 +136,8 @@ def relationship_gradient(
     Args:
         grad: g, the flattened gradient at ŵ_i (``P`` trainable elements).
         cores: the core models as rows of an ``N x P`` matrix, in the same element order.
-        weights: :func:`relationship_weights` (on ``grad``'s device), or ``None`` (exact).
+        weights: [`relationship_weights`][pflower.strategies.apple.relationship_weights] (on
+            ``grad``'s device), or ``None`` (exact).
     """
     if weights is not None:
         grad = grad * weights

@@ -1,10 +1,14 @@
 """The shared loop's mini-batches, for algorithms that write their own local training loop
 (FedRoD's two heads, FedPHP's MMD alignment, pFedMe's K inner steps, APFL's model pair, ...),
-and the optimizer step of the shared loop (:func:`optimizer_step`).
+and the optimizer step of the shared loop
+([`optimizer_step`][pflower.strategies.batches.optimizer_step]).
 
-:meth:`pflower.core.client.PersonalClient.local_train` draws a client's data order from a
+[`pflower.core.client.PersonalClient.local_train`][pflower.core.client.PersonalClient.local_train]
+draws a client's data order from a
 generator seeded by (experiment seed, round, partition id); a custom loop that uses
-:func:`data_generator` and :func:`train_batches` visits the same batches in the same order, so
+[`data_generator`][pflower.strategies.batches.data_generator] and
+[`train_batches`][pflower.strategies.batches.train_batches] visits the same batches in the same
+order, so
 its identities with FedAvg hold bit for bit.
 """
 

@@ -6,13 +6,20 @@ drift h_i of FedDC, Gao et al., CVPR 2022; the linear term and h of FedDyn, Acar
 ICLR 2021). BatchNorm buffers have no gradient and are left out of them. This module holds:
 
 - array helpers over a ``state_dict``-ordered list and its trainable mask;
-- :func:`linear_term`, the loss term ⟨θ, v⟩ whose gradient is exactly v;
-- :func:`local_steps` (K) and :func:`effective_steps` (the denominator of SCAFFOLD's option II
+- [`linear_term`][pflower.strategies.control_variates.linear_term], the loss term ⟨θ, v⟩ whose
+  gradient is exactly v;
+- [`local_steps`][pflower.strategies.control_variates.local_steps] (K) and
+  [`effective_steps`][pflower.strategies.control_variates.effective_steps] (the denominator of
+  SCAFFOLD's option II
   and of FedDC's correction under heavy-ball momentum, see there);
-- :func:`mean_delta_update`, the server step v ← v + (1/N) Σ_{i∈S} Δv_i;
-- :class:`ModelAndVariateStrategy` / :class:`ModelAndVariateClient`: the wire format "model,
+- [`mean_delta_update`][pflower.strategies.control_variates.mean_delta_update], the server step v ←
+  v + (1/N) Σ_{i∈S} Δv_i;
+- [`ModelAndVariateStrategy`][pflower.strategies.control_variates.ModelAndVariateStrategy] /
+  [`ModelAndVariateClient`][pflower.strategies.control_variates.ModelAndVariateClient]: the wire
+  format "model,
   then one server variate per trainable parameter" (fit only; evaluate carries the model alone);
-- :class:`ClientAverageScoring`: which model FedDyn and FedDC report (:class:`ReportedModel`).
+- [`ClientAverageScoring`][pflower.strategies.control_variates.ClientAverageScoring]: which model
+  FedDyn and FedDC report ([`ReportedModel`][pflower.strategies.control_variates.ReportedModel]).
 """
 
 from __future__ import annotations
@@ -103,7 +110,8 @@ def linear_term(model: nn.Module, coefficients: NDArrays, scale: float = 1.0) ->
 
 
 def local_steps(num_examples: int, settings: TrainSettings) -> int:
-    """K: the optimizer steps of one local round (as :func:`~pflower.core.training.train` takes)."""
+    """K: the optimizer steps of one local round (as [`train`][pflower.core.training.train]
+    takes)."""
     if num_examples == 0:
         return 0
     if settings.steps is not None:
@@ -147,7 +155,9 @@ def effective_steps(steps: int, settings: TrainSettings) -> float:
 
 # ----------------------------------------------------------------------------- wire format
 class ModelAndVariateStrategy(PersonalizedStrategy[OptionsT]):
-    """Fit sends the global model followed by :meth:`server_variate` (one array per trainable
+    """Fit sends the global model followed by
+    [`server_variate`][pflower.strategies.control_variates.ModelAndVariateStrategy.server_variate]
+    (one array per trainable
     parameter; the same message for every client, built once per round); evaluate sends the
     model alone. The uploads start with the client's model."""
 
@@ -155,7 +165,9 @@ class ModelAndVariateStrategy(PersonalizedStrategy[OptionsT]):
     """This round's fit message (round, parameters), rebuilt when the round changes."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        """Refuses optimizers other than SGD (:func:`require_sgd`); the rest is the base's."""
+        """Refuses optimizers other than SGD
+        ([`require_sgd`][pflower.strategies.control_variates.require_sgd]); the rest is the
+        base's."""
         super().__init__(*args, **kwargs)
         require_sgd(self.settings.train.optimizer)
 
@@ -189,7 +201,9 @@ class ModelAndVariateStrategy(PersonalizedStrategy[OptionsT]):
 
 
 class ModelAndVariateClient(PersonalClient[OptionsT]):
-    """Splits :class:`ModelAndVariateStrategy`'s message; trains from the model part."""
+    """Splits
+    [`ModelAndVariateStrategy`][pflower.strategies.control_variates.ModelAndVariateStrategy]'s
+    message; trains from the model part."""
 
     def split_message(self, parameters: NDArrays) -> tuple[NDArrays, NDArrays]:
         """(model, server variate): the first ``len(state_dict)`` arrays, then the rest."""
@@ -202,7 +216,8 @@ class ModelAndVariateClient(PersonalClient[OptionsT]):
         return stored if stored is not None else [np.zeros_like(a) for a in like]
 
     extra_upload: NDArrays
-    """What :meth:`upload` sends after the trained model (set by ``remember``)."""
+    """What [`upload`][pflower.strategies.control_variates.ModelAndVariateClient.upload] sends after
+    the trained model (set by ``remember``)."""
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         return self.split_message(global_weights)[0]
@@ -210,11 +225,14 @@ class ModelAndVariateClient(PersonalClient[OptionsT]):
     def upload(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> NDArrays:
-        """The trained model followed by :attr:`extra_upload`."""
+        """The trained model followed by
+        [`extra_upload`][pflower.strategies.control_variates.ModelAndVariateClient.extra_upload]."""
         return list(trained) + list(self.extra_upload)
 
     def option_ii_scale(self, config: dict[str, Scalar]) -> float | None:
-        """1/(K_eff η_l) of this round (:func:`effective_steps`), or None when no step ran."""
+        """1/(K_eff η_l) of this round
+        ([`effective_steps`][pflower.strategies.control_variates.effective_steps]), or None when no
+        step ran."""
         settings = self.train_settings(config)
         steps = local_steps(len(self.data.train), settings)
         if steps == 0:
@@ -236,8 +254,13 @@ class ReportedModel(StrEnum):
 
 class ClientAverageScoring:
     """Mixin for a strategy whose ``aggregate`` corrects the average of the client models: it
-    keeps that average (:attr:`client_average`, set by :meth:`remember_average`) and has stages G
-    and L1 score it when ``options.report`` is ``average`` (see :class:`ReportedModel`).
+    keeps that average
+    ([`client_average`][pflower.strategies.control_variates.ClientAverageScoring.client_average],
+    set by
+    [`remember_average`][pflower.strategies.control_variates.ClientAverageScoring.remember_average])
+    and has stages G
+    and L1 score it when ``options.report`` is ``average`` (see
+    [`ReportedModel`][pflower.strategies.control_variates.ReportedModel]).
 
     Before the first aggregation (round 0) both reports are the initial model.
     """
@@ -247,7 +270,9 @@ class ClientAverageScoring:
     options: Any
 
     def remember_average(self, mean: NDArrays) -> None:
-        """Keep ``mean`` (the arrays :meth:`average` returned; nothing changes them in place)."""
+        """Keep ``mean`` (the arrays
+        [`average`][pflower.strategies.control_variates.ReportedModel.average] returned; nothing
+        changes them in place)."""
         self.client_average = mean
 
     def scored_parameters(self, global_parameters: Parameters) -> Parameters:

@@ -42,7 +42,8 @@ which the client never reads) with config ``server-round``; the client uploads i
 (all arrays). λ, η, τ and the other keys are read by both sides from ``strategy.*``. Evaluate
 sends the server's stage-G model, which the client ignores: stage L1 is its personalized w_i.
 
-Server state: :attr:`client_models` (the base class's ClientModelStore, keyed by partition id),
+Server state: [`client_models`][pflower.strategies.diversifed.DiversiFedStrategy.client_models] (the
+base class's ClientModelStore, keyed by partition id),
 the latest upload of every client; a client never sampled counts as Θ^0. There is no global
 model: stage G evaluates the mean of the stored models (labelled ``mean_of_client_models``),
 for reference only. Client state: ``div_personal``, its personalized model (parameters and

@@ -2,7 +2,8 @@
 Personalized Federated Learning", AAAI 2023 (Algorithm 1), and ALA on FedProx (Table 4).
 
 FedALA is FedAvg with one client-side change: the local model is initialized by the ALA module
-(:mod:`pflower.strategies.ala`, Eq. 4 and 5) instead of being overwritten by the global model
+([`pflower.strategies.ala`][pflower.strategies.ala], Eq. 4 and 5) instead of being overwritten by
+the global model
 Θ^{t-1}. Client i then trains Θ̂_i^t for the round's local epochs (Alg. 1 line 19) and uploads
 Θ_i^t; the server averages Θ^t = Σ_i (k_i / Σ_j k_j) Θ_i^t over the round's clients with
 k_i = |D_i| (line 21), as FedAvg does. Stage L1 evaluates the ALA-initialized local model Θ̂_i
@@ -30,7 +31,7 @@ trains (the start of iteration t + 1, where Alg. 1 puts it) rather than at evalu
 What crosses the wire: exactly FedAvg's (the full model each way, ``server-round`` in the
 config); the client reports ``ala_epochs``, ``ala_seconds``, and after its initial stage
 ``ala_start_epochs`` and ``ala_capped`` with its fit metrics. Client state: ``ala_local``,
-``ala_weights`` and ``ala_meta`` (see :mod:`pflower.strategies.ala`).
+``ala_weights`` and ``ala_meta`` (see [`pflower.strategies.ala`][pflower.strategies.ala]).
 
 Deviations: (1) a client that has not trained yet has no local model: ALA stays deactivated for
 it (local := global) and its initial stage waits until it has trained once; the authors' code
@@ -71,7 +72,7 @@ class FedALAClient(ALAClientMixin, FedAvgClient):
 @register_algorithm("fedala", strategy=FedALAStrategy, client=FedALAClient)
 @dataclass
 class FedALAOptions(AlgorithmOptions, ALAFields):
-    """FedALA's options are the ALA options (:class:`~pflower.strategies.ala.ALAFields`):
+    """FedALA's options are the ALA options ([`ALAFields`][pflower.strategies.ala.ALAFields]):
     eta (η), rand_percent (s), layer_idx (p in parameter tensors; 2 = the paper's p = 1),
     threshold, num_pre_loss, max_start_epochs, ala_batch_size, adapt_after_start."""
 
@@ -143,7 +144,8 @@ class DittoALAClient(ALAClientMixin, DittoClient):
         return super(ALAClientMixin, self).personalize(global_weights, config)
 
     def personal_anchor(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
-        """ALA(w^t, local) of this round (computed by :meth:`start_model`, read back)."""
+        """ALA(w^t, local) of this round (computed by
+        [`start_model`][pflower.strategies.fedala.DittoALAClient.start_model], read back)."""
         return self.ala_initialized(global_weights, server_round(config) - 1, config)
 
 

@@ -7,10 +7,12 @@ parameters except BN"). Each round the client starts from the received non-BN pa
 own BN layers, trains the whole model, and uploads the non-BN arrays; the server averages them
 weighted by n_k. Stage L1 evaluates received model + own BN layers.
 
-Which arrays are BatchNorm is read from the model (:func:`pflower.models.split.batchnorm_mask`),
+Which arrays are BatchNorm is read from the model
+([`pflower.models.split.batchnorm_mask`][pflower.models.split.batchnorm_mask]),
 so FedBN runs on every model; on a model without BatchNorm it is FedAvg exactly.
 
-What crosses the wire: the split-model family's (:mod:`pflower.strategies.split`), with the BN
+What crosses the wire: the split-model family's
+([`pflower.strategies.split`][pflower.strategies.split]), with the BN
 arrays as the personal ones. Client state: ``split_personal``, the client's BN parameters and
 statistics.
 

@@ -30,7 +30,8 @@ What crosses the wire:
 Client state (``context.state``): ``feddc_drift`` (h_i) and ``feddc_correction`` (G_i), trainable
 parameters in ``state_dict`` order; absent means zero.
 
-Server state (attributes of :class:`FedDCStrategy`, for checkpoints):
+Server state (attributes of [`FedDCStrategy`][pflower.strategies.feddc.FedDCStrategy], for
+checkpoints):
     global_correction: G, one array per trainable parameter (None = zero).
     client_drifts: {partition id: h_i}, the latest drift each client uploaded.
     global_weights: w (the base class's global model).
@@ -44,7 +45,8 @@ multiplies h_i in the penalty and in the server correction, and the gradient-cor
 ``aggregation`` (default ``uniform``, as the official code). The correction's Δ/(K η) is
 SCAFFOLD's option II and, like it, assumes plain SGD steps: with ``train.momentum`` β > 0 the
 denominator is K_eff η, K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)
-(:func:`~pflower.strategies.control_variates.effective_steps`, which explains why; with K η
+([`effective_steps`][pflower.strategies.control_variates.effective_steps], which explains why; with
+K η
 the corrections grow about 1/(1 − β) times too large and diverge to NaN within 4 rounds on
 digits at the default β = 0.9). β = 0 computes K η exactly; ``train.optimizer=adam`` is refused.
 """

@@ -22,7 +22,8 @@ What crosses the wire: θ^{t−1} down and θ_k^t up, as FedAvg (config: ``serve
 Client state (``context.state``): ``feddyn_grad``, the client's linear term g_k = ∇L_k(θ_k^{t−1})
 (trainable parameters, ``state_dict`` order); absent means zero.
 
-Server state (attributes of :class:`FedDynStrategy`, for checkpoints):
+Server state (attributes of [`FedDynStrategy`][pflower.strategies.feddyn.FedDynStrategy], for
+checkpoints):
     server_h: h, one array per trainable parameter (None until the first update, meaning zero).
     global_weights: θ^t (the base class's global model).
     client_average: the round's plain mean of the client models.

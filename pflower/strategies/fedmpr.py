@@ -9,7 +9,8 @@ server averages as FedAvg does:
    y = M ⊙ f(Wx + b), element-wise) and Gaussian weight noise W_n = W + ε (Eq. 4) inside every
    BasicBlock of the stages ``reg_stages``. The noise is drawn fresh on every training forward
    pass and is never written into the parameters or sent (see
-   :mod:`pflower.models.regularization` for the placement and the ``noise_mode`` readings of σ).
+   [`pflower.models.regularization`][pflower.models.regularization] for the placement and the
+   ``noise_mode`` readings of σ).
    The random numbers come from a stream of the client's own: seed (run seed, partition id,
    round) ("randomly generated values specific to each client", Sec. IV-B).
 2. Magnitude pruning (Alg. 1 lines 13-19): t = the (100·p)-th percentile of |W_k| over the
@@ -37,7 +38,8 @@ Client state: none (the paper's client is stateless). Server state: the global m
 
 Deviations: the paper does not say how σ is scaled (Eq. 4 reads as absolute noise, Sec. VII calls
 σ a "ratio"): ``noise_mode`` defaults to noise relative to each tensor's std (see
-:mod:`pflower.models.regularization`). Dropout and noise need a ResNet (the paper's ResNet-18);
+[`pflower.models.regularization`][pflower.models.regularization]). Dropout and noise need a ResNet
+(the paper's ResNet-18);
 with other models only pruning is available (d = σ = 0).
 """
 
@@ -83,7 +85,8 @@ GLOBAL = PruneGranularity["global"]
 
 
 class NoiseMode(StrEnum):
-    """How σ scales the noise (see :mod:`pflower.models.regularization`)."""
+    """How σ scales the noise (see
+    [`pflower.models.regularization`][pflower.models.regularization])."""
 
     weight_relative = "weight_relative"
     weight_abs = "weight_abs"

@@ -7,8 +7,10 @@ its own W_P (Alg. 1: "W_B ← received", W_P kept), trains both jointly with SGD
 local epochs, and uploads W_B only; the server averages the bases weighted by n_j. Stage L1
 evaluates received base + own head.
 
-The split is the zoo's declaration (:mod:`pflower.models.split`: the head ``fc``), so FedPer runs
-on every model. FedPer is the split-model family's protocol (:mod:`pflower.strategies.split`)
+The split is the zoo's declaration ([`pflower.models.split`][pflower.models.split]: the head
+``fc``), so FedPer runs
+on every model. FedPer is the split-model family's protocol
+([`pflower.strategies.split`][pflower.strategies.split])
 with the head as the personal arrays.
 
 What crosses the wire: server → client the full global model (``server-round`` in the config;

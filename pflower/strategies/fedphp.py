@@ -7,7 +7,8 @@ Client i keeps its local model w_i (the "inherited private model"). In round R o
 1. inherits: w ← (1 − μ_R) Θ^{R−1} + μ_R w_i with μ_R = μ · R / T (the private model's share
    grows over the run; round 1 starts from Θ^0);
 2. trains w on (1 − λ) · CE + λ · MMD²(f_w(x), f_Θ(x)) per batch, where f is the body's
-   feature vector (:func:`pflower.models.split.represent`) and Θ = Θ^{R−1} is the received
+   feature vector ([`pflower.models.split.represent`][pflower.models.split.represent]) and Θ =
+   Θ^{R−1} is the received
    global model, frozen; the kernel is a sum of Gaussians,
    k(a, b) = Σ_{s ∈ {10, 15, 20, 50}} exp(−‖a − b‖² / (2s)), and MMD² = mean(K_aa + K_bb − 2 K_ab)
    over the batch (the biased estimate);

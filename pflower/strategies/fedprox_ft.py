@@ -15,7 +15,8 @@ seeded by that version), so the model evaluated at stage L1 of round t is exactl
 round t+1 starts from (as long as the learning rate does not decay between the two rounds); no
 client state is needed.
 
-Identity: ``finetune_init = false, mu = 0`` is FedAvg-FT (:mod:`pflower.strategies.fedavg_ft`)
+Identity: ``finetune_init = false, mu = 0`` is FedAvg-FT
+    ([`pflower.strategies.fedavg_ft`][pflower.strategies.fedavg_ft])
 exactly. The paper gives no fine-tuning length; Table 3's cost (about 15x FedAvg per round)
 suggests many epochs: ``finetune_epochs`` is the knob.
 

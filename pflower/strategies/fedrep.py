@@ -16,10 +16,12 @@ client's head (what the client deploys before its next round of training). Both 
 round's optimizer settings (the paper uses one step size α for both).
 
 Identity: with ``head_epochs = 0`` the head is never trained, so step 2 trains the body under
-Θ^0's head, exactly FedBABU's federated training (:mod:`pflower.strategies.fedbabu`); both share
+Θ^0's head, exactly FedBABU's federated training
+([`pflower.strategies.fedbabu`][pflower.strategies.fedbabu]); both share
 the body update path (stage L2 and the global body agree).
 
-What crosses the wire: the split-model family's (:mod:`pflower.strategies.split`): the full
+What crosses the wire: the split-model family's
+([`pflower.strategies.split`][pflower.strategies.split]): the full
 global model down, the body up (the head as empty arrays). Client state: ``split_personal``, the
 head h_i. The head phase draws its batch order from its own seeded stream; the body phase from
 the same stream as every algorithm's local training.

@@ -2,15 +2,20 @@
 (DiversiFed, FedAMP) and of those that keep one model per client on both sides (FedFomo,
 FedProto, APPLE, FedCAC).
 
-- :class:`ModelMixingStrategy`: sends every sampled client i its own u_i = Σ_j Ξ_ij w_j, an
+- [`ModelMixingStrategy`][pflower.strategies.model_mixing.ModelMixingStrategy]: sends every sampled
+  client i its own u_i = Σ_j Ξ_ij w_j, an
   affine combination of the stored client models; a subclass gives Ξ (DiversiFed's step on its
   model distance loss, FedAMP's attentive message passing);
-- :class:`OwnModelClient`: a client whose deployable model is its own, kept in ``context.state``;
-- the server's arithmetic on flattened models (:func:`flatten`, :func:`unflatten`,
-  :func:`pairwise_distances`, :func:`mix`) over the trainable parameters
-  (:func:`parameter_mask`);
-- :func:`mean_of_stored`: stage G's reference model for methods without a global model
-  (labelled :data:`MEAN_OF_CLIENT_MODELS`).
+- [`OwnModelClient`][pflower.strategies.model_mixing.OwnModelClient]: a client whose deployable
+  model is its own, kept in ``context.state``;
+- the server's arithmetic on flattened models ([`flatten`][pflower.strategies.model_mixing.flatten],
+  [`unflatten`][pflower.strategies.model_mixing.unflatten],
+  [`pairwise_distances`][pflower.strategies.model_mixing.pairwise_distances],
+  [`mix`][pflower.strategies.model_mixing.mix]) over the trainable parameters
+  ([`parameter_mask`][pflower.strategies.model_mixing.parameter_mask]);
+- [`mean_of_stored`][pflower.strategies.model_mixing.mean_of_stored]: stage G's reference model for
+  methods without a global model
+  (labelled [`MEAN_OF_CLIENT_MODELS`][pflower.strategies.model_mixing.MEAN_OF_CLIENT_MODELS]).
 """
 
 from __future__ import annotations
@@ -31,7 +36,8 @@ from pflower.core.options import Aggregation, AlgorithmOptions, OptionsT
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 
 MEAN_OF_CLIENT_MODELS = "mean_of_client_models"
-"""Stage G's ``model`` label when it scores :func:`mean_of_stored` (no global model)."""
+"""Stage G's ``model`` label when it scores
+[`mean_of_stored`][pflower.strategies.model_mixing.mean_of_stored] (no global model)."""
 
 
 class Neighbors(StrEnum):
@@ -115,7 +121,8 @@ def mean_of_stored(strategy: PersonalizedStrategy) -> NDArrays:
 # ----------------------------------------------- shared by the server-personalized methods
 @dataclass
 class MixingOptions(AlgorithmOptions):
-    """The option every model-mixing method has (see :class:`ModelMixingStrategy`)."""
+    """The option every model-mixing method has (see
+    [`ModelMixingStrategy`][pflower.strategies.model_mixing.ModelMixingStrategy])."""
 
     neighbors: Neighbors = Neighbors.participants
 
@@ -126,7 +133,8 @@ MixingOptionsT = TypeVar("MixingOptionsT", bound=MixingOptions)
 class ModelMixingStrategy(PersonalizedStrategy[MixingOptionsT]):
     """Sends every sampled client i its own u_i = Σ_j Ξ_ij w_j, an affine combination of the
     stored client models w_j (Θ^0 for a client never sampled) over the trainable parameters
-    (buffers copied from the client's stored model). Subclasses give Ξ (:meth:`mixing`):
+    (buffers copied from the client's stored model). Subclasses give Ξ
+    ([`mixing`][pflower.strategies.model_mixing.ModelMixingStrategy.mixing]):
     DiversiFed's step on L_M (Eq. 6), FedAMP's attentive message passing. No global model:
     stage G evaluates the mean of the stored models. The neighbor set follows
     ``options.neighbors`` (this round's participants, or every client's latest upload)."""
@@ -175,7 +183,7 @@ def initial_weights_untouched(client: PersonalClient) -> NDArrays:
 
 class OwnModelClient(PersonalClient[OptionsT]):
     """A client whose deployable model is its own, kept in ``context.state`` under
-    :attr:`model_key` (all ``state_dict`` arrays) and Θ^0 before its first round: it trains
+    `model_key` (all ``state_dict`` arrays) and Θ^0 before its first round: it trains
     from it, stores the trained model, and evaluates it at stage L1."""
 
     model_key: ClassVar[str]

@@ -4,10 +4,14 @@ Alg. 1), FLAME (Zhu et al., arXiv 2407.16397, Eq. 11), Ditto (Li et al., ICML 20
 line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
 
 - their loss term θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖², with an anchor that may move between
-  steps, is the regularized family's one proximal term (:mod:`pflower.strategies.proximal`);
-- :func:`steps_per_epoch`: the mini-batches of one pass (when the per-pass updates run);
-- :func:`float_or`: an elementwise closed-form update that leaves non-float arrays alone;
-- :class:`PersonalAndGlobalClient`: stage L1 evaluates the stored personalized model (PM) and
+  steps, is the regularized family's one proximal term
+  ([`pflower.strategies.proximal`][pflower.strategies.proximal]);
+- [`steps_per_epoch`][pflower.strategies.moreau.steps_per_epoch]: the mini-batches of one pass (when
+  the per-pass updates run);
+- [`float_or`][pflower.strategies.moreau.float_or]: an elementwise closed-form update that leaves
+  non-float arrays alone;
+- [`PersonalAndGlobalClient`][pflower.strategies.moreau.PersonalAndGlobalClient]: stage L1 evaluates
+  the stored personalized model (PM) and
   the received global model (GM), and reports the hybrid model (HM, the better of the two on the
   split ``selection.split`` names; FLAME paper, Sec. IV-D).
 """
@@ -39,7 +43,7 @@ def float_or(reference: np.ndarray, value: np.ndarray) -> np.ndarray:
 
 
 class PersonalAndGlobalClient(PersonalClient[OptionsT]):
-    """Stage L1 evaluates the personalized model stored under :attr:`personal_key` (the received
+    """Stage L1 evaluates the personalized model stored under `personal_key` (the received
     model before the client has trained) as PM and the received global model as GM."""
 
     personal_key: ClassVar[str]
@@ -58,7 +62,8 @@ class PersonalAndGlobalClient(PersonalClient[OptionsT]):
         self, global_weights: NDArrays, config: dict[str, Scalar]
     ) -> dict[str, Scalar]:
         """The PM's stage metrics plus ``acc_pm``/``acc_gm``/``acc_hm`` (and losses) and
-        ``hm_choice_pm`` (:meth:`hybrid_metrics`)."""
+        ``hm_choice_pm``
+        ([`hybrid_metrics`][pflower.strategies.moreau.PersonalAndGlobalClient.hybrid_metrics])."""
         metrics = self.stage_metrics()
         global_model = self.global_model_for_eval(global_weights, config)
         return {**metrics, **self.hybrid_metrics(metrics, global_model)}

@@ -13,7 +13,8 @@ Its users, and the anchor and λ each passes:
 - pFedMe (Dinh et al., NeurIPS 2020, Alg. 1), FLAME (Zhu et al., arXiv 2407.16397, Eq. 11) and
   Ditto (Li et al., ICML 2021, Alg. 1 line 8), with μ the extra L2 term of the FLAME authors'
   code (``mu_l2``): an anchor that may move between steps (pFedMe's local copy w_i after each
-  w-step, FLAME's w_i after each ADMM update), updated in place with :func:`set_anchors`.
+  w-step, FLAME's w_i after each ADMM update), updated in place with
+  [`set_anchors`][pflower.strategies.proximal.set_anchors].
 
 BatchNorm statistics are not parameters and are left to the data.
 """
@@ -45,8 +46,10 @@ def anchor_tensors(model: nn.Module, weights: NDArrays) -> dict[str, torch.Tenso
 def proximal_term(anchors: dict[str, torch.Tensor], lambda_: float, mu: float = 0.0) -> Regularizer:
     """θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖² over the trainable parameters (see the module doc).
 
-    ``anchors`` (from :func:`anchor_tensors`) are read at every call, so updating them in place
-    (:func:`set_anchors`) moves the anchor between steps. A zero λ or μ leaves its part out."""
+    ``anchors`` (from [`anchor_tensors`][pflower.strategies.proximal.anchor_tensors]) are read at
+    every call, so updating them in place
+    ([`set_anchors`][pflower.strategies.proximal.set_anchors]) moves the anchor between steps. A
+    zero λ or μ leaves its part out."""
 
     def term(model: nn.Module) -> torch.Tensor:
         total = torch.zeros((), device=model_device(model))
@@ -62,7 +65,8 @@ def proximal_term(anchors: dict[str, torch.Tensor], lambda_: float, mu: float = 
 
 def proximal_to(model: nn.Module, weights: NDArrays, lambda_: float) -> Regularizer:
     """θ ↦ (λ/2)‖θ − w‖² toward the fixed ``weights`` w (state_dict order, as they arrive from
-    the server): :func:`proximal_term` with anchors :func:`anchor_tensors` of ``weights``."""
+    the server): [`proximal_term`][pflower.strategies.proximal.proximal_term] with anchors
+    [`anchor_tensors`][pflower.strategies.proximal.anchor_tensors] of ``weights``."""
     return proximal_term(anchor_tensors(model, weights), lambda_)
 
 

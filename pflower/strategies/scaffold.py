@@ -25,7 +25,8 @@ with momentum or weight decay. K is the number of optimizer steps the client too
 
 Momentum (a deviation; Alg. 1 takes plain SGD steps): with ``train.momentum`` β > 0 the option-II
 denominator K η_l becomes K_eff η_l, K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)
-(:func:`~pflower.strategies.control_variates.effective_steps`). Option II's (x − y_i)/(K η_l) is
+([`effective_steps`][pflower.strategies.control_variates.effective_steps]). Option II's (x − y_i)/(K
+η_l) is
 the mean of the K corrected gradients because each plain SGD step moves the model by η_l times
 one gradient; under heavy-ball momentum (buffer reset every round) the displacement is
 η_l Σ_k w_k g̃_k with Σ_k w_k = K_eff ≈ K/(1 − β), so dividing by K η_l overestimates c_i about
@@ -51,7 +52,8 @@ What crosses the wire (Alg. 1 lines 5 and 13, exactly two model-sized messages e
 Client state (``context.state``): ``scaffold_ci``, the client control variate c_i (trainable
 parameters, ``state_dict`` order); absent means zero.
 
-Server state (attributes of :class:`ScaffoldStrategy`, for checkpoints):
+Server state (attributes of [`ScaffoldStrategy`][pflower.strategies.scaffold.ScaffoldStrategy], for
+checkpoints):
     server_control: c, one array per trainable parameter (None until first used, meaning zero).
     global_weights: x (the base class's global model).
 

@@ -2,15 +2,18 @@
 
 Each method divides the model's ``state_dict`` arrays into *shared* ones, averaged by the server,
 and *personal* ones, which never leave the client: the head for FedPer and FedRep
-(:func:`pflower.models.split.head_mask`), the BatchNorm layers for FedBN
-(:func:`pflower.models.split.batchnorm_mask`). An algorithm names its personal arrays
-(:meth:`SplitClient.personal_mask`) and the rest of the protocol follows:
+([`pflower.models.split.head_mask`][pflower.models.split.head_mask]), the BatchNorm layers for FedBN
+([`pflower.models.split.batchnorm_mask`][pflower.models.split.batchnorm_mask]). An algorithm names
+its personal arrays
+([`SplitClient.personal_mask`][pflower.strategies.split.SplitClient.personal_mask]) and the rest of
+the protocol follows:
 
 - the client starts its round, and is evaluated at stage L1, from the received shared arrays
   and its own personal ones (the received ones before it has trained);
 - after training it keeps its personal arrays in ``context.state`` under ``split_personal``;
 - it uploads the shared arrays, with an empty array (size 0) in place of each personal one;
-  the server (:class:`SplitStrategy`, the base's ``partial_uploads``) averages each array over
+  the server ([`SplitStrategy`][pflower.strategies.split.SplitStrategy], the base's
+  ``partial_uploads``) averages each array over
   the clients that sent it and keeps the current global array where none did.
 
 What crosses the wire: server → client the full global model (``server-round`` in the config;
@@ -52,7 +55,8 @@ class SplitStrategy(PersonalizedStrategy[Any]):
 
 
 class SplitClient(PersonalClient[Any]):
-    """Keeps the arrays of :meth:`personal_mask` locally and shares the others."""
+    """Keeps the arrays of [`personal_mask`][pflower.strategies.split.SplitClient.personal_mask]
+    locally and shares the others."""
 
     def personal_mask(self) -> list[bool]:
         """Per ``state_dict`` entry: True for an array that stays on the client."""

@@ -1,9 +1,12 @@
 """Fair comparisons (DESIGN contract 9): every method tuned on validation with the same budget.
 
-- :mod:`pflower.searchspace` declares each option's range beside it (``tunable``);
-- :mod:`.suite` reads a benchmark suite (``conf/suite/*.yaml``): settings, methods, budget;
-- :mod:`.search` runs the Optuna studies (trials are pflower runs on validation shares), writes
+- [`pflower.searchspace`][pflower.searchspace] declares each option's range beside it (``tunable``);
+- [`.suite`][pflower.tuning.suite] reads a benchmark suite (``conf/suite/*.yaml``): settings,
+  methods, budget;
+- [`.search`][pflower.tuning.search] runs the Optuna studies (trials are pflower runs on validation
+  shares), writes
   the chosen values and runs them with new seeds on test;
-- :mod:`.cli` is ``pflower tune``; ``pflower report --leaderboard`` renders the results
-  (:mod:`pflower.reporting.leaderboard`).
+- [`.cli`][pflower.tuning.cli] is ``pflower tune``; ``pflower report --leaderboard`` renders the
+  results
+  ([`pflower.reporting.leaderboard`][pflower.reporting.leaderboard]).
 """

@@ -12,10 +12,12 @@
     pflower tune --suite cpu --ray auto --workers 16     # one Ray task per run on a cluster
     pflower report --leaderboard tuning/cpu
 
-For each setting and method it runs (or resumes) the Optuna study (:mod:`.search`), writes the
+For each setting and method it runs (or resumes) the Optuna study
+([`.search`][pflower.tuning.search]), writes the
 chosen values to ``<out>/<setting>/chosen/<method>.yaml`` and runs them with the suite's final
 seeds on test (``--no-final`` skips that). With ``--profile KEY`` it tunes nothing: it runs the
-chosen values with KEY varied over a grid, on validation (:mod:`.profile`). Every invocation is
+chosen values with KEY varied over a grid, on validation ([`.profile`][pflower.tuning.profile]).
+Every invocation is
 appended to ``<out>/commands.log``, which the leaderboard shows.
 """
 
@@ -246,7 +248,8 @@ def run_profiles(
     runner: Runner | None = None,
 ) -> None:
     """Profile ``keys`` (``ends``: the keys chosen at an end of their range) at the chosen
-    values of every method (None: each setting's) that has them (:mod:`.profile`)."""
+    values of every method (None: each setting's) that has them
+    ([`.profile`][pflower.tuning.profile])."""
     from pflower.tuning.profile import chosen_at_ends, describe_profile, run_profile
     from pflower.tuning.search import read_chosen
 

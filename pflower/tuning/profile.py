@@ -9,13 +9,14 @@ value at an end of its range, where the best value may lie beyond; a profile say
 does.
 
 ``pflower tune METHOD --setting S --profile KEY`` runs the method's chosen values
-(``chosen/<method>.yaml``) with KEY set to each value of a grid (:func:`profile_grid`), each as a
+(``chosen/<method>.yaml``) with KEY set to each value of a grid
+([`profile_grid`][pflower.tuning.profile.profile_grid]), each as a
 trial of the study ran (the tuning seed, every stage scored on the clients' validation shares, so
 no test sample is read), to its last round (no pruning); the objective is the study's
-(:data:`~pflower.tuning.search.OBJECTIVE`). The point at the chosen value repeats the chosen
+(`OBJECTIVE`). The point at the chosen value repeats the chosen
 trial's run, so it reproduces the trial's objective (runs are deterministic; the record keeps the
 difference). ``--profile ends`` profiles every knob the method chose at an end of its range
-(:func:`chosen_at_ends`).
+([`chosen_at_ends`][pflower.tuning.profile.chosen_at_ends]).
 
 What a profile says, and what not: where the objective goes along one knob with the others held
 at their chosen values, on one seed. It is not what a search with a wider range would choose
@@ -27,7 +28,7 @@ error, whether it lies inside the searched range, the code and CPU kernels of it
 point and where it lies), the runs in
 ``<out>/<setting>/profiles/<method>/<key>/<value>/``. Completed and failed points are kept when
 the command runs again, as final runs are; the leaderboard shows a profile beside the end it
-explains (:func:`describe_profile`).
+explains ([`describe_profile`][pflower.tuning.profile.describe_profile]).
 """
 
 from __future__ import annotations
@@ -63,14 +64,15 @@ from pflower.tuning.search import (
 from pflower.tuning.suite import Setting, Suite
 
 LINEAR_POINTS = 5
-"""Points of a linear range's grid, its ends included (:func:`profile_grid`)."""
+"""Points of a linear range's grid, its ends included
+([`profile_grid`][pflower.tuning.profile.profile_grid])."""
 
 
 def chosen_at_ends(
     chosen: Mapping[str, Any], margin: float = RANGE_END
 ) -> list[tuple[str, float, str, str]]:
     """The chosen values (a ``chosen/<method>.yaml``) at an end of the range their search used
-    (:meth:`~pflower.searchspace.Param.end_of`): (key, value, ``"low"``/``"high"``, the range as
+    ([`end_of`][pflower.searchspace.Param.end_of]): (key, value, ``"low"``/``"high"``, the range as
     the file records it)."""
     params = chosen.get("params") or {}
     found = []
@@ -91,7 +93,8 @@ def profile_grid(param: Param, chosen: Any) -> list[Any]:
 
     A log range (or a choice of positive numbers spanning a decade: a coarse log range) gets
     its decades from its least value up, its greatest value, and a decade past each end (a
-    choice: its values and a decade past each end); a linear range :data:`LINEAR_POINTS` evenly
+    choice: its values and a decade past each end); a linear range
+        [`LINEAR_POINTS`][pflower.tuning.profile.LINEAR_POINTS] evenly
     spaced points from end to end (on its step; integers for an integer range), nothing past its
     ends, which are often the option's own (a fraction, a percentage, one epoch); any other
     choice its values."""
@@ -148,7 +151,8 @@ def run_profile(
     runner: Runner | None = None,
 ) -> dict[str, Any]:
     """Profile ``key`` at ``method``'s chosen values on ``setting`` (``values``: the grid; None:
-    :func:`profile_grid` of the range searched); write and return the record.
+    [`profile_grid`][pflower.tuning.profile.profile_grid] of the range searched); write and return
+    the record.
 
     Raises:
         ConfigError: the method has no chosen values here, or ``key`` was not searched and no

@@ -1,6 +1,9 @@
-"""How one tuning run is executed and read back: :func:`run_pflower` (a local process) and
-:class:`RayRunner` (a Ray task), both reporting each finished round's stage-L1 mean to the
-pruner, and the reader of the run's ``summary.json`` (:mod:`pflower.tuning.search` drives
+"""How one tuning run is executed and read back: [`run_pflower`][pflower.tuning.runner.run_pflower]
+(a local process) and
+[`RayRunner`][pflower.tuning.runner.RayRunner] (a Ray task), both reporting each finished round's
+stage-L1 mean to the
+pruner, and the reader of the run's ``summary.json``
+([`pflower.tuning.search`][pflower.tuning.search] drives
 them)."""
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ from pflower.runtime.signals import handlers_run_promptly
 HEARTBEAT_S = 20
 POLL_S = 2.0
 REFUSED_EXIT = 2
-"""pflower's exit code for a run refused before it starts (:class:`pflower.cli.GuardedTask`)."""
+"""pflower's exit code for a run refused before it starts
+([`pflower.cli.GuardedTask`][pflower.cli.GuardedTask])."""
 REFUSAL_PREFIXES = ("configuration error:", "dataset error:")
-"""How the lines start that say why pflower refused a run (:mod:`pflower.cli`)."""
+"""How the lines start that say why pflower refused a run ([`pflower.cli`][pflower.cli])."""
 
 
 # ------------------------------------------------------------------------------ run results
@@ -63,7 +67,7 @@ def _log_tail(run_dir: Path, lines: int = 12) -> str:
 
 def objective_of(summary: Mapping[str, Any]) -> float:
     """The tuning objective from a completed run's ``summary.json``
-    (see :data:`pflower.tuning.search.OBJECTIVE`)."""
+    (see `pflower.tuning.search.OBJECTIVE`)."""
     return float(summary["last10"]["L1"]["acc_local"]["mean"])
 
 
@@ -75,9 +79,11 @@ class RunRefused(ConfigError):
     """pflower refused the run before it started (exit code 2 and no ``summary.json``: a
     configuration or dataset error, an output folder it cannot write), which every run of the
     command would meet: the command stops with the run's message rather than spend a trial
-    budget, or a final seed, on it (:func:`pflower.tuning.search.tune` retries the trial later).
+    budget, or a final seed, on it ([`pflower.tuning.search.tune`][pflower.tuning.search.tune]
+    retries the trial later).
     A profile's point past a range's end may be a value the option refuses: that point is
-    recorded as refused (:func:`pflower.tuning.profile.run_profile`)."""
+    recorded as refused
+    ([`pflower.tuning.profile.run_profile`][pflower.tuning.profile.run_profile])."""
 
     def __init__(self, log_tail: str, command: Sequence[str]) -> None:
         self.log_tail, self.command = log_tail, list(command)
@@ -97,9 +103,10 @@ class Pruned(RuntimeError):
 
 
 class _LiveRuns:
-    """The process groups of the runs :func:`run_pflower` is running in this process. Runs on
+    """The process groups of the runs [`run_pflower`][pflower.tuning.runner.run_pflower] is running
+    in this process. Runs on
     worker threads (``--workers N``, final runs) do not see a Ctrl-C, which reaches the main
-    thread only: :meth:`stop` ends them all, and their threads then raise KeyboardInterrupt
+    thread only: `stop` ends them all, and their threads then raise KeyboardInterrupt
     rather than report a failure."""
 
     def __init__(self) -> None:
@@ -130,9 +137,9 @@ LIVE_RUNS = _LiveRuns()
 @contextlib.contextmanager
 def runs_stop_together() -> Iterator[None]:
     """Around the main thread's wait for worker threads' runs: an exception there (Ctrl-C's
-    KeyboardInterrupt) stops every run of this process (:data:`LIVE_RUNS`), and runs not yet
+    KeyboardInterrupt) stops every run of this process (`LIVE_RUNS`), and runs not yet
     started do not start. SIGTERM raises the same KeyboardInterrupt meanwhile
-    (:func:`sigterm_interrupts`)."""
+    ([`sigterm_interrupts`][pflower.tuning.runner.sigterm_interrupts])."""
     LIVE_RUNS.stopping.clear()
     try:
         with sigterm_interrupts():
@@ -149,7 +156,8 @@ def sigterm_interrupts() -> Iterator[None]:
     be retried. The runs are processes of sessions of their own, which a signal to the driver's
     process group does not reach: a driver that SIGTERM simply ended left them running, writing
     into folders the next command reuses. On the main thread only (elsewhere nothing changes);
-    :func:`pflower.runtime.signals.handlers_run_promptly` wakes the main thread when another
+    [`pflower.runtime.signals.handlers_run_promptly`][pflower.runtime.signals.handlers_run_promptly]
+    wakes the main thread when another
     thread caught the signal."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -178,7 +186,8 @@ def run_pflower(
     """Run one pflower process and return its ``summary.json``.
 
     ``on_round(round, mean L1 Acc(L))`` is called once per finished round while it runs and
-    returning True stops it (raises :class:`Pruned`). The process and its children (a process
+    returning True stops it (raises [`Pruned`][pflower.tuning.runner.Pruned]). The process and its
+    children (a process
     group of their own) are stopped on pruning, timeout or interruption.
     """
     if LIVE_RUNS.stopping.is_set():
@@ -238,7 +247,9 @@ def run_pflower(
 
 def _record_failed(run_dir: Path, reason: str) -> None:
     """Record in ``summary.json`` that the run failed for ``reason``. A run stopped with SIGTERM
-    records itself as interrupted (:func:`pflower.results.rundir.was_interrupted`), which reads as
+    records itself as interrupted
+    ([`pflower.results.rundir.was_interrupted`][pflower.results.rundir.was_interrupted]), which
+    reads as
     "not run yet"; a run stopped for taking too long did run, and would time out again."""
     summary = read_summary(run_dir) or {}
     write_atomic(
@@ -247,8 +258,9 @@ def _record_failed(run_dir: Path, reason: str) -> None:
 
 
 class Runner(Protocol):
-    """How one pflower run is executed: :func:`run_pflower` (a local process) or
-    :class:`RayRunner` (a Ray task on a cluster)."""
+    """How one pflower run is executed: [`run_pflower`][pflower.tuning.runner.run_pflower] (a local
+    process) or
+    [`RayRunner`][pflower.tuning.runner.RayRunner] (a Ray task on a cluster)."""
 
     def __call__(
         self,

@@ -1,15 +1,20 @@
 """The search: Optuna studies over a method's declared space, every trial a normal pflower run.
 
-For one setting of a suite and one method, :func:`tune` runs ``suite.trials`` trials of Optuna's
+For one setting of a suite and one method, [`tune`][pflower.tuning.search.tune] runs
+``suite.trials`` trials of Optuna's
 TPE sampler (each trial's draw seeded with ``suite.tune_seed`` and the trial's number:
-:func:`trial_sampler`; ``constant_liar`` when trials run in parallel). TPE draws its first
-:data:`TPE_STARTUP_TRIALS` trials at random, so a suite with no more trials per method than that
+[`trial_sampler`][pflower.tuning.search.trial_sampler]; ``constant_liar`` when trials run in
+parallel). TPE draws its first
+[`TPE_STARTUP_TRIALS`][pflower.tuning.search.TPE_STARTUP_TRIALS] trials at random, so a suite with
+no more trials per method than that
 (the cpu and claims suites' 8) is a seeded random search over each method's space.
 Each trial is ``python -m pflower checkpoint.every=0 <setting overrides> strategy=<method>
 <sampled values> seed=<tune_seed> split.val_fraction=<v> split.evaluate_on=val`` in its own
-process (:func:`run_command`), so the run is composed from the same ``conf/`` tree as any other
+process ([`run_command`][pflower.tuning.search.run_command]), so the run is composed from the same
+``conf/`` tree as any other
 and evaluates every stage on the clients' validation shares: no test sample is read
-(:mod:`pflower.datasets.federation`, step 6). While it runs, the mean stage-L1 Acc(L) of each
+([`pflower.datasets.federation`][pflower.datasets.federation], step 6). While it runs, the mean
+stage-L1 Acc(L) of each
 finished round (the deployable model on validation) is reported to Optuna's median pruner, which
 may stop it early. The objective is the run's ``last10`` stage-L1 Acc(L) mean: the clients' mean
 validation accuracy of their deployable models, averaged over the last 10% of rounds.
@@ -83,7 +88,8 @@ class Layout:
         return self.setting_dir(setting) / "final" / method / f"seed_{seed}"
 
     def profile_file(self, setting: str, method: str, key: str) -> Path:
-        """The profile of ``key`` at ``method``'s chosen values (:mod:`.profile`)."""
+        """The profile of ``key`` at ``method``'s chosen values
+        ([`.profile`][pflower.tuning.profile])."""
         return self.setting_dir(setting) / "profiles" / method / f"{key}.yaml"
 
     def profile_runs_dir(self, setting: str, method: str, key: str) -> Path:
@@ -251,7 +257,8 @@ def _tpe(seed: int, parallel: bool) -> Any:
 
 def retried_numbers(trials: Sequence[Any]) -> set[int]:
     """Trials failed for staleness (their run was interrupted) or refused before their run
-    started (:class:`~pflower.tuning.runner.RunRefused`), and re-enqueued with their values."""
+    started ([`RunRefused`][pflower.tuning.runner.RunRefused]), and re-enqueued with their
+    values."""
     _, callback = _retry_callback()
     numbers = {callback.retried_trial_number(t) for t in trials}
     return {n for n in numbers if n is not None}
@@ -385,7 +392,8 @@ def tune(
     runner: Runner | None = None,
 ) -> Any:
     """Run (or resume) the method's study until ``suite.trials`` trials have finished
-    (``runner``: how a run is executed, default :func:`run_pflower`; :class:`RayRunner`)."""
+    (``runner``: how a run is executed, default [`run_pflower`][pflower.tuning.runner.run_pflower];
+    `RayRunner`)."""
     runner = runner or run_pflower
     from optuna.storages import fail_stale_trials
 
@@ -438,7 +446,8 @@ def tune(
 
 
 SEARCH_ATTR = "search"
-"""The study's user attribute holding what it searches (see :func:`check_study_space`)."""
+"""The study's user attribute holding what it searches (see
+[`check_study_space`][pflower.tuning.search.check_study_space])."""
 
 
 def search_record(space: Mapping[str, Param], setting: Setting, method: str) -> dict[str, Any]:

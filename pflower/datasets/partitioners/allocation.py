@@ -5,13 +5,15 @@ FLIU's Dirichlet environments (FLIU paper, Sec. IV-A3 to IV-A5) define a real al
 becomes sample counts. pflower uses the largest-remainder rule per column: floor every entry, then
 give the samples left over one each to the largest fractional parts (ties to the lower client).
 That uses every sample exactly once, but a client's total can drift from its real total by up to
-``L - 1`` samples. :func:`round_matrix` therefore follows it with a *controlled rounding* repair:
+``L - 1`` samples. [`round_matrix`][pflower.datasets.partitioners.allocation.round_matrix] therefore
+follows it with a *controlled rounding* repair:
 single samples move between clients along augmenting paths until every client's total is the
 floor or ceiling of its real total too, while every entry stays the floor or ceiling of its real
 value and every column sum stays exact (such a rounding always exists: Bacharach, 1966). For
 FLIU's label skew this is what makes client sizes equal up to one sample, as the paper claims.
 
-:class:`CountMatrixPartitioner` is the base of every scheme that is fully described by such a
+[`CountMatrixPartitioner`][pflower.datasets.partitioners.allocation.CountMatrixPartitioner] is the
+base of every scheme that is fully described by such a
 matrix (FLIU's PATH-balanced, LS, QS and LSQS, FedMPR's stratified IID and class groups, and the
 builder's mirrored test shares): it rounds the matrix, then deals each class's shuffled samples out
 in consecutive blocks.
@@ -169,7 +171,7 @@ def stratified_choice(labels: np.ndarray, size: int, rng: np.random.Generator) -
 class CountMatrixPartitioner(IndexPartitioner):
     """A scheme given by a real ``clients x classes`` allocation, rounded and dealt out.
 
-    Subclasses implement :meth:`_allocation`. With ``max_draws > 1`` a random allocation is
+    Subclasses implement `_allocation`. With ``max_draws > 1`` a random allocation is
     redrawn until every client holds at least ``min_size`` samples (pflower's small-client guard
     for FLIU's QS and LSQS, Sec. IV-A4 and IV-A5, where the paper does not say what happens to tiny
     clients); after ``max_draws`` failures the request is refused.

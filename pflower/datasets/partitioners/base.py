@@ -1,26 +1,31 @@
 """The partitioner interface every scheme shares, the scheme registry, and how a scheme is run.
 
-Every scheme is a :class:`flwr_datasets.partitioner.Partitioner`: either one of Flower Datasets'
+Every scheme is a `flwr_datasets.partitioner.Partitioner`: either one of Flower Datasets'
 own partitioners (``iid``, ``dirichlet``, ``shards``, ...) or a subclass of
-:class:`IndexPartitioner` below. A scheme sees a local :class:`datasets.Dataset` with the
+[`IndexPartitioner`][pflower.datasets.partitioners.base.IndexPartitioner] below. A scheme sees a
+local `datasets.Dataset` with the
 columns ``index`` (the sample's position in the arrays it was built from), ``label`` and, when the
 data has them, ``group`` (e.g. a writer id or CelebA attribute index); it never touches images and
 never reaches the hub.
 
 Two optional capabilities extend the plain interface:
 
-- :class:`TestAwarePartitioner` draws each client's *test* share from a second dataset (the
+- [`TestAwarePartitioner`][pflower.datasets.partitioners.base.TestAwarePartitioner] draws each
+  client's *test* share from a second dataset (the
   official test split) as well, for schemes whose test shares are part of the scheme (DiversiFed).
   Schemes without it only split the pool; the federation builder derives the test shares.
-- :class:`InputNoiseScheme` is a scheme that also perturbs inputs per client (FLAME's quality
+- [`InputNoiseScheme`][pflower.datasets.partitioners.base.InputNoiseScheme] is a scheme that also
+  perturbs inputs per client (FLAME's quality
   skew): it exposes one Gaussian noise std per client, which the federation carries to the clients.
-- :class:`SampleSharingScheme` is a scheme that may give one sample to several clients (the
+- [`SampleSharingScheme`][pflower.datasets.partitioners.base.SampleSharingScheme] is a scheme that
+  may give one sample to several clients (the
   ``disjoint: false`` variants that reproduce FLAME's and Fling's code). The federation builder
   must know this *before* it runs the scheme: it then reserves the held-out samples first, so that
   no client's test sample can be another client's training sample.
 
-:func:`partition_labels` is the one place that builds a scheme from its config block, runs it and
-turns whatever goes wrong into a :class:`~pflower.registry.ConfigError` naming the scheme.
+[`partition_labels`][pflower.datasets.partitioners.base.partition_labels] is the one place that
+builds a scheme from its config block, runs it and
+turns whatever goes wrong into a [`ConfigError`][pflower.registry.ConfigError] naming the scheme.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ def to_hf_dataset(labels: np.ndarray, groups: np.ndarray | None = None) -> datas
 
 
 def require(condition: bool, message: str) -> None:
-    """Raise :class:`ConfigError` with ``message`` unless ``condition`` holds."""
+    """Raise [`ConfigError`][pflower.datasets.partitioners.base.ConfigError] with ``message`` unless
+    ``condition`` holds."""
     if not condition:
         raise ConfigError(message)
 
@@ -84,7 +90,7 @@ def check_count(name: str, value: int, minimum: int = 1) -> None:
 class IndexPartitioner(Partitioner, ABC):
     """A scheme that computes every client's share at once from the label (and group) columns.
 
-    Subclasses implement :meth:`_partition`, a pure function of the labels, the groups and a
+    Subclasses implement `_partition`, a pure function of the labels, the groups and a
     generator seeded with ``seed``; it returns one array of row positions per client. The result
     is computed on first use and kept, so ``load_partition`` is cheap for every client.
     """
@@ -107,7 +113,9 @@ class IndexPartitioner(Partitioner, ABC):
         return self.dataset.select(self.partition_indices(partition_id))
 
     def partition_indices(self, partition_id: int) -> np.ndarray:
-        """Row positions of client ``partition_id`` (what :meth:`load_partition` selects)."""
+        """Row positions of client ``partition_id`` (what
+        [`load_partition`][pflower.datasets.partitioners.base.IndexPartitioner.load_partition]
+        selects)."""
         return self._shares()[0][partition_id]
 
     def _shares(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...] | None]:
@@ -135,8 +143,12 @@ class IndexPartitioner(Partitioner, ABC):
 class TestAwarePartitioner(IndexPartitioner, ABC):
     """A scheme that also draws each client's test share, from a second (official test) dataset.
 
-    The builder assigns :attr:`test_dataset` (same columns as :attr:`dataset`) before loading
-    anything; :meth:`load_test_partition` then returns client ``partition_id``'s test rows.
+    The builder assigns
+    [`test_dataset`][pflower.datasets.partitioners.base.TestAwarePartitioner.test_dataset] (same
+    columns as `dataset`) before loading
+    anything;
+    [`load_test_partition`][pflower.datasets.partitioners.base.TestAwarePartitioner.load_test_partition]
+    then returns client ``partition_id``'s test rows.
     """
 
     def __init__(self, num_partitions: int, seed: int) -> None:
@@ -161,7 +173,8 @@ class TestAwarePartitioner(IndexPartitioner, ABC):
         return self.test_dataset.select(self.test_partition_indices(partition_id))
 
     def test_partition_indices(self, partition_id: int) -> np.ndarray:
-        """Row positions of client ``partition_id`` in :attr:`test_dataset`."""
+        """Row positions of client ``partition_id`` in
+        [`test_dataset`][pflower.datasets.partitioners.base.TestAwarePartitioner.test_dataset]."""
         test_shares = self._shares()[1]
         assert test_shares is not None
         return test_shares[partition_id]
@@ -215,7 +228,9 @@ class SampleSharingScheme(Protocol):
 def shares_samples(partitioner: Partitioner) -> bool:
     """Whether ``partitioner`` may give one sample to several clients.
 
-    Schemes that do not implement :class:`SampleSharingScheme` (all of Flower Datasets' own, and
+    Schemes that do not implement
+    [`SampleSharingScheme`][pflower.datasets.partitioners.base.SampleSharingScheme] (all of Flower
+    Datasets' own, and
     every scheme without a ``disjoint`` option) deal each sample to at most one client.
     """
     return isinstance(partitioner, SampleSharingScheme) and partitioner.shares_samples

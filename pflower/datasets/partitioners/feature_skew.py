@@ -40,7 +40,9 @@ class QualitySkewPartitioner(IndexPartitioner):
     The pool is cut into ``K`` equal contiguous blocks in pool order (client ``i`` gets rows
     ``[i*N/K, (i+1)*N/K)``, as FLAME's code does); ``shuffle_before_split`` shuffles first
     (pflower's option: a properly IID split for class-sorted data such as Medical-MNIST). The
-    split itself carries no noise: :attr:`noise_std` tells the federation that client ``i`` adds
+    split itself carries no noise:
+    [`noise_std`][pflower.datasets.partitioners.feature_skew.QualitySkewPartitioner.noise_std] tells
+    the federation that client ``i`` adds
     Gaussian noise of std ``sigma * i / K`` (std, as in FLAME's code, though the paper says
     variance; client 0 is clean) to every normalized train and test input. ``fixed_noise: false``
     redraws the noise at every access (FLAME's code); ``true`` draws it once per sample.

@@ -2,7 +2,8 @@
 
 Every client gets exactly ``train_size`` training samples from the pool (300 for FMNIST, 500 for
 CIFAR and PathMNIST) and ``test_size`` (100) test samples from the official test split with the
-same label distribution. A client's label distribution is a :class:`Recipe`: a few sources (sets
+same label distribution. A client's label distribution is a
+[`Recipe`][pflower.datasets.partitioners.fixed_size.Recipe]: a few sources (sets
 of classes) and their weights; its samples are drawn without replacement within the client. The
 paper does not say whether clients may share samples; pflower follows Fling (the authors' group's
 framework, used for FedCAC in Sec. V-B), where clients are sampled independently, so different

@@ -12,9 +12,11 @@ label; both are checked, so a file made for another dataset, pool or subsample f
 message instead of silently picking other samples. The file holds every sample a client owns;
 the split config then carves each client's test (and validation) share as for any other scheme.
 
-- :func:`write_index_lists` writes a federation's client shares in this format
+- [`write_index_lists`][pflower.datasets.partitioners.from_file.write_index_lists] writes a
+  federation's client shares in this format
   (``pflower partition`` does it for the configured partition);
-- :func:`import_pflib` maps a PFLlib-generated dataset folder (``train/<i>.npz``, ``test/<i>.npz``
+- [`import_pflib`][pflower.datasets.partitioners.from_file.import_pflib] maps a PFLlib-generated
+  dataset folder (``train/<i>.npz``, ``test/<i>.npz``
   holding the normalized images ``x`` and labels ``y`` of client i) back to pool indices by
   matching every image's pixels to the pool.
 """

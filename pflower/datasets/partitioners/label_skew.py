@@ -5,10 +5,10 @@ name                     scheme (source)
 ======================== ==========================================================================
 ``pathological``         ``classes_per_client`` classes per client (FLIU, Sec. IV-A2): ``balanced``
                          (every class held equally often, duplicates repaired) or ``random``
-                         (independent draws; Flower Datasets' :class:`PathologicalPartitioner`)
+                         (independent draws; Flower Datasets' `PathologicalPartitioner`)
 ``shards``               McMahan et al.'s sorted shards (Flower Datasets' ShardPartitioner)
 ``dirichlet``            per-class Dir(alpha) proportions with a minimum client size and retries
-                         (Flower Datasets' :class:`DirichletPartitioner`; FedMPR, Fig. 8d)
+                         (Flower Datasets' `DirichletPartitioner`; FedMPR, Fig. 8d)
 ``ls``                   FLIU label skew: Dirichlet rows, Sinkhorn to equal sizes (Sec. IV-A3)
 ``class_groups``         disjoint contiguous class groups, FedMPR high shift (Sec. V-A)
 ``q_label_skew``         FLAME "#label = q" shards (FLAME, Sec. VI-A)
@@ -48,7 +48,9 @@ from pflower.datasets.partitioners.sinkhorn import sinkhorn
 LOGGER = logging.getLogger(__name__)
 
 MAX_DRAWS = 1000
-"""Draws :class:`DirichletLabelPartitioner` makes before refusing a minimum-size rule (PFLlib and
+"""Draws
+[`DirichletLabelPartitioner`][pflower.datasets.partitioners.label_skew.DirichletLabelPartitioner]
+makes before refusing a minimum-size rule (PFLlib and
 NIID-Bench loop forever; MNIST with 100 clients at beta = 0.1 needs about 50-400 draws)."""
 
 
@@ -71,7 +73,8 @@ def pathological(
     """``classes_per_client`` distinct classes per client (FLIU paper, Sec. IV-A2: two classes).
 
     ``balanced`` (default): every class is held by ``K*k/L`` clients (see
-    :class:`BalancedPathologicalPartitioner`). ``random``: every client draws its classes
+    [`BalancedPathologicalPartitioner`][pflower.datasets.partitioners.label_skew.BalancedPathologicalPartitioner]).
+    ``random``: every client draws its classes
     independently; each class is split evenly among the clients that drew it and classes nobody
     drew are dropped (logged), the literal reading of the paper. ``balanced`` is pflower's default
     because it fits FLIU's Tab. II, where FedAvg's L1 Acc(L) equals its L1 Acc(G) on CIFAR-10 PATH.
@@ -274,7 +277,8 @@ def q_label_shards(
 
 @PARTITIONERS.register("q_label_skew")
 class QLabelSkewPartitioner(IndexPartitioner):
-    """FLAME quantity-based label imbalance "#label = q" (Sec. VI-A): :func:`q_label_shards`."""
+    """FLAME quantity-based label imbalance "#label = q" (Sec. VI-A):
+    [`q_label_shards`][pflower.datasets.partitioners.label_skew.q_label_shards]."""
 
     def __init__(self, num_partitions: int, seed: int, q: int = 2) -> None:
         super().__init__(num_partitions, seed)
@@ -298,7 +302,8 @@ def dir_label_skew(
     ``disjoint: false`` (FLAME's code): client ``i`` independently draws ``int(p_i * n_k)``
     samples of class ``k`` without replacement, so clients may share samples (the federation
     builder then reserves every held-out sample before the scheme runs, see
-    :mod:`pflower.datasets.federation`). Both redraw until every client has ``min_size`` samples
+    [`pflower.datasets.federation`][pflower.datasets.federation]). Both redraw until every client
+    has ``min_size`` samples
     (pflower's choice, as NIID-Bench; FLAME's code has no minimum).
     """
     check_concentration("beta", beta)
@@ -312,7 +317,8 @@ class DirichletLabelPartitioner(IndexPartitioner):
     (PFLlib) a client already holding at least ``N/K`` samples gets proportion zero and the rest
     are renormalized. ``disjoint``: the class's shuffled samples are cut at the cumulative
     proportions; otherwise every client draws ``int(p_i * n_k)`` of them independently. Everything
-    is redrawn until every client holds ``min_size`` samples, at most :data:`MAX_DRAWS` times.
+    is redrawn until every client holds ``min_size`` samples, at most
+    [`MAX_DRAWS`][pflower.datasets.partitioners.label_skew.MAX_DRAWS] times.
     """
 
     def __init__(
@@ -452,7 +458,9 @@ def pflib_practical(
     proportion zero (balancing); the class's shuffled samples are cut at the cumulative
     proportions; all is redrawn until every client holds ``least_samples`` (= batch / (1 - 0.75)
     = 40 with FedALA's batch size 10). Written from a description of PFLlib's algorithm, not from
-    its (GPL) code. Deviation: after :data:`MAX_DRAWS` draws the request is refused instead of
+    its (GPL) code. Deviation: after
+    [`MAX_DRAWS`][pflower.datasets.partitioners.label_skew.MAX_DRAWS] draws the request is refused
+    instead of
     looping forever.
     """
     check_concentration("beta", beta)

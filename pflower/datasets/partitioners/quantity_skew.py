@@ -100,7 +100,8 @@ def dirichlet_size_shares(
     after raising every client below ``min_size`` to it by taking from the largest client.
     Otherwise (FLAME's code) client ``i`` draws ``max(min_size, int(q_i * n))`` positions of the
     whole pool independently, so clients overlap (the federation builder then reserves every
-    held-out sample before the scheme runs, see :mod:`pflower.datasets.federation`). The size
+    held-out sample before the scheme runs, see
+    [`pflower.datasets.federation`][pflower.datasets.federation]). The size
     floor comes from FLAME's code; the paper does not mention one.
     """
     q = rng.dirichlet(np.full(num_clients, beta))
@@ -127,7 +128,8 @@ def dirichlet_size_shares(
 
 @PARTITIONERS.register("dir_quantity_skew")
 class DirQuantitySkewPartitioner(IndexPartitioner):
-    """FLAME quantity skew "Dir(beta)" (FLAME, Sec. VI-A); see :func:`dirichlet_size_shares`.
+    """FLAME quantity skew "Dir(beta)" (FLAME, Sec. VI-A); see
+    [`dirichlet_size_shares`][pflower.datasets.partitioners.quantity_skew.dirichlet_size_shares].
 
     ``disjoint: true`` is pflower's default, so that no sample is in two clients' data;
     ``disjoint: false`` is FLAME's code.
@@ -163,13 +165,15 @@ class DirQuantitySkewPartitioner(IndexPartitioner):
 class HybridSkewPartitioner(IndexPartitioner):
     """FLAME hybrid skew "#label = q, Dir(beta)" (FLAME paper, Sec. VI-A: half the clients each).
 
-    Clients ``0 .. ceil(K/2)-1`` get the "#label = q" split (:func:`q_label_shards`), clients
-    ``ceil(K/2) .. K-1`` the Dir(beta) quantity skew (:func:`dirichlet_size_shares`).
+    Clients ``0 .. ceil(K/2)-1`` get the "#label = q" split
+    ([`q_label_shards`][pflower.datasets.partitioners.label_skew.q_label_shards]), clients
+    ``ceil(K/2) .. K-1`` the Dir(beta) quantity skew
+    ([`dirichlet_size_shares`][pflower.datasets.partitioners.quantity_skew.dirichlet_size_shares]).
     ``disjoint: true`` (pflower's default, so that no sample is in two clients' data) gives each
     half its own random half of the pool; ``disjoint: false`` (FLAME's code) runs both halves on
     the whole pool, so a sample can be in both halves (and, in the quantity half, in several
     clients); the federation builder then reserves every held-out sample before the scheme runs
-    (see :mod:`pflower.datasets.federation`).
+    (see [`pflower.datasets.federation`][pflower.datasets.federation]).
     """
 
     def __init__(

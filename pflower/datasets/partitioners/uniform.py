@@ -2,7 +2,7 @@
 
 - ``iid``: FLIU's IID environment (FLIU paper, Sec. IV-A1; FLAME's paper has no IID setting, so
   there it serves tests) — shuffle, then cut into ``K`` nearly equal contiguous parts (Flower
-  Datasets' :class:`IidPartitioner` on a seeded shuffle of the rows).
+  Datasets' `IidPartitioner` on a seeded shuffle of the rows).
 - ``stratified_iid``: FedMPR's low shift (FedMPR, Sec. V-A; more clients in Fig. 8c; the mutually
   inclusive CelebA-Gender of Sec. V-B) — every class split into ``K`` equal disjoint parts; class
   counts per client differ by at most one, and so do sizes.
@@ -19,7 +19,7 @@ from pflower.datasets.partitioners.base import PARTITIONERS, check_count, check_
 
 
 class ShuffledIidPartitioner(IidPartitioner):
-    """:class:`IidPartitioner` on the rows shuffled with ``seed`` (it alone cuts in row order)."""
+    """`IidPartitioner` on the rows shuffled with ``seed`` (it alone cuts in row order)."""
 
     def __init__(self, num_partitions: int, seed: int) -> None:
         check_num_partitions(num_partitions)
