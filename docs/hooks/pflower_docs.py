@@ -30,6 +30,7 @@ import pkgutil
 import re
 import sys
 import textwrap
+import tomllib
 import typing
 from pathlib import Path
 from typing import Any
@@ -508,7 +509,17 @@ def _glob(prefix: str, docs_dir: Path) -> list[Any]:
     return [{title: uri} for uri, title in sorted(entries.items(), key=lambda kv: kv[1].lower())]
 
 
+def version() -> str:
+    """The package version, from ``pyproject.toml`` (the one place it is written)."""
+    with (ROOT / "pyproject.toml").open("rb") as file:
+        return str(tomllib.load(file)["project"]["version"])
+
+
 def on_config(config: Any) -> Any:
+    config["extra"]["version"] = version()
+    config["copyright"] = f"pflower {version()}" + (
+        f" · {config['copyright']}" if config.get("copyright") else ""
+    )
     _GENERATED.clear()
     IMAGES.clear()
     _GENERATED.update(algorithm_pages())

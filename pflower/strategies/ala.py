@@ -1,25 +1,29 @@
-"""The Adaptive Local Aggregation (ALA) module of FedALA, shared by every "+ALA" client.
+r"""The Adaptive Local Aggregation (ALA) module of FedALA, shared by every "+ALA" client.
 
 Zhang, Hua, Wang, Song, Xue, Ma and Guan, "FedALA: Adaptive Local Aggregation for Personalized
 Federated Learning", AAAI 2023, Sec. "Adaptive Local Aggregation (ALA)" and Algorithm 1.
 
-Instead of overwriting its old local model Θ_i^{t-1} with the received global model Θ^{t-1},
+Instead of overwriting its old local model $Θ_i^{t-1}$ with the received global model $Θ^{t-1}$,
 client i initializes
 
-    Θ̂_i^t := Θ_i^{t-1} + (Θ^{t-1} − Θ_i^{t-1}) ⊙ [1^{|Θ_i|−p}; W_i^p]          (Eq. 4)
+$$
+\hat Θ_i^t := Θ_i^{t-1} + (Θ^{t-1} − Θ_i^{t-1}) \odot [1^{|Θ_i|−p}; W_i^p] \qquad \text{(Eq. 4)}
+$$
 
 i.e. the lower layers are overwritten (weight 1) and the p higher layers are mixed element-wise
-with learned weights W_i^p ∈ [0, 1]. W_i^p is learned on a random s% of the local training data
-by SGD on the cross-entropy of Θ̂_i^t (Eq. 5), with the global and the local model frozen, and
-clipped element-wise by σ(w) = max(0, min(1, w)) after every step. By the chain rule
-∇_W L = (Θ − Θ_i) ⊙ ∇_Θ̂ L ("Analysis of ALA"), so one step is
+with learned weights $W_i^p$ ∈ [0, 1]. $W_i^p$ is learned on a random s% of the local training data
+by SGD on the cross-entropy of $Θ̂_i^t$ (Eq. 5), with the global and the local model frozen, and
+clipped element-wise by $σ$(w) = max(0, min(1, w)) after every step. By the chain rule
+$∇_W$ L = $(Θ − Θ_i)$ ⊙ $∇_Θ$̂ L ("Analysis of ALA"), so one step is
 
-    W ← σ(W − η · ∇_Θ̂ L ⊙ (Θ^{t-1} − Θ_i^{t-1})).
+$$
+W \leftarrow σ\bigl(W − η \, ∇_{\hat Θ} L \odot (Θ^{t-1} − Θ_i^{t-1})\bigr).
+$$
 
 W starts at ones (Alg. 1 line 4: Eq. 4 is then FedAvg's overwrite) and persists across rounds.
 The first time ALA is active (Alg. 1 line 10, the "initial stage") W is trained until it converges
 (lines 11-13); afterwards one epoch per round (lines 15-16). ALA is deactivated while the client
-has no local model of its own (Θ^0 = Θ_i^0, "Note that ALA is meaningless ... in the first
+has no local model of its own ($Θ^0 = Θ_i^0$, "Note that ALA is meaningless ... in the first
 iteration").
 
 Choices where the paper is silent (from the authors' released code):
@@ -37,15 +41,15 @@ Choices where the paper is silent (from the authors' released code):
   cap; ``max_start_epochs`` caps it (reported as ``ala_capped``).
 - Only parameters are mixed; buffers (BatchNorm statistics) stay the local model's.
 - W is trained with the model in train mode; statistics updated on the way are discarded.
-- Eq. 4 is evaluated as ``torch.lerp(Θ_i, Θ, W)``, equal to Θ_i + (Θ − Θ_i) ⊙ W and exact at the
-  endpoints (W = 1 gives Θ bit for bit, W = 0 gives Θ_i).
+- Eq. 4 is evaluated as ``torch.lerp(Θ_i, Θ, W)``, equal to $Θ_i + (Θ − Θ_i)$ ⊙ W and exact at the
+  endpoints (W = 1 gives $Θ$ bit for bit, W = 0 gives $Θ_i$).
 
 Client state (``context.state``): ``ala_local`` the client's current local model (its last trained
 model, or its last ALA-initialized model when it was not trained since), ``ala_weights`` W (one
 array per mixed tensor; its absence means the initial stage is still ahead), and ``ala_meta``
 (``version``: the global model version ALA was last applied to; epoch and timing counters).
-ALA is applied exactly once per global model version: stage L1 of round t (which receives Θ^t)
-runs it and stores the result; fit of round t+1 (which receives the same Θ^t) trains from it.
+ALA is applied exactly once per global model version: stage L1 of round t (which receives $Θ^t$)
+runs it and stores the result; fit of round t+1 (which receives the same $Θ^t$) trains from it.
 If that client was not evaluated, fit runs ALA itself, so nothing depends on evaluation.
 """
 

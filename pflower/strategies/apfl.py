@@ -1,30 +1,40 @@
-"""APFL: Deng, Kamani and Mahdavi, "Adaptive Personalized Federated Learning", arXiv 2003.13461
+r"""APFL: Deng, Kamani and Mahdavi, "Adaptive Personalized Federated Learning", arXiv 2003.13461
 (2020), Algorithm 1.
 
-Each client i keeps a local model v_i and a mixing weight α_i ∈ [0, 1]; its personalized model is
+Each client i keeps a local model $v_i$ and a mixing weight $α_i$ ∈ [0, 1]; its personalized model
+is
 
-    v̄_i = α_i v_i + (1 − α_i) w                                       (Eq. 3)
+$$
+\bar v_i = α_i v_i + (1 − α_i) w \qquad \text{(Eq. 3)}
+$$
 
-On every local step, on one mini-batch ξ and from the same iterates (Alg. 1, lines 6-8):
+On every local step, on one mini-batch $ξ$ and from the same iterates (Alg. 1, lines 6-8):
 
-    w   ← w − η ∇f_i(w; ξ)                      (the FedAvg local update of the global model)
-    v_i ← v_i − η ∇_v f_i(v̄_i; ξ)              (= α_i ∇f_i(v̄_i; ξ), through the mixture)
-    α_i ← α_i − η_α ∇_α f_i(v̄_i; ξ)            (= ⟨v_i − w, ∇f_i(v̄_i; ξ)⟩), clipped to [0, 1]
+$$
+\begin{aligned}
+w &\leftarrow w − η ∇f_i(w; ξ) && \text{(the FedAvg local update of the global model)} \\
+v_i &\leftarrow v_i − η ∇_v f_i(\bar v_i; ξ)
+    && (= α_i ∇f_i(\bar v_i; ξ) \text{, through the mixture)} \\
+α_i &\leftarrow α_i − η_α ∇_α f_i(\bar v_i; ξ)
+    && (= ⟨v_i − w, ∇f_i(\bar v_i; ξ)⟩ \text{), clipped to } [0, 1]
+\end{aligned}
+$$
 
-(Eq. 10 for α; the mixture's gradient flows to v_i and α_i only, w is held fixed in it). The client
-uploads w, the server averages as FedAvg does. Stage L1 evaluates v̄_i with the received global
-model (PM) and the global model itself (GM), and reports the hybrid model (FLAME paper, Sec. IV-D).
+(Eq. 10 for $α$; the mixture's gradient flows to $v_i$ and $α_i$ only, w is held fixed in it). The
+client uploads w, the server averages as FedAvg does. Stage L1 evaluates $v̄_i$ with the received
+global model (PM) and the global model itself (GM), and reports the hybrid model (FLAME paper, Sec.
+IV-D).
 
-Identities: α fixed at 0 (``adaptive_alpha=false``, ``alpha_init=0``) is FedAvg (v̄ = w); α fixed
-at 1 makes v_i local training on the client's own data.
+Identities: $α$ fixed at 0 (``adaptive_alpha=false``, ``alpha_init=0``) is FedAvg (v̄ = w); $α$
+fixed at 1 makes $v_i$ local training on the client's own data.
 
-What crosses the wire: w to the client and its trained w back with n_i, as in FedAvg; config
-``server-round`` only. Client state: ``apfl_v`` (v_i; first set to the received model) and
-``apfl_alpha`` (α_i).
+What crosses the wire: w to the client and its trained w back with $n_i$, as in FedAvg; config
+``server-round`` only. Client state: ``apfl_v`` ($v_i$; first set to the received model) and
+``apfl_alpha`` $(α_i)$.
 
-Deviation: v_i uses the round's optimizer settings (``train.lr``, ``train.momentum``), a fresh
+Deviation: $v_i$ uses the round's optimizer settings (``train.lr``, ``train.momentum``), a fresh
 optimizer each round like w's; the paper writes plain SGD steps (``train.momentum=0``). The
-learning rate of α is ``alpha_lr`` (null: ``train.lr``). In models with BatchNorm the running
+learning rate of $α$ is ``alpha_lr`` (null: ``train.lr``). In models with BatchNorm the running
 statistics see both forward passes of a step (the zoo's models used with APFL have none).
 """
 

@@ -1,37 +1,37 @@
-"""APPLE: Luo and Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated
+r"""APPLE: Luo and Wu, "Adapt to Adaptation: Learning Personalization for Cross-Silo Federated
 Learning", IJCAI 2022 (a baseline of the DiversiFed paper, Wu et al., Sec. V-B).
 
-Every client i owns a "core" model w_i and a directed relationship vector p_i ∈ R^N (initialized
-to p0 = 1/N). Its personalized model is ŵ_i = Σ_j p_ij w_j over all N core models, which the
+Every client i owns a "core" model $w_i$ and a directed relationship vector $p_i ∈ R^N$ (initialized
+to p0 = 1/N). Its personalized model is ŵ_i = $\sum _j p_{ij} w_j$ over all N core models, which the
 server sends every round (downlink N models per client). Per mini-batch (Alg. 1):
 
-- ŵ_i ← Σ_j p_ij w_j (trainable parameters; BatchNorm statistics are the client's own);
-- g = ∇ CE at ŵ_i;
-- core step: w_i ← w_i − η · N · p_ii · g (η = ``train.lr``; plain SGD, the paper's update,
-  whatever ``train.optimizer`` says). The chain rule gives ∂L/∂w_i = p_ii · g; the factor N is
-  PFLlib's (it multiplies the client learning rate by the number of clients), so that the first
-  step, at p_ii = 1/N, is η · g. Without it the core would learn N times slower than every other
-  method at the same ``train.lr``;
-- relationship step: p_ij ← p_ij − η_p · (∂L/∂p_ij + λ_r μ (p_ij − p0_j)), with
-  ∂L/∂p_ij = Σ ⟨g, w_j⟩ over every trainable element (the derivative of the loss at ŵ_i, which
-  the APPLE paper uses and its official code takes by autograd), and λ_r = (cos(π r / (L·R)) +
-  1)/2 for the client's r-th trained round while r < L·R, else 0 (the proximal pull of p_i
-  toward p0 fades out over the first fraction L of the R rounds).
+- ŵ_i ← $\sum _j p_{ij} w_j$ (trainable parameters; BatchNorm statistics are the client's own);
+- g = $∇$ CE at ŵ_i;
+- core step: $w_i \leftarrow  w_i − η$ · N · $p_{ii}$ · g ($η$ = ``train.lr``; plain SGD, the
+  paper's update, whatever ``train.optimizer`` says). The chain rule gives ∂L/∂$w_i = p_{ii}$ · g;
+  the factor N is PFLlib's (it multiplies the client learning rate by the number of clients), so
+  that the first step, at $p_{ii} = 1/N$, is $η$ · g. Without it the core would learn N times slower
+  than every other method at the same ``train.lr``;
+- relationship step: $p_{ij} \leftarrow  p_{ij} − η_p$ · (∂L/∂$p_{ij} + λ_r μ$ ($p_{ij}$ − p0_j)),
+  with ∂L/∂$p_{ij} = \sum $ ⟨g, $w_j$⟩ over every trainable element (the derivative of the loss at
+  ŵ_i, which the APPLE paper uses and its official code takes by autograd), and $λ_r$ = (cos($π$ r /
+  (L·R)) + 1)/2 for the client's r-th trained round while r < L·R, else 0 (the proximal pull of
+  $p_i$ toward p0 fades out over the first fraction L of the R rounds).
 
 The loop follows PFLlib's APPLE, which the DiversiFed paper ran; the relationship step uses the
-core w_i after this batch's core step (PFLlib's order). One deviation from PFLlib, and why:
-PFLlib's ∂L/∂p_ij is the mean over layers of mean(g ⊙ w_j), about 1/(number of parameters) of
-the derivative, so at any η_p near the official code's 0.001 (or PFLlib's own default 0) p_i
+core $w_i$ after this batch's core step (PFLlib's order). One deviation from PFLlib, and why:
+PFLlib's ∂L/∂$p_{ij}$ is the mean over layers of mean(g ⊙ $w_j$), about 1/(number of parameters) of
+the derivative, so at any $η_p$ near the official code's 0.001 (or PFLlib's own default 0) $p_i$
 does not move and ŵ_i stays the average of the cores: on Fashion-MNIST with the DiversiFed
 paper's MLP, 20 clients and 2 classes each, that APPLE reached 65% after 20 rounds where the
 other personalized methods reach 96%. ``p_gradient=pfllib_mean`` restores PFLlib's form (with
-a larger ``drlr``). Defaults: η_p = 0.001 (the official code's ``lr_coef``), μ = 0.1, L = 0.2.
+a larger ``drlr``). Defaults: $η_p = 0.001$ (the official code's ``lr_coef``), $μ = 0.1$, L = 0.2.
 
-What a client uploads (``upload``): its core w_i (``core``, the default: the APPLE paper's Alg. 1,
+What a client uploads (``upload``): its core $w_i$ (``core``, the default: the APPLE paper's Alg. 1,
 where the server holds and sends the cores), or its personalized model ŵ_i (``personalized``: what
 PFLlib's clientAPPLE does, by the author of FedALA, whose Table 2 ran it: it uploads ``model_c``,
 a copy of the mixture, and drops the core it stepped). With ``personalized`` every core starts a
-round from its client's last ŵ_i, so the N·p_ii-scaled core steps (a full-rate SGD step on a
+round from its client's last ŵ_i, so the N·$p_{ii}$-scaled core steps (a full-rate SGD step on a
 gradient taken at the mixture, which moves about N times less) never accumulate across rounds.
 With ``core`` they do: on FedALA's pathological MNIST at SGD lr 0.1 (Appendix G's settings) the
 cores of clients with disjoint classes were pushed apart until their losses overflowed
@@ -41,17 +41,17 @@ that trained before it in the same round (a sequential-simulation artifact: here
 starts from the cores of the round's start); and it uploads the mixture of the last batch
 before that batch's steps (here: after, the model stage L1 evaluates).
 
-After training the client stores ŵ_i = Σ_j p_ij w_j (with its final p_i and core w_i) as its
-personalized model, evaluated at stage L1; PFLlib evaluates the ŵ_i of the last batch, before
+After training the client stores ŵ_i = $\sum _j p_{ij} w_j$ (with its final $p_i$ and core $w_i$) as
+its personalized model, evaluated at stage L1; PFLlib evaluates the ŵ_i of the last batch, before
 that batch's steps.
 
 What crosses the wire: fit sends every sampled client all N core models (partition ids 0..N−1,
-each the ``state_dict`` arrays, concatenated; Θ^0 for a client that never uploaded); config
-``server-round``. The client uploads its core w_i or its ŵ_i (``upload``; all arrays). Server
+each the ``state_dict`` arrays, concatenated; $Θ^0$ for a client that never uploaded); config
+``server-round``. The client uploads its core $w_i$ or its ŵ_i (``upload``; all arrays). Server
 state: the base class's ClientModelStore (every client's latest upload). No global model: stage G
 evaluates the mean of the stored uploads (labelled ``mean_of_client_models``). Client state:
-``apple_p`` (p_i), ``apple_personal`` (ŵ_i, all arrays) and ``apple_rounds`` (rounds trained,
-for λ_r).
+``apple_p`` $(p_i)$, ``apple_personal`` (ŵ_i, all arrays) and ``apple_rounds`` (rounds trained,
+for $λ_r$).
 """
 
 from __future__ import annotations

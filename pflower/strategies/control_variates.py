@@ -1,19 +1,19 @@
-"""Shared machinery of the drift-correction family (SCAFFOLD, FedDC, FedDyn).
+r"""Shared machinery of the drift-correction family (SCAFFOLD, FedDC, FedDyn).
 
 These methods keep, beside the model, vectors over the *trainable* parameters only (control
-variates c and c_i of SCAFFOLD, Karimireddy et al., ICML 2020, Alg. 1; the correction G and
-drift h_i of FedDC, Gao et al., CVPR 2022; the linear term and h of FedDyn, Acar et al.,
+variates c and $c_i$ of SCAFFOLD, Karimireddy et al., ICML 2020, Alg. 1; the correction G and
+drift $h_i$ of FedDC, Gao et al., CVPR 2022; the linear term and h of FedDyn, Acar et al.,
 ICLR 2021). BatchNorm buffers have no gradient and are left out of them. This module holds:
 
 - array helpers over a ``state_dict``-ordered list and its trainable mask;
-- [`linear_term`][pflower.strategies.control_variates.linear_term], the loss term ⟨θ, v⟩ whose
+- [`linear_term`][pflower.strategies.control_variates.linear_term], the loss term ⟨$θ$, v⟩ whose
   gradient is exactly v;
 - [`local_steps`][pflower.strategies.control_variates.local_steps] (K) and
   [`effective_steps`][pflower.strategies.control_variates.effective_steps] (the denominator of
   SCAFFOLD's option II
   and of FedDC's correction under heavy-ball momentum, see there);
 - [`mean_delta_update`][pflower.strategies.control_variates.mean_delta_update], the server step v ←
-  v + (1/N) Σ_{i∈S} Δv_i;
+  v + (1/N) $\sum _{i∈S}$ Δv_i;
 - [`ModelAndVariateStrategy`][pflower.strategies.control_variates.ModelAndVariateStrategy] /
   [`ModelAndVariateClient`][pflower.strategies.control_variates.ModelAndVariateClient]: the wire
   format "model,

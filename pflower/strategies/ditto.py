@@ -1,31 +1,31 @@
 """Ditto: Li, Hu, Beirami and Smith, "Ditto: Fair and Robust Federated Learning Through
 Personalization", ICML 2021, Algorithm 1.
 
-Each selected client k, given the global model w^t,
+Each selected client k, given the global model $w^t$,
 
-- (global step) runs the FedAvg local update on F_k from w^t and uploads the result; the server
+- (global step) runs the FedAvg local update on $F_k$ from $w^t$ and uploads the result; the server
   averages the uploads exactly as FedAvg does;
-- (personal step) updates its persistent personal model v_k with s local epochs of SGD on
-  h_k(v; w^t) = F_k(v) + (λ/2)‖v − w^t‖² (Alg. 1, line 8), plus the optional L2 term (μ/2)‖v‖²
-  of the FLAME authors' comparison code (``mu_l2``, default 0).
+- (personal step) updates its persistent personal model $v_k$ with s local epochs of SGD on
+  $h_k$(v; $w^t$) = $F_k$(v) + $(λ/2)$‖v − $w^t$‖² (Alg. 1, line 8), plus the optional L2 term
+  $(μ/2)$‖v‖² of the FLAME authors' comparison code (``mu_l2``, default 0).
 
-λ = 0 makes v_k pure local training while w follows FedAvg exactly; λ → ∞ pins v_k to w^t.
+$λ = 0$ makes $v_k$ pure local training while w follows FedAvg exactly; $λ$ → ∞ pins $v_k$ to $w^t$.
 
-What crosses the wire: w^t to the client and the trained global-step model back (with n_k), as in
-FedAvg; config ``server-round`` only. v_k never leaves the client.
-Client state: ``ditto_v`` (v_k; a client seen for the first time starts it from w^t).
-Stage L1 evaluates v_k (PM) and the received global model (GM) and reports the hybrid model
-(FLAME paper, Sec. IV-D). Stage L2 evaluates v_k after the round's personal step.
+What crosses the wire: $w^t$ to the client and the trained global-step model back (with $n_k$), as
+in FedAvg; config ``server-round`` only. $v_k$ never leaves the client.
+Client state: ``ditto_v`` ($v_k$; a client seen for the first time starts it from $w^t$).
+Stage L1 evaluates $v_k$ (PM) and the received global model (GM) and reports the hybrid model
+(FLAME paper, Sec. IV-D). Stage L2 evaluates $v_k$ after the round's personal step.
 
 Learning rates: the global step uses ``global_lr`` (null: ``train.lr``), the personal step
 ``personal_lr`` (null: ``train.lr``); both use ``train.momentum``, ``train.batch_size`` and the
 same seeded data order. The global step runs ``train.local_epochs`` (or ``train.local_steps``),
 the personal step ``personal_epochs`` epochs.
 
-Deviation: Alg. 1 runs the personal step before the global one on the same w^t; the two are
-independent given w^t, so the order does not change the result. The FLAME authors' code never
-re-synchronizes its global-model copy with w^t (it averages drifting local models), which the FLAME
-paper's Table III Ditto-GM numbers reflect; this module implements Ditto as published.
+Deviation: Alg. 1 runs the personal step before the global one on the same $w^t$; the two are
+independent given $w^t$, so the order does not change the result. The FLAME authors' code never
+re-synchronizes its global-model copy with $w^t$ (it averages drifting local models), which the
+FLAME paper's Table III Ditto-GM numbers reflect; this module implements Ditto as published.
 """
 
 from __future__ import annotations

@@ -1,25 +1,28 @@
-"""DiversiFed: Wu, Liu, Niu, Zhu, Tang, Li and Cao, "The Diversity Bonus: Learning from Dissimilar
+r"""DiversiFed: Wu, Liu, Niu, Zhu, Tang, Li and Cao, "The Diversity Bonus: Learning from Dissimilar
 Distributed Clients in Personalized Federated Learning", arXiv 2407.15464 (IEEE TNNLS 2025).
 
-Every client i keeps a personalized model w_i and minimizes CE_i(w_i) + λ·L_M(w_i) (Sec. III-C,
-Eq. 3), where the model distance loss (Eq. 4) over the other clients j ∈ S∖{i}, with
-d_ij = ‖w_i − w_j‖₂ (Euclidean distance in parameter space) and temperature τ, is
+Every client i keeps a personalized model $w_i$ and minimizes CE_i$(w_i) + λ\cdot L_M(w_i)$ (Sec.
+III-C, Eq. 3), where the model distance loss (Eq. 4) over the other clients j ∈ S∖{i}, with
+$d_{ij} = \|w_i − w_j\|$₂ (Euclidean distance in parameter space) and temperature $τ$, is
 
-    L_M(w_i) = Σ_j log( exp(τ·d_ij) / Σ_k exp(τ·d_ik) ) = Σ_j log q_ij,  q_i = softmax_j(τ·d_ij).
+$$
+L_M(w_i) = \sum_j \log \frac{\exp(τ d_{ij})}{\sum_k \exp(τ d_{ik})} = \sum_j \log q_{ij},
+\qquad q_i = \operatorname{softmax}_j(τ d_{ij}).
+$$
 
-Minimizing it attracts w_i to each w_j through the numerator and repels it from all through the
-denominator (Sec. III-C); the net force along (w_j − w_i) is c_ij = τ(1 − (m−1) q_ij), positive
-(attraction) for relatively near models and negative (repulsion) for relatively far ones, which is
-Lemma 1's sign rule and the three-model example of Fig. 4. The printed copy of the paper lost the
-formula of Eq. 4; this form is the one that reproduces Fig. 4 and Lemma 1 (the InfoNCE sign,
-exp(−τ·d), would equalize distances instead).
+Minimizing it attracts $w_i$ to each $w_j$ through the numerator and repels it from all through the
+denominator (Sec. III-C); the net force along $(w_j − w_i)$ is $c_{ij} = τ$(1 − (m−1) $q_{ij}$),
+positive (attraction) for relatively near models and negative (repulsion) for relatively far ones,
+which is Lemma 1's sign rule and the three-model example of Fig. 4. The printed copy of the paper
+lost the formula of Eq. 4; this form is the one that reproduces Fig. 4 and Lemma 1 (the InfoNCE
+sign, exp(−$τ$·d), would equalize distances instead).
 
-How τ scales the distance (``tau_scale``). The paper's text says a larger τ strengthens both the
-attraction and the repulsion (Sec. V-G, V-H, the τ studies of Tables IV-VI). With the distance
-multiplied, τ·d (``tau_scale=multiply``, the default), it does: every force is τ times a factor
-that sharpens with τ, so the pull toward near models and the push from the farthest both grow.
-With the distance divided, d/τ (``tau_scale=divide``, a temperature in the InfoNCE sense, which
-is how pflower first reconstructed Eq. 4), forces fall roughly as 1/τ, the opposite of the
+How $τ$ scales the distance (``tau_scale``). The paper's text says a larger $τ$ strengthens both the
+attraction and the repulsion (Sec. V-G, V-H, the $τ$ studies of Tables IV-VI). With the distance
+multiplied, $τ$·d (``tau_scale=multiply``, the default), it does: every force is $τ$ times a factor
+that sharpens with $τ$, so the pull toward near models and the push from the farthest both grow.
+With the distance divided, d/$τ$ (``tau_scale=divide``, a temperature in the InfoNCE sense, which
+is how pflower first reconstructed Eq. 4), forces fall roughly as $1/τ$, the opposite of the
 paper's description. The default follows the paper's description; results pflower published
 before this option existed were made with ``divide``, and ``strategy.tau_scale=divide``
 reproduces them (the run's ``config.yaml`` records which was used).
@@ -27,35 +30,36 @@ reproduces them (the run's ``config.yaml`` records which was used).
 Incremental proximal optimization (Sec. III-D):
 
 - server, Eq. 6: one gradient step per sampled client,
-  u_i = w_i − η ∇_{w_i} L_M(w_i) = ξ_ii w_i + Σ_{j≠i} ξ_ij w_j with ξ_ij = η c_ij / d_ij and
-  ξ_ii = 1 − Σ_{j≠i} ξ_ij (Lemma 1: u_i is an affine combination of the uploaded models, so no
-  client can recover another's model). Softmax in float64 with the max subtracted; ξ_ij = 0
-  where d_ij < ``eps_dist`` (subgradient at 0), so round 1, where every model is Θ^0, sends Θ^0;
-- client, Eq. 7: from its own w_i (not from u_i), minimize CE_i(w) + (λ/(2η))‖w − u_i‖² with the
-  configured local training; the first step's proximal gradient equals λ∇L_M(w_i). The paper's
-  copy lost the coefficient; λ/(2η) is the incremental-proximal convention of FedAMP (the
+  $u_i = w_i − η ∇_{w_i} L_M(w_i) = ξ_{ii} w_i + \sum _{j≠i} ξ_{ij} w_j$ with
+  $ξ_{ij} = η c_{ij} / d_{ij}$ and $ξ_{ii} = 1 − \sum _{j≠i} ξ_{ij}$ (Lemma 1: $u_i$ is an affine
+  combination of the uploaded models, so no client can recover another's model). Softmax in float64
+  with the max subtracted; $ξ_{ij} = 0$ where $d_{ij}$ < ``eps_dist`` (subgradient at 0), so round
+  1, where every model is $Θ^0$, sends $Θ^0$;
+- client, Eq. 7: from its own $w_i$ (not from $u_i$), minimize CE_i(w) + ($λ$/(2η))‖w − $u_i$‖² with
+  the configured local training; the first step's proximal gradient equals λ∇L_M$(w_i)$. The paper's
+  copy lost the coefficient; $λ$/(2η) is the incremental-proximal convention of FedAMP (the
   paper's ref. [11]) on which Sec. III-D builds.
 
-What crosses the wire: fit sends each sampled client its own u_i (all ``state_dict`` arrays: the
+What crosses the wire: fit sends each sampled client its own $u_i$ (all ``state_dict`` arrays: the
 trainable parameters mixed as above, BatchNorm buffers copied from the client's stored model,
-which the client never reads) with config ``server-round``; the client uploads its trained w_i
-(all arrays). λ, η, τ and the other keys are read by both sides from ``strategy.*``. Evaluate
-sends the server's stage-G model, which the client ignores: stage L1 is its personalized w_i.
+which the client never reads) with config ``server-round``; the client uploads its trained $w_i$
+(all arrays). $λ$, $η$, $τ$ and the other keys are read by both sides from ``strategy.*``. Evaluate
+sends the server's stage-G model, which the client ignores: stage L1 is its personalized $w_i$.
 
 Server state: [`client_models`][pflower.strategies.diversifed.DiversiFedStrategy.client_models] (the
 base class's ClientModelStore, keyed by partition id),
-the latest upload of every client; a client never sampled counts as Θ^0. There is no global
+the latest upload of every client; a client never sampled counts as $Θ^0$. There is no global
 model: stage G evaluates the mean of the stored models (labelled ``mean_of_client_models``),
 for reference only. Client state: ``div_personal``, its personalized model (parameters and
 BatchNorm buffers), read at fit (start point) and evaluate, written after fit; a client first
-sampled after round 1 starts from Θ^0, never from u_i.
+sampled after round 1 starts from $Θ^0$, never from $u_i$.
 
 Options beyond the paper's defaults (not in the paper; for ablations):
-``distance=l2_sq`` uses squared distances (ξ_ij = 2η c_ij); ``grad_mode=full`` steps on
-Σ_k L_M(w_k) (c_ij + c_ji); ``neighbors=all_stale`` uses every client's latest upload instead of
-only this round's participants (the default, m = |S_t|: Sec. V-I attributes the loss at 50%
-participation to the absent clients' missing information); ``start_from=target`` starts local
-training from u_i.
+``distance=l2_sq`` uses squared distances ($ξ_{ij}$ = 2η $c_{ij}$); ``grad_mode=full`` steps on
+$\sum _k L_M(w_k) (c_{ij} + c_{ji})$; ``neighbors=all_stale`` uses every client's latest upload
+instead of only this round's participants (the default, m = |$S_t$|: Sec. V-I attributes the loss at
+50% participation to the absent clients' missing information); ``start_from=target`` starts local
+training from $u_i$.
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
-"""FedALA: Zhang, Hua, Wang, Song, Xue, Ma and Guan, "FedALA: Adaptive Local Aggregation for
+r"""FedALA: Zhang, Hua, Wang, Song, Xue, Ma and Guan, "FedALA: Adaptive Local Aggregation for
 Personalized Federated Learning", AAAI 2023 (Algorithm 1), and ALA on FedProx (Table 4).
 
 FedALA is FedAvg with one client-side change: the local model is initialized by the ALA module
 ([`pflower.strategies.ala`][pflower.strategies.ala], Eq. 4 and 5) instead of being overwritten by
 the global model
-Θ^{t-1}. Client i then trains Θ̂_i^t for the round's local epochs (Alg. 1 line 19) and uploads
-Θ_i^t; the server averages Θ^t = Σ_i (k_i / Σ_j k_j) Θ_i^t over the round's clients with
-k_i = |D_i| (line 21), as FedAvg does. Stage L1 evaluates the ALA-initialized local model Θ̂_i
+$Θ^{t-1}$. Client i then trains $Θ̂_i^t$ for the round's local epochs (Alg. 1 line 19) and uploads
+$Θ_i^t$; the server averages $Θ^t = \sum _i (k_i / \sum _j k_j) Θ_i^t$ over the round's clients with
+$k_i$ = |$D_i$| (line 21), as FedAvg does. Stage L1 evaluates the ALA-initialized local model $Θ̂_i$
 built from the latest global model (the paper evaluates "the best local models"; the authors'
-code evaluates Θ̂_i before local training); stage L2 the trained Θ_i^t.
+code evaluates $Θ̂_i$ before local training); stage L2 the trained $Θ_i^t$.
 
 ``fedrep_ala`` is FedRep + ALA (Table 4): only the body is downloaded, so ALA mixes the received
 body into the client's old body; the "higher layers" are the top ``layer_idx`` parameter tensors
@@ -24,7 +24,7 @@ the server is FedAvg's. With ``mu = 0`` it is FedALA exactly.
 the client's copy of the global model, which Ditto's global step then trains and uploads, and that
 ALA-initialized model is also the anchor of the personal step's proximal term (what replacing the
 global model's ``set_parameters`` with ALA does in the authors' Ditto client). Stage L1 evaluates
-the personal model v_k, as Ditto does (ALA never touches v_k), so ALA runs when the client next
+the personal model $v_k$, as Ditto does (ALA never touches $v_k$), so ALA runs when the client next
 trains (the start of iteration t + 1, where Alg. 1 puts it) rather than at evaluation. With
 ``layer_idx = 0`` it is Ditto exactly.
 
@@ -35,7 +35,7 @@ config); the client reports ``ala_epochs``, ``ala_seconds``, and after its initi
 
 Deviations: (1) a client that has not trained yet has no local model: ALA stays deactivated for
 it (local := global) and its initial stage waits until it has trained once; the authors' code
-detects the first round by comparing the first tensor of the two models, which for ρ < 1 treats a
+detects the first round by comparing the first tensor of the two models, which for $ρ < 1$ treats a
 never-selected client's initial model as a local model. (2) Flower evaluates after aggregation,
 so the initial stage runs at the stage-L1 evaluation of round 1 (Alg. 1 places it at the start of
 iteration 2, on the same models). (3) ``max_start_epochs`` caps the initial stage (the paper's

@@ -1,34 +1,35 @@
-"""FedAMP: Huang, Chu, Zhou, Wang, Liu, Pei and Zhang, "Personalized Cross-Silo Federated
+r"""FedAMP: Huang, Chu, Zhou, Wang, Liu, Pei and Zhang, "Personalized Cross-Silo Federated
 Learning on Non-IID Data", AAAI 2021 (a baseline of the DiversiFed paper, Wu et al., Sec. V-B).
 
 Attentive message passing by incremental proximal steps (FedAMP's Alg. 1):
 
-- server: for every sampled client i, with the stored models w_j of the other clients,
-  ξ_ij = α_K · exp(−‖w_i − w_j‖²/σ)/σ  (j ≠ i; the attention-inducing function A(x) = −exp(−x/σ)
-  of the paper's experiments, A'(x) = exp(−x/σ)/σ),   ξ_ii = 1 − Σ_{j≠i} ξ_ij,
-  u_i = Σ_j ξ_ij w_j (a convex combination while Σ_{j≠i} ξ_ij ≤ 1);
-- client: from its own w_i (not from u_i), minimize CE_i(w) + (λ/(2α_K))‖w − u_i‖² with the
+- server: for every sampled client i, with the stored models $w_j$ of the other clients,
+  $ξ_{ij} = α_K$ · exp(−$\|w_i − w_j\|$²/$σ$)/$σ$  (j ≠ i; the attention-inducing function A(x) =
+  −exp(−x/$σ$) of the paper's experiments, A'(x) = exp(−x/$σ$)/$σ$),
+  $ξ_{ii} = 1 − \sum _{j≠i} ξ_{ij}$, $u_i = \sum _j ξ_{ij} w_j$ (a convex combination while
+  $\sum _{j≠i} ξ_{ij} ≤ 1$);
+- client: from its own $w_i$ (not from $u_i$), minimize CE_i(w) + ($λ$/(2α_K))‖w − $u_i$‖² with the
   configured local training. The proximal term is a real, differentiable term (PFLlib's FedAMP
   adds it on ``.data`` tensors, which contributes no gradient; not copied).
 
-Guard (pflower's, not in the paper): the paper requires α_K small enough for ξ_ii ≥ 0. When the
-off-diagonal weights of a client sum above 1 they are rescaled to sum to exactly 1 (ξ_ii = 0:
-u_i is the attention-weighted mean of the *other* models), and a log line says so each time
-(``strategy.guard_events`` counts them). As σ grows with α_K/σ ≥ 1/(m−1), every client is
-sent the plain mean of the others.
+Guard (pflower's, not in the paper): the paper requires $α_K$ small enough for $ξ_{ii} ≥ 0.$ When
+the off-diagonal weights of a client sum above 1 they are rescaled to sum to exactly 1
+($ξ_{ii} = 0$: $u_i$ is the attention-weighted mean of the *other* models), and a log line says so
+each time (``strategy.guard_events`` counts them). As $σ$ grows with $α_K/σ ≥ 1$/(m−1), every client
+is sent the plain mean of the others.
 
-α_K decays by ``alpha_decay`` every ``alpha_decay_every`` rounds (the step decay of the DiversiFed
+$α_K$ decays by ``alpha_decay`` every ``alpha_decay_every`` rounds (the step decay of the DiversiFed
 authors' FedAMP configuration, ×0.1 every 30 rounds; 1.0 keeps it constant). Distances are over
 the trainable parameters (BatchNorm statistics stay personal).
 
-What crosses the wire: fit sends each sampled client its own u_i (all ``state_dict`` arrays;
+What crosses the wire: fit sends each sampled client its own $u_i$ (all ``state_dict`` arrays;
 buffers copied from the client's stored model, never read) with config ``server-round`` and
-``fedamp-alpha-k`` (the round's α_K, used in the client's λ/(2α_K)); the client uploads its
-trained w_i. Server state: the base class's ClientModelStore (latest upload per partition id;
-Θ^0 for a client never sampled). No global model: stage G evaluates the mean of the stored
-models (labelled ``mean_of_client_models``). Client state: ``fedamp_personal``, its w_i (read at
+``fedamp-alpha-k`` (the round's $α_K$, used in the client's $λ$/(2α_K)); the client uploads its
+trained $w_i$. Server state: the base class's ClientModelStore (latest upload per partition id;
+$Θ^0$ for a client never sampled). No global model: stage G evaluates the mean of the stored
+models (labelled ``mean_of_client_models``). Client state: ``fedamp_personal``, its $w_i$ (read at
 fit and at evaluate: stage L1 is the personalized model); a client first sampled after round 1
-starts from Θ^0.
+starts from $Θ^0$.
 """
 
 from __future__ import annotations

@@ -2,13 +2,13 @@
 Classification", ICLR 2022 (Sec. 4, Algorithm 1).
 
 During federated training the head (the classifier) is never updated: it keeps its random
-initialization Θ^0, and clients train and share only the body ("body update": the head's learning
-rate is 0). The server averages the bodies weighted by n_k. For evaluation each client
+initialization $Θ^0$, and clients train and share only the body ("body update": the head's learning
+rate is 0). The server averages the bodies weighted by $n_k$. For evaluation each client
 fine-tunes the whole received model (body and head) on its training data for ``finetune_epochs``
 epochs with the round's local optimizer settings, and evaluates that fine-tuned copy (stage L1);
 the fine-tuned weights are never uploaded.
 
-What crosses the wire: the full global model down (its head is Θ^0's for the whole run); the body
+What crosses the wire: the full global model down (its head is $Θ^0$'s for the whole run); the body
 up, with empty arrays for the unchanged head (the base's ``partial_uploads``). No client state.
 
 Stage G evaluates the global model (trained body, initial head) before fine-tuning, as the paper

@@ -1,11 +1,11 @@
 """FedBN: Li, Jiang, Zhang, Kamp and Dou, "FedBN: Federated Learning on Non-IID Features via
 Local Batch Normalization", ICLR 2021 (Sec. 4, Algorithm 1).
 
-FedAvg in which every BatchNorm layer stays local: its affine parameters (γ, β) and its running
+FedAvg in which every BatchNorm layer stays local: its affine parameters ($γ$, $β$) and its running
 statistics are never uploaded and never overwritten by the server (Alg. 1: "aggregate all
 parameters except BN"). Each round the client starts from the received non-BN parameters and its
 own BN layers, trains the whole model, and uploads the non-BN arrays; the server averages them
-weighted by n_k. Stage L1 evaluates received model + own BN layers.
+weighted by $n_k$. Stage L1 evaluates received model + own BN layers.
 
 Which arrays are BatchNorm is read from the model
 ([`pflower.models.split.batchnorm_mask`][pflower.models.split.batchnorm_mask]),
@@ -16,7 +16,7 @@ What crosses the wire: the split-model family's
 arrays as the personal ones. Client state: ``split_personal``, the client's BN parameters and
 statistics.
 
-Deviation: the global model has Θ^0's BN layers, so there is no stage G.
+Deviation: the global model has $Θ^0$'s BN layers, so there is no stage G.
 """
 
 from __future__ import annotations

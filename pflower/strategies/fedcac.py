@@ -1,29 +1,30 @@
-"""FedCAC: Wu, Liu, Niu, Zhu, Tang, Li and Cao, "Bold but Cautious: Unlocking the Potential of
+r"""FedCAC: Wu, Liu, Niu, Zhu, Tang, Li and Cao, "Bold but Cautious: Unlocking the Potential of
 Personalized Federated Learning through Cautiously Aggressive Collaboration", ICCV 2023 (a
 baseline of the DiversiFed paper by the same authors, Wu et al., Sec. V-B).
 
 Every round (the paper's method section and Alg. 1):
 
-- client i starts from θ_i^start = M_i ⊙ θ_i^cust + (1 − M_i) ⊙ θ^glob, its critical parameters
-  (mask M_i of its previous round) from its customized model and the rest from the global model
-  (round 1, or a client without a mask: θ^glob), and trains locally;
-- it measures each trainable parameter's sensitivity s = |Δθ ⊙ θ| with Δθ = θ_trained − θ_start
-  (the first-order estimate of the loss change if the parameter were reset) and marks the top
-  ``tau_c`` fraction of every layer (each trainable array) as critical: M_i;
-- server: the overlap of critical sets, O_ij = 1 − Σ|M_i − M_j| / (2 Σ M_i); the round's
-  threshold h_t = mean + (t/β)(max − mean) over the off-diagonal O_ij (t = server round, so the
-  collaboration gets more cautious each round); client i's collaborators C_i = {i} ∪ {j :
-  O_ij ≥ h_t}; its customized model θ_i^cust = mean of the stored models of C_i;
-  θ^glob = FedAvg of the round's uploads (sample-weighted, ``aggregation``). Once t > β the
+- client i starts from $θ_i^{start} = M_i$ ⊙ $θ_i^{cust}$ + (1 − $M_i$) ⊙ $θ^{glob}$, its critical
+  parameters (mask $M_i$ of its previous round) from its customized model and the rest from the
+  global model (round 1, or a client without a mask: $θ^{glob}$), and trains locally;
+- it measures each trainable parameter's sensitivity s = |Δθ ⊙ $θ$| with Δθ =
+  $θ_{trained} − θ_{start}$ (the first-order estimate of the loss change if the parameter were
+  reset) and marks the top ``tau_c`` fraction of every layer (each trainable array) as critical:
+  $M_i$;
+- server: the overlap of critical sets, $O_{ij} = 1 − \sum $|$M_i − M_j$| / (2 $\sum  M_i$); the
+  round's threshold $h_t$ = mean + (t/$β$)(max − mean) over the off-diagonal $O_{ij}$ (t = server
+  round, so the collaboration gets more cautious each round); client i's collaborators $C_i$ = {i} ∪
+  {j : $O_{ij} ≥ h_t$}; its customized model $θ_i^{cust}$ = mean of the stored models of $C_i$;
+  $θ^{glob}$ = FedAvg of the round's uploads (sample-weighted, ``aggregation``). Once t > $β$ the
   threshold exceeds the largest overlap and every client's customized model is its own.
 
 What crosses the wire: fit sends ``[θ^glob arrays, θ_i^cust arrays]`` (two ``state_dict``
-lists, concatenated; θ^cust = θ^glob before the client's first upload); config
+lists, concatenated; $θ^{cust} = θ^{glob}$ before the client's first upload); config
 ``server-round``. The client uploads ``[θ_trained arrays, M_i arrays]`` (one 0/1 float32 array per
 trainable parameter). Server state: the base class's ClientModelStore (each client's latest
-model and mask) and the global model; stage G evaluates θ^glob. Client state:
-``fedcac_mask`` (M_i) and ``fedcac_personal`` (θ_trained, evaluated at stage L1: the personalized
-model is the locally trained one).
+model and mask) and the global model; stage G evaluates $θ^{glob}$. Client state:
+``fedcac_mask`` $(M_i)$ and ``fedcac_personal`` ($θ_{trained}$, evaluated at stage L1: the
+personalized model is the locally trained one).
 """
 
 from __future__ import annotations

@@ -1,54 +1,65 @@
-"""FedDC: Gao, Fu, Li, Chen, Xu and Xu, "FedDC: Federated Learning with Non-IID Data via Local
+r"""FedDC: Gao, Fu, Li, Chen, Xu and Xu, "FedDC: Federated Learning with Non-IID Data via Local
 Drift Decoupling and Correction", CVPR 2022 (a baseline of FedMPR, Göksu & Pugeault,
 Tables II-III). Written from the paper and the authors' public implementation.
 
-Client i keeps a local drift variable h_i and a local gradient-correction term G_i (zeros at the
+Client i keeps a local drift variable $h_i$ and a local gradient-correction term $G_i$ (zeros at the
 start); the server keeps the global model w and the global correction G. A sampled client starts
-from θ ← w and minimizes, with the round's local SGD (K steps at learning rate η),
+from $θ$ ← w and minimizes, with the round's local SGD (K steps at learning rate $η$),
 
-    F_i(θ) = L_i(θ) + (α/2) ‖θ + h_i − w‖² + ⟨θ, G − G_i⟩
+$$
+F_i(θ) = L_i(θ) + \frac{α}{2} \|θ + h_i − w\|^2 + ⟨θ, G − G_i⟩
+$$
 
-(the drift-decoupling penalty and the SCAFFOLD-style gradient correction), then, with Δ = θ − w,
+(the drift-decoupling penalty and the SCAFFOLD-style gradient correction), then, with $Δ = θ$ − w,
 
-    h_i ← h_i + Δ                                   (local drift)
-    G_i⁺ = G_i − G − Δ / (K η),   ΔG_i = G_i⁺ − G_i (correction, stored as G_i ← G_i⁺)
+$$
+\begin{aligned}
+h_i &\leftarrow h_i + Δ && \text{(local drift)} \\
+G_i^+ &= G_i − G − Δ / (K η), \quad ΔG_i = G_i^+ − G_i
+    && \text{(correction, stored as } G_i \leftarrow G_i^+ \text{)}
+\end{aligned}
+$$
 
-and uploads θ, h_i and ΔG_i. The server, with N clients in all and the sampled set S,
+and uploads $θ$, $h_i$ and ΔG_i. The server, with N clients in all and the sampled set S,
 
-    w ← mean_{i∈S} θ_i + (1/N) Σ_{all i} h_i,      G ← G + (1/N) Σ_{i∈S} ΔG_i
+$$
+w \leftarrow \operatorname{mean}_{i∈S} θ_i + \frac{1}{N} \sum_{\text{all } i} h_i, \qquad
+G \leftarrow G + \frac{1}{N} \sum_{i∈S} ΔG_i
+$$
 
-using each client's latest h_i (cached by partition id; zero for a client never sampled).
+using each client's latest $h_i$ (cached by partition id; zero for a client never sampled).
 h, G and the corrections act on the trainable parameters only; BatchNorm buffers are averaged as
 in FedAvg.
 
 What crosses the wire:
 - server → client (fit): w (every ``state_dict`` entry) followed by G (trainable parameters);
   evaluate instructions carry w alone. Fit config: ``server-round`` only.
-- client → server: θ (every entry), then h_i, then ΔG_i (trainable parameters each): three
+- client → server: $θ$ (every entry), then $h_i$, then ΔG_i (trainable parameters each): three
   model-sized arrays up, two down (``bytes_up``/``bytes_down``).
 
-Client state (``context.state``): ``feddc_drift`` (h_i) and ``feddc_correction`` (G_i), trainable
-parameters in ``state_dict`` order; absent means zero.
+Client state (``context.state``): ``feddc_drift`` $(h_i)$ and ``feddc_correction`` $(G_i)$,
+trainable parameters in ``state_dict`` order; absent means zero.
 
 Server state (attributes of [`FedDCStrategy`][pflower.strategies.feddc.FedDCStrategy], for
 checkpoints):
-    global_correction: G, one array per trainable parameter (None = zero).
-    client_drifts: {partition id: h_i}, the latest drift each client uploaded.
-    global_weights: w (the base class's global model).
-    client_average: the round's plain mean of the client models (scored with ``report:
-        average``; the official code evaluates w, its ``cur_cld_model``, the default here).
+- ``global_correction``: G, one array per trainable parameter (None = zero).
+- ``client_drifts``: {partition id: $h_i$}, the latest drift each client uploaded.
+- ``global_weights``: w (the base class's global model).
+- ``client_average``: the round's plain mean of the client models (scored with ``report:
+  average``; the official code evaluates w, its ``cur_cld_model``, the default here).
 
-Deviations and additions: the official code scales α and the correction by n_i / mean(n), which is
-1 for equal-sized clients and is left out here. ``drift_weight`` λ (pflower's knob, 1 = FedDC)
-multiplies h_i in the penalty and in the server correction, and the gradient-correction term:
-λ = 0 leaves FedProx with μ = α, and with α = 0 as well, FedAvg exactly. The mean over S follows
-``aggregation`` (default ``uniform``, as the official code). The correction's Δ/(K η) is
-SCAFFOLD's option II and, like it, assumes plain SGD steps: with ``train.momentum`` β > 0 the
-denominator is K_eff η, K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)
+Deviations and additions: the official code scales $α$ and the correction by $n_i$ / mean(n), which
+is 1 for equal-sized clients and is left out here. ``drift_weight`` $λ$ (pflower's knob, 1 = FedDC)
+multiplies $h_i$ in the penalty and in the server correction, and the gradient-correction term:
+$λ = 0$ leaves FedProx with $μ = α$, and with $α = 0$ as well, FedAvg exactly. The mean over S
+follows ``aggregation`` (default ``uniform``, as the official code). The correction's $Δ$/(K $η$) is
+SCAFFOLD's option II and, like it, assumes plain SGD steps: with ``train.momentum`` $β > 0$ the
+denominator is $K_{eff} η$, $K_{eff} = \sum _{k=1..K}$ (1 − $β^k$)/(1 − $β$)
 ([`effective_steps`][pflower.strategies.control_variates.effective_steps], which explains why; with
-K η
-the corrections grow about 1/(1 − β) times too large and diverge to NaN within 4 rounds on
-digits at the default β = 0.9). β = 0 computes K η exactly; ``train.optimizer=adam`` is refused.
+K $η$
+the corrections grow about 1/(1 − $β$) times too large and diverge to NaN within 4 rounds on
+digits at the default $β = 0.9$). $β = 0$ computes K $η$ exactly; ``train.optimizer=adam`` is
+refused.
 """
 
 from __future__ import annotations

@@ -1,44 +1,52 @@
-"""FedDyn: Acar, Zhao, Matas, Mattina, Whatmough and Saligrama, "Federated Learning Based on
+r"""FedDyn: Acar, Zhao, Matas, Mattina, Whatmough and Saligrama, "Federated Learning Based on
 Dynamic Regularization", ICLR 2021 (a baseline of FedMPR, Göksu & Pugeault, Tables II-III).
 
-Each round, every sampled client k solves (Alg. 2, "FedDyn") from the server model θ^{t−1}
+Each round, every sampled client k solves (Alg. 2, "FedDyn") from the server model $θ^{t−1}$
 
-    θ_k^t = argmin_θ  L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2) ‖θ − θ^{t−1}‖²
+$$
+θ_k^t = \operatorname*{argmin}_θ \; L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + \frac{α}{2} \|θ − θ^{t−1}\|^2
+$$
 
 approximately, with the round's local SGD, then updates its lagged gradient (the linear term)
 
-    ∇L_k(θ_k^t) ← ∇L_k(θ_k^{t−1}) − α (θ_k^t − θ^{t−1})
+$$
+∇L_k(θ_k^t) \leftarrow ∇L_k(θ_k^{t−1}) − α (θ_k^t − θ^{t−1})
+$$
 
-and uploads θ_k^t. The server, with m clients in all and the sampled set P_t,
+and uploads $θ_k^t$. The server, with m clients in all and the sampled set $P_t$,
 
-    h^t = h^{t−1} − α (1/m) Σ_{k∈P_t} (θ_k^t − θ^{t−1})
-    θ^t = (1/|P_t|) Σ_{k∈P_t} θ_k^t − (1/α) h^t
+$$
+\begin{aligned}
+h^t &= h^{t−1} − α \frac{1}{m} \sum_{k∈P_t} (θ_k^t − θ^{t−1}) \\
+θ^t &= \frac{1}{|P_t|} \sum_{k∈P_t} θ_k^t − \frac{1}{α} h^t
+\end{aligned}
+$$
 
 The linear and quadratic terms, and h, act on the trainable parameters only; BatchNorm buffers
 are averaged as in FedAvg.
 
-What crosses the wire: θ^{t−1} down and θ_k^t up, as FedAvg (config: ``server-round`` only).
+What crosses the wire: $θ^{t−1}$ down and $θ_k^t$ up, as FedAvg (config: ``server-round`` only).
 
-Client state (``context.state``): ``feddyn_grad``, the client's linear term g_k = ∇L_k(θ_k^{t−1})
-(trainable parameters, ``state_dict`` order); absent means zero.
+Client state (``context.state``): ``feddyn_grad``, the client's linear term $g_k$ =
+∇L_k$(θ_k^{t−1})$ (trainable parameters, ``state_dict`` order); absent means zero.
 
 Server state (attributes of [`FedDynStrategy`][pflower.strategies.feddyn.FedDynStrategy], for
 checkpoints):
-    server_h: h, one array per trainable parameter (None until the first update, meaning zero).
-    global_weights: θ^t (the base class's global model).
-    client_average: the round's plain mean of the client models.
+- ``server_h``: h, one array per trainable parameter (None until the first update, meaning zero).
+- ``global_weights``: $θ^t$ (the base class's global model).
+- ``client_average``: the round's plain mean of the client models.
 
-Which model is reported: the official code (``utils_methods.py``, ``train_FedDyn``) sends θ^t
+Which model is reported: the official code (``utils_methods.py``, ``train_FedDyn``) sends $θ^t$
 (its "cloud model") to the clients but evaluates ``avg_model``, the plain mean of the sampled
 clients' models; the paper's accuracies are that model's. Stages G and L1 score it too
-(``report: average``, the default); ``report: server`` scores θ^t. The two differ most when
+(``report: average``, the default); ``report: server`` scores $θ^t$. The two differ most when
 the correction is large: MNIST, 2 IID clients, ResNet-18 at width 16, round 5: the client models
-reached about 96.5% and θ^t 58-93% (seeds 0-2).
+reached about 96.5% and $θ^t$ 58-93% (seeds 0-2).
 
-Deviations: the mean over P_t follows ``aggregation`` (default ``uniform``, Alg. 2's 1/|P_t|).
-α = 0 switches the dynamic regularizer off and is FedAvg: h stays 0 and the correction h/α is
-taken as 0 (Alg. 2 divides by α; as α → 0⁺ the correction h/α stays the accumulated mean drift, so
-α = 0 is a convention, not the limit).
+Deviations: the mean over $P_t$ follows ``aggregation`` (default ``uniform``, Alg. 2's 1/|$P_t$|).
+$α = 0$ switches the dynamic regularizer off and is FedAvg: h stays 0 and the correction h/$α$ is
+taken as 0 (Alg. 2 divides by $α$; as $α$ → 0⁺ the correction h/$α$ stays the accumulated mean
+drift, so $α = 0$ is a convention, not the limit).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""FedFomo: Zhang, Sapra, Fidler, Yeung and Alvarez, "Personalized Federated Learning with
+r"""FedFomo: Zhang, Sapra, Fidler, Yeung and Alvarez, "Personalized Federated Learning with
 First Order Model Optimization", ICLR 2021 (a baseline of the DiversiFed paper, Wu et al.,
 Sec. V-B).
 
@@ -8,14 +8,14 @@ experiment's (``split.val_fraction``) if it has one, else the client holds out a
 rest. Every round (FedFomo's Alg. 1):
 
 - server: sends client i the stored latest models of the M other clients with the highest
-  affinity P[i, ·] (ties broken by a seeded draw), or with probability ε (``epsilon``) M clients
-  drawn uniformly at random (the paper's ε-greedy exploration);
-- client: with its previous model θ_i^{t−1} and the received θ_n, the first-order weights
-  w_n = max(0, (L_val(θ_i^{t−1}) − L_val(θ_n)) / (‖θ_n − θ_i^{t−1}‖ + 1e−5)),
+  affinity P[i, ·] (ties broken by a seeded draw), or with probability $ε$ (``epsilon``) M clients
+  drawn uniformly at random (the paper's $ε$-greedy exploration);
+- client: with its previous model $θ_i^{t−1}$ and the received $θ_n$, the first-order weights
+  $w_n$ = max(0, $(L_{val}(θ_i^{t−1}) − L_{val}(θ_n))$ / ($\|θ_n − θ_i^{t−1}\|$ + 1e−5)),
   normalized to sum to 1 when their sum is positive (else all 0); then
-  θ_i ← θ_i^{t−1} + Σ_n w_n (θ_n − θ_i^{t−1}) over the trainable parameters (BatchNorm
-  statistics stay the client's), then local training for the configured epochs;
-- server: P[i, n] += w_n (the affinity update).
+  $θ_i \leftarrow  θ_i^{t−1} + \sum _n w_n (θ_n − θ_i^{t−1})$ over the trainable parameters
+  (BatchNorm statistics stay the client's), then local training for the configured epochs;
+- server: P[i, n] += $w_n$ (the affinity update).
 
 What crosses the wire: fit sends the M chosen models, concatenated (M × the ``state_dict``
 arrays), with config ``server-round`` and ``fomo-ids`` (their partition ids, comma separated,
@@ -26,8 +26,8 @@ client per round. A client first sampled before any other client uploaded receiv
 Server state: the base class's ClientModelStore (latest upload per partition id) and the
 affinity matrix ``affinity`` (N × N, by partition id). No global model: stage G evaluates the
 mean of the stored models (labelled ``mean_of_client_models``). Client state:
-``fomo_personal``, its model θ_i (read at fit and evaluate: stage L1 is the personalized
-model); a client starts from Θ^0. With M = 0 the method is local training.
+``fomo_personal``, its model $θ_i$ (read at fit and evaluate: stage L1 is the personalized
+model); a client starts from $Θ^0$. With M = 0 the method is local training.
 """
 
 from __future__ import annotations

@@ -6,18 +6,18 @@ regularization of Sec. IV-B, then magnitude-prunes the trained weights and uploa
 server averages as FedAvg does:
 
 1. Local training (Alg. 1 line 12) of the regularized model: dropout at rate d (Eq. 3,
-   y = M ⊙ f(Wx + b), element-wise) and Gaussian weight noise W_n = W + ε (Eq. 4) inside every
+   y = M ⊙ f(Wx + b), element-wise) and Gaussian weight noise $W_n$ = W + $ε$ (Eq. 4) inside every
    BasicBlock of the stages ``reg_stages``. The noise is drawn fresh on every training forward
    pass and is never written into the parameters or sent (see
    [`pflower.models.regularization`][pflower.models.regularization] for the placement and the
-   ``noise_mode`` readings of σ).
+   ``noise_mode`` readings of $σ$).
    The random numbers come from a stream of the client's own: seed (run seed, partition id,
    round) ("randomly generated values specific to each client", Sec. IV-B).
-2. Magnitude pruning (Alg. 1 lines 13-19): t = the (100·p)-th percentile of |W_k| over the
+2. Magnitude pruning (Alg. 1 lines 13-19): t = the (100·p)-th percentile of |$W_k$| over the
    prunable tensors, one global threshold (line 14); every weight with |w| ≤ t is set to 0
    (k = ⌊p·N⌋ smallest magnitudes; ties may prune slightly more). Nothing is kept between rounds:
    no mask, no rewinding, each round re-prunes the freshly trained dense model.
-3. Upload of the pruned weights; the server's FedAvg (line 21, Eq. 1: weights n_k/n) counts the
+3. Upload of the pruned weights; the server's FedAvg (line 21, Eq. 1: weights $n_k/n$) counts the
    zeros as ordinary values (not mask-aware).
 
 Prunable tensors (``prune_scope``): ``conv_linear_weights`` (default: the ``weight`` of every
@@ -26,8 +26,8 @@ Conv2d and Linear; biases and BatchNorm parameters and statistics are never prun
 threshold) or ``layerwise`` (the fraction p of each tensor).
 
 Ablations (Table IV) are presets of this one algorithm (``conf/strategy/fedmpr_*.yaml``): pruning
-only (p = 0.2, 0.4), dropout only (d = 0.2, 0.8), noise only (σ = 0.2, 0.4; the table's "α" is
-σ). p = d = σ = 0 is FedAvg exactly: no random number is drawn and nothing is pruned.
+only (p = 0.2, 0.4), dropout only (d = 0.2, 0.8), noise only ($σ = 0.2$, 0.4; the table's "$α$" is
+$σ$). p = d = $σ = 0$ is FedAvg exactly: no random number is drawn and nothing is pruned.
 
 What crosses the wire: the global model down, the pruned model up (dense arrays with zeros);
 fit config ``server-round`` only (every FedMPR setting is in the shared configuration). Fit
@@ -36,11 +36,11 @@ metrics: ``sparsity`` (fraction of exact zeros among the prunable weights after 
 
 Client state: none (the paper's client is stateless). Server state: the global model only.
 
-Deviations: the paper does not say how σ is scaled (Eq. 4 reads as absolute noise, Sec. VII calls
-σ a "ratio"): ``noise_mode`` defaults to noise relative to each tensor's std (see
+Deviations: the paper does not say how $σ$ is scaled (Eq. 4 reads as absolute noise, Sec. VII calls
+$σ$ a "ratio"): ``noise_mode`` defaults to noise relative to each tensor's std (see
 [`pflower.models.regularization`][pflower.models.regularization]). Dropout and noise need a ResNet
 (the paper's ResNet-18);
-with other models only pruning is available (d = σ = 0).
+with other models only pruning is available (d = $σ = 0$).
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """FedPer: Arivazhagan, Aggarwal, Singh and Choudhary, "Federated Learning with Personalization
 Layers", arXiv:1912.00818, 2019 (Sec. 3, Algorithm 1).
 
-The model is split into base layers W_B, shared through FedAvg, and personalization layers W_P
+The model is split into base layers $W_B$, shared through FedAvg, and personalization layers $W_P$
 (the head), which never leave the client. Each round client j starts from the received base and
-its own W_P (Alg. 1: "W_B ← received", W_P kept), trains both jointly with SGD for the round's
-local epochs, and uploads W_B only; the server averages the bases weighted by n_j. Stage L1
+its own $W_P$ (Alg. 1: "$W_B$ ← received", $W_P$ kept), trains both jointly with SGD for the round's
+local epochs, and uploads $W_B$ only; the server averages the bases weighted by $n_j$. Stage L1
 evaluates received base + own head.
 
 The split is the zoo's declaration ([`pflower.models.split`][pflower.models.split]: the head
@@ -14,7 +14,7 @@ on every model. FedPer is the split-model family's protocol
 with the head as the personal arrays.
 
 What crosses the wire: server → client the full global model (``server-round`` in the config;
-the head in it is Θ^0's, used only as a client's initial head); client → server the base, with
+the head in it is $Θ^0$'s, used only as a client's initial head); client → server the base, with
 an empty array in place of each head array. Client state: ``split_personal``, the client's head
 after its last training.
 

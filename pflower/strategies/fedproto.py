@@ -1,20 +1,20 @@
-"""FedProto: Tan, Long, Liu, Zhou, Lu, Jiang and Zhang, "FedProto: Federated Prototype Learning
+r"""FedProto: Tan, Long, Liu, Zhou, Lu, Jiang and Zhang, "FedProto: Federated Prototype Learning
 across Heterogeneous Clients", AAAI 2022 (a baseline of the DiversiFed paper, Wu et al., Sec. V-B).
 
 No model weights are shared; clients exchange class prototypes, the mean representation
 (the input of the classification layer ``fc``) of each class (FedProto's Alg. 1):
 
 - client i, local training: from its own model, minimize per batch
-  CE(fc(f(x)), y) + λ_p · MSE(f(x), C̄^{(y)}), where C̄^{(y)} is the global prototype of
+  CE(fc(f(x)), y) + $λ_p$ · MSE(f(x), $C̄^{(y)}$), where $C̄^{(y)}$ is the global prototype of
   class y; samples of classes with no global prototype yet contribute 0 to the MSE, which is
   averaged over the whole batch (as PFLlib, which the DiversiFed paper ran FedProto from);
-- client i, after training: its local prototypes C_i^{(j)} = mean of f(x) over its training
-  samples of class j (model in eval mode), and their counts |D_{i,j}|;
-- server: C̄^{(j)} = Σ_i |D_{i,j}| C_i^{(j)} / Σ_i |D_{i,j}| over the clients holding class j
-  (the paper's count-weighted average, ``proto_weighting=counts``), or their plain mean
-  (``uniform``, PFLlib);
+- client i, after training: its local prototypes $C_i^{(j)}$ = mean of f(x) over its training
+  samples of class j (model in eval mode), and their counts |$D_{i,j}$|;
+- server: $C̄^{(j)} = \sum _i$ |$D_{i,j}$| $C_i^{(j)} / \sum _i$ |$D_{i,j}$| over the clients
+  holding class j (the paper's count-weighted average, ``proto_weighting=counts``), or their plain
+  mean (``uniform``, PFLlib);
 - prediction: the class of the nearest global prototype in L2 (the paper's inference rule),
-  i.e. logits −‖f(x) − C̄^{(j)}‖²; classes without a global prototype are never predicted. The
+  i.e. logits −‖f(x) − $C̄^{(j)}$‖²; classes without a global prototype are never predicted. The
   reported loss is the cross-entropy of these scores. Before any global prototype exists
   (stage L2 of round 1) the client's own ``fc`` head predicts instead (pflower's choice; the
   paper does not say).
@@ -26,7 +26,7 @@ C counts]``. λ_p is read by both sides from ``strategy.lam``.
 
 Server state: the latest global prototypes (what the base class holds as its "global weights";
 no global model, so no stage G). Client state: ``proto_model``, its own model (all
-``state_dict`` arrays), read at fit and evaluate; a client starts from Θ^0.
+``state_dict`` arrays), read at fit and evaluate; a client starts from $Θ^0$.
 """
 
 from __future__ import annotations

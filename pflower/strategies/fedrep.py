@@ -1,29 +1,30 @@
 """FedRep: Collins, Hassani, Mokhtari and Shakkottai, "Exploiting Shared Representations for
 Personalized Federated Learning", ICML 2021 (Sec. 3, Algorithm 1).
 
-The model is a shared representation φ (the body) and a client-specific head h_i. In round t
-client i receives φ^t and
+The model is a shared representation $φ$ (the body) and a client-specific head $h_i$. In round t
+client i receives $φ^t$ and
 
-1. updates its head for τ epochs with the body frozen: h_i ← GRD(f_i(h, φ^t), h, α)
-   (Alg. 1, the head loop, ``head_epochs`` = τ);
-2. updates the body with its new head frozen: φ_i^{t+1} ← GRD(f_i(h_i, φ), φ, α) for the round's
+1. updates its head for $τ$ epochs with the body frozen: $h_i$ ← GRD($f_i$(h, $φ^t$), h, $α$)
+   (Alg. 1, the head loop, ``head_epochs`` = $τ$);
+2. updates the body with its new head frozen: $φ_i^{t+1}$ ← GRD($f_i$($h_i$, $φ$), $φ$, $α$) for the
+round's
    local epochs (``train.local_epochs``);
-3. uploads φ_i^{t+1} only; the server averages the bodies, weighted by n_i (the paper's
+3. uploads $φ_i^{t+1}$ only; the server averages the bodies, weighted by $n_i$ (the paper's
    experiments; Alg. 1 writes the plain mean, ``aggregation=uniform``).
 
 The head persists on the client across rounds; stage L1 evaluates the received body with the
 client's head (what the client deploys before its next round of training). Both phases use the
-round's optimizer settings (the paper uses one step size α for both).
+round's optimizer settings (the paper uses one step size $α$ for both).
 
 Identity: with ``head_epochs = 0`` the head is never trained, so step 2 trains the body under
-Θ^0's head, exactly FedBABU's federated training
+$Θ^0$'s head, exactly FedBABU's federated training
 ([`pflower.strategies.fedbabu`][pflower.strategies.fedbabu]); both share
 the body update path (stage L2 and the global body agree).
 
 What crosses the wire: the split-model family's
 ([`pflower.strategies.split`][pflower.strategies.split]): the full
 global model down, the body up (the head as empty arrays). Client state: ``split_personal``, the
-head h_i. The head phase draws its batch order from its own seeded stream; the body phase from
+head $h_i$. The head phase draws its batch order from its own seeded stream; the body phase from
 the same stream as every algorithm's local training.
 """
 

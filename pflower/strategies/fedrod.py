@@ -4,19 +4,19 @@ Classification", ICLR 2022 (Sec. 4, "Federated Robust Decoupling", Algorithm 1).
 The model is a shared body f (feature extractor) with two heads on its features z = f(x):
 
 - the generic head g, shared and averaged by the server with the body, trained with the
-  *balanced softmax* loss (Sec. 4.1, class-balanced risk): CE(g(z) + log n_{i,c}, y), where
-  n_{i,c} is the number of training samples of class c on client i, so the generic model targets
+  *balanced softmax* loss (Sec. 4.1, class-balanced risk): CE(g(z) + log $n_{i,c}$, y), where
+  $n_{i,c}$ is the number of training samples of class c on client i, so the generic model targets
   a class-balanced objective despite each client's skew;
-- the personal head p_i, kept on the client, trained on the same batch with the body and the
-  generic head frozen (detached) on the personalized prediction g(z) + p_i(z) with plain CE
+- the personal head $p_i$, kept on the client, trained on the same batch with the body and the
+  generic head frozen (detached) on the personalized prediction g(z) + $p_i$(z) with plain CE
   (Sec. 4.2, "the personalized model ... adds a personal head").
 
 The client uploads body + generic head (the full model); the server averages as FedAvg does.
-Stage L1 and L2 evaluate the personalized prediction g(z) + p_i(z); stage G the generic model
-on the global test set. The personal head starts as a copy of Θ^0's head (as in the authors'
+Stage L1 and L2 evaluate the personalized prediction g(z) + $p_i$(z); stage G the generic model
+on the global test set. The personal head starts as a copy of $Θ^0$'s head (as in the authors'
 released code) and is trained with the round's optimizer settings.
 
-Classes absent from a client's training data get log n_c = log 1e-8 in the balanced softmax
+Classes absent from a client's training data get log $n_c$ = log 1e-8 in the balanced softmax
 (the released code uses log 0 = −∞).
 
 What crosses the wire: FedAvg's. Client state: ``fedrod_head``, the personal head's parameters.

@@ -1,30 +1,32 @@
-"""FedSelect: Tamirisa, Xie, Bao, Zhou, Arel and Shamsian, "FedSelect: Personalized Federated
+r"""FedSelect: Tamirisa, Xie, Bao, Zhou, Arel and Shamsian, "FedSelect: Personalized Federated
 Learning with Customized Selection of Parameters for Fine-Tuning", CVPR 2024 (a baseline of
 FedMPR, Göksu & Pugeault, Tables II-III). Written from the paper and the authors' public
 implementation, whose settings it follows.
 
-Every client k keeps a binary mask m_k over its model's parameters (1 = personal, 0 = shared),
-starting with everything personal, and its own full model θ_k. In a round:
+Every client k keeps a binary mask $m_k$ over its model's parameters (1 = personal, 0 = shared),
+starting with everything personal, and its own full model $θ_k$. In a round:
 
 1. Broadcast: the client overwrites only its shared entries with the server's values,
-   θ_k ← m_k ⊙ θ_k + (1 − m_k) ⊙ w.
+   $θ_k \leftarrow  m_k$ ⊙ $θ_k$ + (1 − $m_k$) ⊙ w.
 2. Local training ("LocalAlt"): every local epoch is two passes over the client's data, the first
    updating only the personal entries, the second only the shared ones (the other entries are
    held fixed by restoring them after each optimizer step).
 3. Mask growth (the GradSelect step, every ``mask_every`` rounds): in every trainable tensor whose
    name contains "weight" and that is not yet more than ``share_limit`` shared, the fraction
    ``select_fraction`` of its still-personal entries whose values moved least since the last
-   mask update, |θ_now − θ_last|, become shared. Biases and BatchNorm statistics stay personal.
-4. Upload: θ_k ⊙ (1 − m_k) and the shared mask 1 − m_k (the new mask: a newly shared entry is
+   mask update, |$θ_{now} − θ_{last}$|, become shared. Biases and BatchNorm statistics stay
+   personal.
+4. Upload: $θ_k$ ⊙ (1 − $m_k$) and the shared mask 1 − $m_k$ (the new mask: a newly shared entry is
    averaged from the clients' own values before anyone receives it).
-5. Server: per scalar, the mean over the clients that share it, Σ_k θ_k (1 − m_k) / Σ_k (1 − m_k);
+5. Server: per scalar, the mean over the clients that share it, $\sum _k θ_k$ (1 − $m_k$) /
+$\sum _k$ (1 − $m_k$);
    entries nobody shares keep their server value.
 
-What crosses the wire: w down (fit config ``server-round`` only); up, θ_k with its personal
+What crosses the wire: w down (fit config ``server-round`` only); up, $θ_k$ with its personal
 entries zeroed, followed by one boolean mask per ``state_dict`` entry (1 byte per scalar).
 
-Client state (``context.state``): ``fedselect_model`` (θ_k, every ``state_dict`` entry),
-``fedselect_personal`` (m_k, float 0/1 per entry) and ``fedselect_last`` (θ at the last mask
+Client state (``context.state``): ``fedselect_model`` ($θ_k$, every ``state_dict`` entry),
+``fedselect_personal`` ($m_k$, float 0/1 per entry) and ``fedselect_last`` ($θ$ at the last mask
 update).
 
 Server state: the server's model w (the base class's global model), no per-client memory.

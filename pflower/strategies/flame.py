@@ -1,55 +1,66 @@
-"""FLAME: personalized FL by ADMM on the Moreau-envelope objective.
+r"""FLAME: personalized FL by ADMM on the Moreau-envelope objective.
 
 Zhu, Zeng, Wang, Sun, Li, Yao and Peng, "On ADMM in Heterogeneous Federated Learning:
 Personalization, Robustness, and Fairness" (arXiv 2407.16397), Sec. IV, Algorithm 1.
 
-Problem (9) splits the Moreau-envelope objective (5)-(6) with a local copy w_i of the global model:
+Problem (9) splits the Moreau-envelope objective (5)-(6) with a local copy $w_i$ of the global
+model:
 
-    min_{θ, w_i, w} Σ_i α_i [ L_i(θ_i) + (λ/2)‖θ_i − w_i‖² ]   s.t.  w_i = w  for all i,
+$$
+\min_{θ, w_i, w} \sum_i α_i \Bigl[ L_i(θ_i) + \frac{λ}{2}\|θ_i − w_i\|^2 \Bigr]
+\quad \text{s.t.} \quad w_i = w \text{ for all } i,
+$$
 
 and ADMM on its augmented Lagrangian (10),
-Σ_i α_i[L_i(θ_i) + (λ/2)‖θ_i − w_i‖²] + ⟨π_i, w_i − w⟩ + (ρ/2)‖w_i − w‖², gives per selected
-client i in round k (Eqs. 11-13):
+$\sum_i α_i[L_i(θ_i) + \frac{λ}{2}\|θ_i − w_i\|^2] + ⟨π_i, w_i − w⟩ + \frac{ρ}{2}\|w_i − w\|^2$,
+gives per selected client $i$ in round $k$ (Eqs. 11-13):
 
-    θ_i^{k+1} ≈ argmin_θ L_i(θ) + (λ/2)‖θ − w_i^k‖²              (11, inexact: local SGD)
-    w_i^{k+1} = (α_i λ θ_i^{k+1} + ρ w^k − π_i^k) / (α_i λ + ρ)   (12, closed form)
-    π_i^{k+1} = π_i^k + ρ (w_i^{k+1} − w^k)                        (13)
+$$
+\begin{aligned}
+θ_i^{k+1} &≈ \operatorname*{argmin}_θ L_i(θ) + \frac{λ}{2}\|θ − w_i^k\|^2
+    && \text{(11, inexact: local SGD)} \\
+w_i^{k+1} &= \frac{α_i λ θ_i^{k+1} + ρ w^k − π_i^k}{α_i λ + ρ} && \text{(12, closed form)} \\
+π_i^{k+1} &= π_i^k + ρ (w_i^{k+1} − w^k) && \text{(13)}
+\end{aligned}
+$$
 
-and on the server w^{k+1} = (1/m) Σ_{i=1..m} (w_i^{k+1} + π_i^{k+1}/ρ) (Algorithm 1, last line),
-over all m clients: a client not selected this round contributes its last upload (stale cache;
-before its first upload, w^0, since w_i^0 = w^0 and π_i^0 = 0). With ``robust=<name>`` the mean is
-replaced by the robust aggregate of the m cached vectors (Sec. VI-B3 compares FLAME with
+and on the server $w^{k+1} = \frac{1}{m} \sum_{i=1}^{m} (w_i^{k+1} + π_i^{k+1}/ρ)$ (Algorithm 1,
+last line), over all m clients: a client not selected this round contributes its last upload (stale
+cache; before its first upload, $w^0$, since $w_i^0 = w^0$ and $π_i^0 = 0$). With ``robust=<name>``
+the mean is replaced by the robust aggregate of the m cached vectors (Sec. VI-B3 compares FLAME with
 Multi-Krum; this combination is pflower's). The global model needs no
-learning rate. Lemma 3: π_i^{k+1} = α_i λ (θ_i^{k+1} − w_i^{k+1}), so the upload
-z_i = w_i + π_i/ρ equals θ_i exactly when ρ = α_i λ.
+learning rate. Lemma 3: $π_i^{k+1} = α_i λ (θ_i^{k+1} − w_i^{k+1})$, so the upload
+$z_i = w_i + π_i/ρ$ equals $θ_i$ exactly when $ρ = α_i λ$.
 
-Client procedure (as in the authors' code, the default): w_i ← w^k at the start of the round
-(``reset_local_to_global``); a fresh SGD optimizer (``train.lr``, ``train.momentum``,
+Client procedure (as in the authors' code, the default): $w_i \leftarrow  w^k$ at the start of the
+round (``reset_local_to_global``); a fresh SGD optimizer (``train.lr``, ``train.momentum``,
 ``train.batch_size``); ``train.local_epochs`` = R passes over the local train split, each step on
-∇CE + λ(θ − w_i) + μθ (``mu_l2``, an L2 term of the authors' code), and after each pass the updates
-(12)-(13) (``admm_update=per_epoch``). ``admm_update=per_round`` with
+∇CE + $λ(θ − w_i)$ + μθ (``mu_l2``, an L2 term of the authors' code), and after each pass the
+updates (12)-(13) (``admm_update=per_epoch``). ``admm_update=per_round`` with
 ``reset_local_to_global=false`` is Algorithm 1 as printed: R passes on (11) anchored on the
-persistent w_i^k, then (12)-(13) once. With R = 1 the two cadences coincide.
+persistent $w_i^k$, then (12)-(13) once. With R = 1 the two cadences coincide.
 
-Model selection (Sec. IV-D): stage L1 evaluates θ_i (PM) and w^{k+1} (GM) on the client's own data
-and reports the hybrid model HM, the better of the two (``selection.split``).
+Model selection (Sec. IV-D): stage L1 evaluates $θ_i$ (PM) and $w^{k+1}$ (GM) on the client's own
+data and reports the hybrid model HM, the better of the two (``selection.split``).
 
 What crosses the wire:
-    fit, server → client: w^k; config ``server-round``, ``num_clients`` (m, for α_i = 1/m and
-        ρ = λ/m) and, once known, ``n_total`` (n = Σ n_i, for α_i = n_i/n with ``alpha=size``).
-    fit, client → server: z_i = w_i + π_i/ρ; n_i; metrics ``admm_primal_residual`` ‖w_i − w^k‖.
-    evaluate, server → client: w^{k+1}; the client reports PM/GM/HM metrics.
-Client state (``context.state``): ``flame_theta`` θ_i, ``flame_pi`` π_i, ``flame_w_local`` w_i.
-θ_i of a client seen for the first time is the model it receives (w^0 in round 1).
-Server state: the cache z_i of every partition id. The m clients of the consensus are those that
+- fit, server → client: $w^k$; config ``server-round``, ``num_clients`` (m, for $α_i = 1/m$ and
+  $ρ = λ/m$) and, once known, ``n_total`` (n = $\sum  n_i$, for $α_i = n_i/n$ with ``alpha=size``).
+- fit, client → server: $z_i = w_i + π_i/ρ$; $n_i$; metrics ``admm_primal_residual``
+  $\|w_i − w^k\|$.
+- evaluate, server → client: $w^{k+1}$; the client reports PM/GM/HM metrics.
+
+Client state (``context.state``): ``flame_theta`` $θ_i$, ``flame_pi`` $π_i$, ``flame_w_local``
+$w_i$. $θ_i$ of a client seen for the first time is the model it receives ($w^0$ in round 1).
+Server state: the cache $z_i$ of every partition id. The m clients of the consensus are those that
 train: clients held out by ``eval.unseen_fraction`` are not among them.
 
-Deviations: hyperparameters the paper's text does not give are the authors' code defaults (λ = 1,
-μ = 0.01; the preset sets lr 0.01, momentum 0.5, batch 100, R = 1), except ρ: its default is λ/m,
-the rule behind every value the paper uses (the code's fixed 0.1 is λ/m at m = 10). The global
-model is evaluated after aggregation (w^{k+1}); the authors' code evaluates w^k inside training.
-The ε-accuracy of (11) (Eq. 17) is not enforced: R passes are run. Arrays that are not floating
-point (none in the zoo's FLAME models) are taken from θ_i unchanged.
+Deviations: hyperparameters the paper's text does not give are the authors' code defaults ($λ = 1$,
+$μ = 0.01$; the preset sets lr 0.01, momentum 0.5, batch 100, R = 1), except $ρ$: its default is
+$λ/m$, the rule behind every value the paper uses (the code's fixed 0.1 is $λ/m$ at m = 10). The
+global model is evaluated after aggregation $(w^{k+1})$; the authors' code evaluates $w^k$ inside
+training. The $ε$-accuracy of (11) (Eq. 17) is not enforced: R passes are run. Arrays that are not
+floating point (none in the zoo's FLAME models) are taken from $θ_i$ unchanged.
 """
 
 from __future__ import annotations

@@ -1,29 +1,31 @@
-"""FLIU: Federated Learning with Individualized Updates.
+r"""FLIU: Federated Learning with Individualized Updates.
 
 Hussaini, Theiß and Stein, "Local Performance vs. Out-of-Distribution Generalization: An Empirical
 Analysis of Personalized Federated Learning in Heterogeneous Data Environments", Sec. III.
 
-FedAvg plus one client-side step. After the server averages the clients' trained models into Θ^t
+FedAvg plus one client-side step. After the server averages the clients' trained models into $Θ^t$
 (uniformly, 1/K, as in Alg. 1), client k replaces its model with
 
-    θ̃_k^t = γ_k · θ_k^t + (1 − γ_k) · Θ^t          (Eq. 3)
+$$
+\tilde θ_k^t = γ_k θ_k^t + (1 − γ_k) Θ^t \qquad \text{(Eq. 3)}
+$$
 
-where θ_k^t is its own trained model of round t. θ̃_k^t is evaluated at stage L1 (Fig. 1) and is
-the start model of round t+1. γ_k is fixed (FLIUxx: γ = xx/100, Sec. IV) or, in adaptive mode, a
-step function of the client's size n_k relative to n/K (Eq. 4; ">" checked top-down, so
-n_k = n/K gives 0.25).
+where $θ_k^t$ is its own trained model of round t. $θ̃_k^t$ is evaluated at stage L1 (Fig. 1) and is
+the start model of round t+1. $γ_k$ is fixed (FLIUxx: $γ$ = xx/100, Sec. IV) or, in adaptive mode, a
+step function of the client's size $n_k$ relative to n/K (Eq. 4; ">" checked top-down, so
+$n_k$ = n/K gives 0.25).
 
-Identities: γ = 0 is FedAvg with uniform aggregation, γ = 1 is local training (CLT).
+Identities: $γ = 0$ is FedAvg with uniform aggregation, $γ = 1$ is local training (CLT).
 
-What crosses the wire: clients upload θ_k^t and n_k, never the mixed model (Alg. 1 averages the
+What crosses the wire: clients upload $θ_k^t$ and $n_k$, never the mixed model (Alg. 1 averages the
 trained models). The server learns n and K from the clients' reported sizes and sends them in
-every fit and evaluate config (keys ``n_total`` and ``num_clients``), so clients can compute γ_k.
-The client keeps θ_k^t in its state (``fliu_local``); the mix is recomputed wherever it is needed
+every fit and evaluate config (keys ``n_total`` and ``num_clients``), so clients can compute $γ_k$.
+The client keeps $θ_k^t$ in its state (``fliu_local``); the mix is recomputed wherever it is needed
 (evaluate at round t, fit at round t+1), so evaluate never writes state and nothing relies on
 evaluate having run.
 
 Deviation: none in the algorithm. Alg. 1 leaves the round-1 start model implicit; every client
-starts from the common Θ^0.
+starts from the common $Θ^0$.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Local training only (the papers' CLT / "Separate" baseline).
 
-Every client trains its own model on its own data, starting from the common Θ^0, and never adopts
+Every client trains its own model on its own data, starting from the common $Θ^0$, and never adopts
 anything from the server. The server still averages the uploaded models, only to report stage G
 (the uniform average of the local models; the FLIU paper's CLT, Sec. IV, reports no global
 model, so this stage G is pflower's addition for comparison).

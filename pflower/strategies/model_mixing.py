@@ -1,10 +1,10 @@
-"""Shared machinery of the server-personalized methods that mix stored client models
+r"""Shared machinery of the server-personalized methods that mix stored client models
 (DiversiFed, FedAMP) and of those that keep one model per client on both sides (FedFomo,
 FedProto, APPLE, FedCAC).
 
 - [`ModelMixingStrategy`][pflower.strategies.model_mixing.ModelMixingStrategy]: sends every sampled
-  client i its own u_i = Σ_j Ξ_ij w_j, an
-  affine combination of the stored client models; a subclass gives Ξ (DiversiFed's step on its
+  client i its own $u_i = \sum _j Ξ_{ij} w_j$, an
+  affine combination of the stored client models; a subclass gives $Ξ$ (DiversiFed's step on its
   model distance loss, FedAMP's attentive message passing);
 - [`OwnModelClient`][pflower.strategies.model_mixing.OwnModelClient]: a client whose deployable
   model is its own, kept in ``context.state``;

@@ -1,19 +1,24 @@
-"""Per-FedAvg (first-order): Fallah, Mokhtari and Ozdaglar, "Personalized Federated Learning with
+r"""Per-FedAvg (first-order): Fallah, Mokhtari and Ozdaglar, "Personalized Federated Learning with
 Theoretical Guarantees: A Model-Agnostic Meta-Learning Approach", NeurIPS 2020 (Sec. 4,
 Algorithm 1 with the first-order approximation "Per-FedAvg (FO)").
 
 The global model w is a meta-model: good after one local gradient step. Each local step of
 client i takes two independent batches D and D' of its training data and sets
 
-    w̃ = w − α ∇f_i(w; D)            (the inner, adaptation step)
-    w ← w − β ∇f_i(w̃; D')           (the outer step, first-order: the Hessian term is dropped)
+$$
+\begin{aligned}
+\tilde w &= w − α ∇f_i(w; D) && \text{(the inner, adaptation step)} \\
+w &\leftarrow w − β ∇f_i(\tilde w; D')
+    && \text{(the outer step, first-order: the Hessian term is dropped)}
+\end{aligned}
+$$
 
 for the round's local epochs or steps; the client uploads w and the server averages as FedAvg
-does (weighted by n_i). β is ``train.lr`` (the round's optimizer; plain SGD in the paper), α is
-``alpha`` (null: equal to β, as in the FedALA paper's comparison).
+does (weighted by $n_i$). $β$ is ``train.lr`` (the round's optimizer; plain SGD in the paper), $α$
+is ``alpha`` (null: equal to $β$, as in the FedALA paper's comparison).
 
 Stage L1 evaluates the personalized model the paper defines, the global model after
-``eval_steps`` gradient steps of size α on batches of the client's *training* data (the
+``eval_steps`` gradient steps of size $α$ on batches of the client's *training* data (the
 authors' released evaluation adapts on test batches, which leaks test data; not done here).
 
 Batches: D' comes from the same seeded stream as every algorithm's local training (so the outer

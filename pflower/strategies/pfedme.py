@@ -1,34 +1,39 @@
-"""pFedMe: Dinh, Tran and Nguyen, "Personalized Federated Learning with Moreau Envelopes",
+r"""pFedMe: Dinh, Tran and Nguyen, "Personalized Federated Learning with Moreau Envelopes",
 NeurIPS 2020, Algorithm 1.
 
-Each client minimizes the Moreau envelope F_i(w) = min_θ { f_i(θ) + (λ/2)‖θ − w‖² } of its loss:
-the personalized model θ_i approximately solves the inner problem, and the client's local copy w_i
-of the global model descends F_i with ∇F_i(w) = λ(w − θ̂_i(w)):
+Each client minimizes the Moreau envelope $F_i$(w) = min_θ { $f_i(θ) + (λ/2)$‖$θ$ − w‖² } of its
+loss: the personalized model $θ_i$ approximately solves the inner problem, and the client's local
+copy $w_i$ of the global model descends $F_i$ with ∇F_i(w) = $λ$(w − $θ̂_i$(w)):
 
-    θ̂ ≈ argmin_θ f_i(θ; batch) + (λ/2)‖θ − w_{i,r}‖²          (K steps, ``personal_lr``)
-    w_{i,r+1} = w_{i,r} − η λ (w_{i,r} − θ̂)                   (written (1 − ηλ) w + ηλ θ̂)
+$$
+\begin{aligned}
+\hat θ &≈ \operatorname*{argmin}_θ f_i(θ; \text{batch}) + \frac{λ}{2}\|θ − w_{i,r}\|^2
+    && \text{($K$ steps, \texttt{personal\_lr})} \\
+w_{i,r+1} &= w_{i,r} − η λ (w_{i,r} − \hat θ) && \text{(written } (1 − ηλ) w + ηλ \hat θ \text{)}
+\end{aligned}
+$$
 
-starting from w_{i,0} = w^t; the client uploads w_{i,R}, and the server sets
-w^{t+1} = (1 − β) w^t + β · mean_i w_{i,R} (Alg. 1, last line). The personalized model evaluated
-at stage L1 (PM) is θ_i, the global model (GM) the received w.
+starting from $w_{i,0} = w^t$; the client uploads $w_{i,R}$, and the server sets
+$w^{t+1} = (1 − β) w^t + β \operatorname{mean}_i w_{i,R}$ (Alg. 1, last line). The personalized
+model evaluated at stage L1 (PM) is $θ_i$, the global model (GM) the received w.
 
 Two profiles (``profile``):
 
-- ``original`` (Alg. 1 as published): θ starts each round at w^t and persists across the round's
+- ``original`` (Alg. 1 as published): $θ$ starts each round at $w^t$ and persists across the round's
   mini-batches; for every mini-batch, K = ``inner_steps`` steps on that batch, then the w-step.
   ``train.local_epochs`` passes (or ``train.local_steps`` batches) per round.
 - ``flame_paper`` (default; the variant the FLAME paper's comparison code runs, Zhu et al.,
-  Sec. VI-A): θ_i persists across rounds; each local iteration is one pass of SGD on
-  f_i(θ) + (λ/2)‖θ − w_i‖² (+ (μ/2)‖θ‖², ``mu_l2``), followed by one w-step with η
-  (``eta``, the code's default 0.1); ``train.local_epochs`` iterations per round; β = 1.
+  Sec. VI-A): $θ_i$ persists across rounds; each local iteration is one pass of SGD on
+  $f_i(θ) + (λ/2)\|θ − w_i\|$² (+ $(μ/2)\|θ\|$², ``mu_l2``), followed by one w-step with $η$
+  (``eta``, the code's default 0.1); ``train.local_epochs`` iterations per round; $β = 1.$
 
-Identities: K = 1, ηλ = 1 and β = 1 in the original profile is FedAvg (θ̂ is one SGD step from w
-and the w-step copies it); K = 0 leaves w_i = w^t, so the global model never moves.
+Identities: K = 1, ηλ = 1 and $β = 1$ in the original profile is FedAvg ($θ̂$ is one SGD step from w
+and the w-step copies it); K = 0 leaves $w_i = w^t$, so the global model never moves.
 
-What crosses the wire: w^t to the client, w_{i,R} and n_i back; config ``server-round`` only.
-Client state: ``pfedme_theta`` (θ_i, stored after training).
+What crosses the wire: $w^t$ to the client, $w_{i,R}$ and $n_i$ back; config ``server-round`` only.
+Client state: ``pfedme_theta`` ($θ_i$, stored after training).
 
-Deviation: the optimizer of the θ-steps is the round's SGD (``train.momentum``; the original uses
+Deviation: the optimizer of the $θ$-steps is the round's SGD (``train.momentum``; the original uses
 plain SGD, i.e. ``train.momentum=0``).
 """
 

@@ -1,19 +1,23 @@
-"""The proximal term of the regularized family, one implementation for every method that pulls
+r"""The proximal term of the regularized family, one implementation for every method that pulls
 the local model toward an anchor:
 
-    θ ↦ (λ/2)‖θ − anchor‖² + (μ/2)‖θ‖²   over the trainable parameters, gradient λ(θ − anchor) + μθ.
+$$
+θ \mapsto \frac{λ}{2}\|θ − \text{anchor}\|^2 + \frac{μ}{2}\|θ\|^2
+$$
 
-Its users, and the anchor and λ each passes:
+over the trainable parameters, gradient $λ(θ − \text{anchor}) + μθ$.
 
-- FedProx (Li et al., MLSys 2020, Alg. 2): the received global model w^t, λ = μ;
+Its users, and the anchor and $λ$ each passes:
+
+- FedProx (Li et al., MLSys 2020, Alg. 2): the received global model $w^t$, $λ = μ$;
 - FedDyn (Acar et al., ICLR 2021, Alg. 2) and FedDC (Gao et al., CVPR 2022): the received model
-  (FedDC's shifted by the client's drift h_i), λ = α;
+  (FedDC's shifted by the client's drift $h_i$), $λ = α$;
 - DiversiFed (Wu et al., TNNLS 2025, Eq. 7) and FedAMP (Huang et al., AAAI 2021, Alg. 1): the
-  received u_i, λ over the server's step size;
+  received $u_i$, $λ$ over the server's step size;
 - pFedMe (Dinh et al., NeurIPS 2020, Alg. 1), FLAME (Zhu et al., arXiv 2407.16397, Eq. 11) and
-  Ditto (Li et al., ICML 2021, Alg. 1 line 8), with μ the extra L2 term of the FLAME authors'
-  code (``mu_l2``): an anchor that may move between steps (pFedMe's local copy w_i after each
-  w-step, FLAME's w_i after each ADMM update), updated in place with
+  Ditto (Li et al., ICML 2021, Alg. 1 line 8), with $μ$ the extra L2 term of the FLAME authors'
+  code (``mu_l2``): an anchor that may move between steps (pFedMe's local copy $w_i$ after each
+  w-step, FLAME's $w_i$ after each ADMM update), updated in place with
   [`set_anchors`][pflower.strategies.proximal.set_anchors].
 
 BatchNorm statistics are not parameters and are left to the data.

@@ -1,64 +1,72 @@
-"""SCAFFOLD: Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic Controlled
+r"""SCAFFOLD: Karimireddy, Kale, Mohri, Reddi, Stich and Suresh, "SCAFFOLD: Stochastic Controlled
 Averaging for Federated Learning", ICML 2020 (a baseline of FedMPR, Göksu & Pugeault,
 Tables II-III).
 
 Control variates correct the client drift (Alg. 1). The server holds the model x and the server
-control variate c; client i holds its control variate c_i (all zero at the start). In a round,
-each sampled client starts from y_i ← x and takes K local SGD steps on the corrected gradient
+control variate c; client i holds its control variate $c_i$ (all zero at the start). In a round,
+each sampled client starts from $y_i$ ← x and takes K local SGD steps on the corrected gradient
 
-    y_i ← y_i − η_l (g_i(y_i) − c_i + c)                                   (Alg. 1, line 10)
+$$
+y_i \leftarrow y_i − η_l \bigl(g_i(y_i) − c_i + c\bigr) \qquad \text{(Alg. 1, line 10)}
+$$
 
 then updates its control variate with option II of Eq. (4)
 
-    c_i⁺ = c_i − c + (x − y_i) / (K η_l)                                   (Alg. 1, line 12)
+$$
+c_i^+ = c_i − c + \frac{x − y_i}{K η_l} \qquad \text{(Alg. 1, line 12)}
+$$
 
-and returns Δy_i = y_i − x and Δc_i = c_i⁺ − c_i. The server updates, over the sampled set S of
+and returns Δy_i = $y_i$ − x and Δc_i = $c_i⁺ − c_i$. The server updates, over the sampled set S of
 the N clients,
 
-    x ← x + η_g · mean_{i∈S} Δy_i,     c ← c + (1/N) Σ_{i∈S} Δc_i          (Alg. 1, lines 16-17)
+$$
+x \leftarrow x + η_g \operatorname{mean}_{i∈S} Δy_i, \qquad
+c \leftarrow c + \frac{1}{N} \sum_{i∈S} Δc_i
+\qquad \text{(Alg. 1, lines 16-17)}
+$$
 
 The correction acts on the trainable parameters only; BatchNorm buffers are averaged as in FedAvg
 (they are not optimized, so they have no gradient to correct). The correction is applied as the
-loss term ⟨θ, c − c_i⟩, whose gradient is exactly c − c_i: the optimizer sees g − c_i + c, also
-with momentum or weight decay. K is the number of optimizer steps the client took this round,
-η_l the round's learning rate.
+loss term ⟨$θ$, c − $c_i$⟩, whose gradient is exactly c − $c_i$: the optimizer sees g − $c_i$ + c,
+also with momentum or weight decay. K is the number of optimizer steps the client took this round,
+$η_l$ the round's learning rate.
 
-Momentum (a deviation; Alg. 1 takes plain SGD steps): with ``train.momentum`` β > 0 the option-II
-denominator K η_l becomes K_eff η_l, K_eff = Σ_{k=1..K} (1 − β^k)/(1 − β)
-([`effective_steps`][pflower.strategies.control_variates.effective_steps]). Option II's (x − y_i)/(K
-η_l) is
-the mean of the K corrected gradients because each plain SGD step moves the model by η_l times
+Momentum (a deviation; Alg. 1 takes plain SGD steps): with ``train.momentum`` $β > 0$ the option-II
+denominator K $η_l$ becomes $K_{eff} η_l$, $K_{eff} = \sum _{k=1..K}$ (1 − $β^k$)/(1 − $β$)
+([`effective_steps`][pflower.strategies.control_variates.effective_steps]). Option II's (x −
+$y_i$)/(K $η_l$) is
+the mean of the K corrected gradients because each plain SGD step moves the model by $η_l$ times
 one gradient; under heavy-ball momentum (buffer reset every round) the displacement is
-η_l Σ_k w_k g̃_k with Σ_k w_k = K_eff ≈ K/(1 − β), so dividing by K η_l overestimates c_i about
-1/(1 − β) times (10× at β = 0.9 for K ≫ 10) and the control variates blow up (NaN within 5
-rounds on digits with the default β = 0.9, where K = 28 and K_eff ≈ 195). Dividing by K_eff η_l
-restores a weighted mean of the corrected gradients with weights summing to 1 (exact for a
-constant gradient, as option II is for plain SGD); β = 0 computes K η_l exactly as printed. The
-FedMPR comparison (Göksu & Pugeault, Sec. V-C) trains every method with the same SGD (lr 2e-2,
-momentum not stated), so SCAFFOLD runs with the shared optimizer instead of refusing momentum;
-set ``train.momentum=0`` for Alg. 1 verbatim. ``train.optimizer=adam`` is refused (ConfigError):
-Adam's displacement is no multiple of the gradient.
+$η_l \sum _k w_k g̃_k$ with $\sum _k w_k = K_{eff}$ ≈ K/(1 − $β$), so dividing by K $η_l$
+overestimates $c_i$ about 1/(1 − $β$) times (10× at $β = 0.9$ for K ≫ 10) and the control variates
+blow up (NaN within 5 rounds on digits with the default $β = 0.9$, where K = 28 and $K_{eff}$ ≈
+195). Dividing by $K_{eff} η_l$ restores a weighted mean of the corrected gradients with weights
+summing to 1 (exact for a constant gradient, as option II is for plain SGD); $β = 0$ computes K
+$η_l$ exactly as printed. The FedMPR comparison (Göksu & Pugeault, Sec. V-C) trains every method
+with the same SGD (lr 2e-2, momentum not stated), so SCAFFOLD runs with the shared optimizer instead
+of refusing momentum; set ``train.momentum=0`` for Alg. 1 verbatim. ``train.optimizer=adam`` is
+refused (ConfigError): Adam's displacement is no multiple of the gradient.
 
 What crosses the wire (Alg. 1 lines 5 and 13, exactly two model-sized messages each way):
 
 - server → client (fit): the arrays of x (every ``state_dict`` entry), followed by c (one array
   per trainable parameter, in ``state_dict`` order). The client splits them at the number of
   arrays of its model. Fit config: ``server-round`` only. Evaluate instructions carry x alone.
-- client → server: y_i (every ``state_dict`` entry), followed by Δc_i (trainable parameters).
-  Sending y_i instead of Δy_i = y_i − x is the same message up to the x both sides know: the
-  server forms Δy_i itself, in float64, so η_g = 1 gives the average of the y_i bit for bit.
+- client → server: $y_i$ (every ``state_dict`` entry), followed by Δc_i (trainable parameters).
+  Sending $y_i$ instead of Δy_i = $y_i$ − x is the same message up to the x both sides know: the
+  server forms Δy_i itself, in float64, so $η_g = 1$ gives the average of the $y_i$ bit for bit.
 - ``bytes_down`` / ``bytes_up`` in the L2 rows therefore read about twice FedAvg's.
 
-Client state (``context.state``): ``scaffold_ci``, the client control variate c_i (trainable
+Client state (``context.state``): ``scaffold_ci``, the client control variate $c_i$ (trainable
 parameters, ``state_dict`` order); absent means zero.
 
 Server state (attributes of [`ScaffoldStrategy`][pflower.strategies.scaffold.ScaffoldStrategy], for
 checkpoints):
-    server_control: c, one array per trainable parameter (None until first used, meaning zero).
-    global_weights: x (the base class's global model).
+- ``server_control``: c, one array per trainable parameter (None until first used, meaning zero).
+- ``global_weights``: x (the base class's global model).
 
 Deviations: the mean of the Δy_i follows ``aggregation`` (default ``uniform``, Alg. 1's 1/|S|;
-``weighted`` by n_i as in FedAvg). With zero control variates and η_g = 1 a round is FedAvg's
+``weighted`` by $n_i$ as in FedAvg). With zero control variates and $η_g = 1$ a round is FedAvg's
 round exactly (the first round always is).
 """
 

@@ -17,7 +17,7 @@ the protocol follows:
   the clients that sent it and keeps the current global array where none did.
 
 What crosses the wire: server → client the full global model (``server-round`` in the config;
-the personal arrays in it are Θ^0's, used only as a client's initial personal arrays); client →
+the personal arrays in it are $Θ^0$'s, used only as a client's initial personal arrays); client →
 server the shared arrays. The global model has no meaningful personal arrays, so there is no
 stage G.
 """
