@@ -2,7 +2,8 @@
 127.0.0.1 (a free port), and open it with headless Chromium.
 
 - the home page renders with the site's title and the README's sections;
-- an algorithm page (FLIU, generated from its module) renders its options table;
+- an algorithm page (FLIU, generated from its module) renders its options table and its
+  formulas (KaTeX, served by the site);
 - the cpu suite's leaderboard page renders its table, and its figures are served;
 - the search (Material's client-side search, a web worker over ``search/search_index.json``)
   finds a page: the test drives Chromium over its DevTools protocol, opens ``/?q=<word>`` and
@@ -127,6 +128,9 @@ def test_algorithm_page_renders_its_options_table(site: tuple[str, Path]) -> Non
     assert "<title>FLIU - pflower</title>" in dom
     assert "Options of <code>strategy=fliu</code>" in dom
     assert "<code>strategy.gamma</code>" in dom and "<th>allowed</th>" in dom
+    # the module docstring's formulas, typeset by the site's own KaTeX (Eq. 3 displayed)
+    assert 'class="katex-display"' in dom and 'class="katex"' in dom
+    assert "katex-error" not in dom
 
 
 def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, Path]) -> None:
