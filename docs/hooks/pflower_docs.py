@@ -15,8 +15,9 @@
 
 The navigation in ``mkdocs.yml`` names these with placeholders that this hook expands:
 ``algorithms/*`` (every generated algorithm page), ``reference/api/*``, ``benchmarks/recorded/*``,
-``leaderboard/*`` and ``guide/*`` (every page under ``docs/guide/``), so a new algorithm module,
-a new suite's leaderboard or a new guide page appears without editing the navigation.
+``leaderboard/*`` and ``reference/*`` (every page directly under ``docs/reference/``), so a new
+algorithm module, a new suite's leaderboard or a new reference page (the CLI's) appears without
+editing the navigation.
 """
 
 from __future__ import annotations
@@ -458,13 +459,28 @@ def leaderboard_pages() -> dict[str, tuple[str, str]]:
     return pages
 
 
+BENCHMARK_NOTES = {
+    "README.md": "Notes and history",
+    "refactor_ab.md": "Platform refactor before and after",
+    "gpu.md": "GPU results (not measured yet)",
+}
+"""Recorded benchmark notes that are working records (a refactor's A/B, the notes' history, a
+benchmark still waiting for its machine): built and linked from ``benchmarks.md``, but not listed
+in the navigation."""
+NOT_IN_NAV: set[str] = set()
+
+
 def copied_pages() -> dict[str, tuple[str, str]]:
     """Markdown files kept beside their code, shown in the site."""
     pages = {"index.md": home_page(), **leaderboard_pages()}
     for source in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
         text = source.read_text()
-        title = "Notes and history" if source.stem == "README" else source.stem.replace("_", " ")
+        heading = re.match(r"# ([^:(\n]+)", text)
+        title = heading.group(1).strip() if heading else source.stem.replace("_", " ")
         title = title[0].upper() + title[1:]
+        if source.name in BENCHMARK_NOTES:
+            title = BENCHMARK_NOTES[source.name]
+            NOT_IN_NAV.add(f"benchmarks/recorded/{source.name}")
         note = f"*Copied from `benchmarks/results/{source.name}` when the site is built.*\n\n"
         pages[f"benchmarks/recorded/{source.name}"] = (title, note + _unlink(text))
     docker = ROOT / "docker" / "README.md"
@@ -498,6 +514,8 @@ def _expand(nav: Any, docs_dir: Path) -> Any:
 def _glob(prefix: str, docs_dir: Path) -> list[Any]:
     entries: dict[str, str] = {}
     for uri, (title, _) in _GENERATED.items():
+        if uri in NOT_IN_NAV:
+            continue
         if uri.startswith(prefix + "/") and "/" not in uri[len(prefix) + 1 :]:
             entries[uri] = title
     for path in sorted((docs_dir / prefix).glob("*.md")):
@@ -522,6 +540,7 @@ def on_config(config: Any) -> Any:
     )
     _GENERATED.clear()
     IMAGES.clear()
+    NOT_IN_NAV.clear()
     _GENERATED.update(algorithm_pages())
     _GENERATED.update(api_pages(ALGORITHM_MODULES))
     _GENERATED.update(partition_gallery())
