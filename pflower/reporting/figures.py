@@ -89,7 +89,11 @@ def accuracy_per_round(section: Section, stage: str, path: Path, title: str = ""
     colors = _colors(section.methods)
     styles = _method_styles(section.methods)
     fig, axes = plt.subplots(
-        len(_CURVES), len(partitions), figsize=(4.2 * len(partitions), 6.5), squeeze=False
+        len(_CURVES),
+        len(partitions),
+        figsize=(4.2 * len(partitions), 6.5),
+        squeeze=False,
+        sharex=True,  # one round axis for every panel
     )
     for column, partition in enumerate(partitions):
         for row, (metric, name) in enumerate(_CURVES):
@@ -195,7 +199,9 @@ def robustness(panels: Panels, stage: str, path: Path, title: str = "") -> Path 
         return None
     lines = [line for panel in panels.values() for line in panel]
     colors = _colors(list(dict.fromkeys(line.method for line in lines)))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(4.6 * len(panels), 4), squeeze=False, sharex=True, sharey=True
+    )
     for ax, ((attack, partition), panel) in zip(axes[0], panels.items(), strict=True):
         for line, points in panel.items():
             fractions = sorted(points)

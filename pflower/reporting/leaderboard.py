@@ -61,8 +61,10 @@ from __future__ import annotations
 import collections
 import csv
 import datetime
+import inspect
 import json
 import math
+import re
 import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,6 +74,7 @@ from typing import Any
 import yaml
 from scipy import stats
 
+from pflower.blocks import blocks
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import code_version
 from pflower.reporting import figures
@@ -589,7 +592,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             figure = figures.leaderboard(
                 [(e.label, e.final, e.rank) for e in entries],
                 root / f"leaderboard_{setting_dir.name}.png",
-                f"{name} / {setting_dir.name}",
+                setting_in_words(setting_dir),
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
@@ -629,6 +632,27 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         "",
     ]
     return "\n".join(lines), csv_rows
+
+
+def setting_in_words(setting_dir: Path) -> str:
+    """A setting as a figure's title says it ("Fashion-MNIST, DiversiFed Dirichlet, 20 clients"),
+    from a final run's configuration and the first words of its dataset's and partition scheme's
+    docstrings (an option they name reads as its value); the setting's folder name where no final
+    run is recorded."""
+    configs = sorted(setting_dir.glob("final/*/seed_*/config.yaml"))
+    if not configs:
+        return setting_dir.name
+    cfg = yaml.safe_load(configs[0].read_text()) or {}
+
+    def words(group: str) -> str:
+        block = cfg.get(group) or {}
+        name = str(block.get("name", "?"))
+        doc = inspect.getdoc(blocks(group).get(name)) or name
+        text = re.split(r" \(|: |\.(?:\s|$)", doc, maxsplit=1)[0].strip() or name
+        # an option the sentence names (``classes_per_client``) reads as its value
+        return re.sub(r"``(\w+)``", lambda m: str(block.get(m.group(1), m.group(1))), text)
+
+    return f"{words('dataset')}, {words('partition')}, {cfg.get('num_clients', '?')} clients"
 
 
 def write_leaderboard(root: Path) -> Path:

@@ -22,6 +22,7 @@ import numpy as np
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
 
 STAGE_STYLE: dict[str, dict[str, Any]] = {
     "G": {"color": "black", "marker": "D", "linestyle": "-", "fill": True},
@@ -127,7 +128,8 @@ def _accuracy_per_round(
             curves["Acc(G)"][row["stage"]][row["round"]].append(row["acc_global"])
         elif row["stage"] == "G":
             curves["Acc(G)"]["G"][row["round"]].append(row["acc"])
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    # one x range for both panels (stage G may have rounds the clients' stages lack)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharex=True, sharey=True)
     panels = (
         ("Acc(L)", "Acc(L): each client's own test split"),
         ("Acc(G)", "Acc(G): the global test set"),
@@ -157,6 +159,7 @@ def _accuracy_per_round(
             shown.setdefault(stage, line)
         ax.set_title(panel_title, fontsize=10)
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
         ax.set_ylim(0, 1.03)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("accuracy (fraction correct)")
@@ -167,10 +170,12 @@ def _accuracy_per_round(
     fig.legend(
         handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False
     )
+    drawn = [stage for stage in client_stages if stage in shown]  # the legend's, no other
+    subtitle = [f"lines: mean over clients ({', '.join(drawn)})"] if drawn else []
+    if "G" in shown:
+        subtitle.append("G: the one global model")
     fig.suptitle(
-        f"Accuracy per round{': ' + title if title else ''}\n"
-        "lines: mean over clients (L1, L2, U); G: the one global model",
-        fontsize=10,
+        f"Accuracy per round{': ' + title if title else ''}\n" + "; ".join(subtitle), fontsize=10
     )
     return _save(fig, path)
 
