@@ -9,8 +9,9 @@
 - ``datasets/gallery.md``: every partition scheme (its docstring, an options table generated
   from its ``partition`` block and its heatmap from ``docs/images/partitions``).
 - ``reference/api/<package>.md``: one mkdocstrings page per subpackage of :mod:`pflower`.
-- ``benchmarks/recorded/*.md`` and ``deployment/docker.md``: the recorded benchmark notes
-  (``benchmarks/results/*.md``) and ``docker/README.md``, which live beside their code.
+- ``benchmarks/recorded/*.md``, ``deployment/docker.md`` and ``changelog.md``: the recorded
+  benchmark notes (``benchmarks/results/*.md``), ``docker/README.md`` and ``CHANGELOG.md``, which
+  live beside their code.
 - ``leaderboard/<suite>.md``: each suite's recorded leaderboard (``results/tuning/<suite>/``).
 
 The navigation in ``mkdocs.yml`` names these with placeholders that this hook expands:
@@ -483,6 +484,10 @@ def copied_pages() -> dict[str, tuple[str, str]]:
             NOT_IN_NAV.add(f"benchmarks/recorded/{source.name}")
         note = f"*Copied from `benchmarks/results/{source.name}` when the site is built.*\n\n"
         pages[f"benchmarks/recorded/{source.name}"] = (title, note + _unlink(text))
+    changelog = ROOT / "CHANGELOG.md"
+    if changelog.is_file():
+        note = "*Copied from `CHANGELOG.md` when the site is built.*\n\n"
+        pages["changelog.md"] = ("Changelog", note + _unlink(changelog.read_text()))
     docker = ROOT / "docker" / "README.md"
     if docker.is_file():
         note = "*Copied from `docker/README.md` when the site is built.*\n\n"
