@@ -134,10 +134,10 @@ def test_the_leaderboard_figure_reads_cleanly_and_names_its_setting_in_words(
     run.mkdir(parents=True)
     (run / "config.yaml").write_text(yaml.safe_dump(config))
     title = setting_in_words(setting)
-    assert title == "MNIST, Each client holds 2 classes, 20 clients"
+    assert title == "MNIST, each client holds 2 classes, 20 clients"
     assert setting_in_words(tmp_path / "cpu" / "empty") == "empty"  # nothing recorded
     rows = [("FedAvg", [0.91, 0.93, 0.92], 1), ("Local", [0.81, 0.85, 0.8], 2)]
     figures.leaderboard(rows, tmp_path / "leaderboard_mnist_path.png", title)
     fig = saved["leaderboard_mnist_path.png"]
     check_layout(fig)
-    assert fig.get_suptitle().startswith("MNIST, Each client holds 2 classes, 20 clients: ")
+    assert fig.get_suptitle().startswith("MNIST, each client holds 2 classes, 20 clients: ")

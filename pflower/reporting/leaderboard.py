@@ -652,7 +652,11 @@ def setting_in_words(setting_dir: Path) -> str:
         # an option the sentence names (``classes_per_client``) reads as its value
         return re.sub(r"``(\w+)``", lambda m: str(block.get(m.group(1), m.group(1))), text)
 
-    return f"{words('dataset')}, {words('partition')}, {cfg.get('num_clients', '?')} clients"
+    partition = words("partition")
+    first = partition.split(" ", 1)[0]
+    if first[1:].islower():  # a sentence's first word ("Each client holds ..."), not a name
+        partition = partition[0].lower() + partition[1:]
+    return f"{words('dataset')}, {partition}, {cfg.get('num_clients', '?')} clients"
 
 
 def write_leaderboard(root: Path) -> Path:
