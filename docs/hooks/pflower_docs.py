@@ -415,7 +415,8 @@ LEADERBOARD = re.compile(r"results/tuning/([\w-]+)/leaderboard\.md")
 
 def home_page() -> tuple[str, str]:
     """The site's home page: the README, its links turned into site links (``docs/X`` -> ``X``,
-    an algorithm module -> its generated page, a suite's leaderboard -> its page, an image
+    an algorithm module -> its generated page, a suite's leaderboard -> its page, the changelog
+    -> its page, an image
     elsewhere in the repository -> the same image copied into the site (:data:`IMAGES`), other
     repository files -> code spans)."""
     text = (ROOT / "README.md").read_text()
@@ -432,6 +433,8 @@ def home_page() -> tuple[str, str]:
         if bang and (ROOT / target).is_file():
             IMAGES[target] = ROOT / target
             return match.group(0)
+        if target == "CHANGELOG.md":
+            return f"[{label}](changelog.md)"
         module = re.fullmatch(r"pflower/strategies/(\w+)\.py", target)
         if module and (ROOT / target).is_file():
             return f"[{label}](algorithms/{module.group(1)}.md)"
