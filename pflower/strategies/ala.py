@@ -13,8 +13,8 @@ $$
 i.e. the lower layers are overwritten (weight 1) and the p higher layers are mixed element-wise
 with learned weights $W_i^p$ ∈ [0, 1]. $W_i^p$ is learned on a random s% of the local training data
 by SGD on the cross-entropy of $Θ̂_i^t$ (Eq. 5), with the global and the local model frozen, and
-clipped element-wise by $σ$(w) = max(0, min(1, w)) after every step. By the chain rule
-$∇_W$ L = $(Θ − Θ_i)$ ⊙ $∇_Θ$̂ L ("Analysis of ALA"), so one step is
+clipped element-wise by $σ(w) = \max(0, \min(1, w))$ after every step. By the chain rule
+$∇_W L = (Θ − Θ_i) \odot ∇_{\hat Θ} L$ ("Analysis of ALA"), so one step is
 
 $$
 W \leftarrow σ\bigl(W − η \, ∇_{\hat Θ} L \odot (Θ^{t-1} − Θ_i^{t-1})\bigr).

@@ -2,21 +2,22 @@ r"""APPLE: Luo and Wu, "Adapt to Adaptation: Learning Personalization for Cross-
 Learning", IJCAI 2022 (a baseline of the DiversiFed paper, Wu et al., Sec. V-B).
 
 Every client i owns a "core" model $w_i$ and a directed relationship vector $p_i ∈ R^N$ (initialized
-to p0 = 1/N). Its personalized model is ŵ_i = $\sum _j p_{ij} w_j$ over all N core models, which the
-server sends every round (downlink N models per client). Per mini-batch (Alg. 1):
+to p0 = 1/N). Its personalized model is $\hat w_i = \sum_j p_{ij} w_j$ over all N core models, which
+the server sends every round (downlink N models per client). Per mini-batch (Alg. 1):
 
-- ŵ_i ← $\sum _j p_{ij} w_j$ (trainable parameters; BatchNorm statistics are the client's own);
-- g = $∇$ CE at ŵ_i;
-- core step: $w_i \leftarrow  w_i − η$ · N · $p_{ii}$ · g ($η$ = ``train.lr``; plain SGD, the
-  paper's update, whatever ``train.optimizer`` says). The chain rule gives ∂L/∂$w_i = p_{ii}$ · g;
+- $\hat w_i \leftarrow \sum_j p_{ij} w_j$ (trainable parameters; BatchNorm statistics are the
+  client's own);
+- $g = ∇\,\mathrm{CE}$ at $\hat w_i$;
+- core step: $w_i \leftarrow w_i − η N p_{ii} g$ ($η$ = ``train.lr``; plain SGD, the
+  paper's update, whatever ``train.optimizer`` says). The chain rule gives $∂L/∂w_i = p_{ii} g$;
   the factor N is PFLlib's (it multiplies the client learning rate by the number of clients), so
-  that the first step, at $p_{ii} = 1/N$, is $η$ · g. Without it the core would learn N times slower
+  that the first step, at $p_{ii} = 1/N$, is $η g$. Without it the core would learn N times slower
   than every other method at the same ``train.lr``;
-- relationship step: $p_{ij} \leftarrow  p_{ij} − η_p$ · (∂L/∂$p_{ij} + λ_r μ$ ($p_{ij}$ − p0_j)),
-  with ∂L/∂$p_{ij} = \sum $ ⟨g, $w_j$⟩ over every trainable element (the derivative of the loss at
-  ŵ_i, which the APPLE paper uses and its official code takes by autograd), and $λ_r$ = (cos($π$ r /
-  (L·R)) + 1)/2 for the client's r-th trained round while r < L·R, else 0 (the proximal pull of
-  $p_i$ toward p0 fades out over the first fraction L of the R rounds).
+- relationship step: $p_{ij} \leftarrow p_{ij} − η_p (∂L/∂p_{ij} + λ_r μ (p_{ij} − p^0_j))$,
+  with $∂L/∂p_{ij} = \sum ⟨g, w_j⟩$ over every trainable element (the derivative of the loss at
+  $\hat w_i$, which the APPLE paper uses and its official code takes by autograd), and $λ_r$ =
+  (cos($π$ r / (L·R)) + 1)/2 for the client's r-th trained round while r < L·R, else 0 (the proximal
+  pull of $p_i$ toward p0 fades out over the first fraction L of the R rounds).
 
 The loop follows PFLlib's APPLE, which the DiversiFed paper ran; the relationship step uses the
 core $w_i$ after this batch's core step (PFLlib's order). One deviation from PFLlib, and why:
@@ -41,9 +42,9 @@ that trained before it in the same round (a sequential-simulation artifact: here
 starts from the cores of the round's start); and it uploads the mixture of the last batch
 before that batch's steps (here: after, the model stage L1 evaluates).
 
-After training the client stores ŵ_i = $\sum _j p_{ij} w_j$ (with its final $p_i$ and core $w_i$) as
-its personalized model, evaluated at stage L1; PFLlib evaluates the ŵ_i of the last batch, before
-that batch's steps.
+After training the client stores $\hat w_i = \sum_j p_{ij} w_j$ (with its final $p_i$ and core
+$w_i$) as its personalized model, evaluated at stage L1; PFLlib evaluates the ŵ_i of the last batch,
+before that batch's steps.
 
 What crosses the wire: fit sends every sampled client all N core models (partition ids 0..N−1,
 each the ``state_dict`` arrays, concatenated; $Θ^0$ for a client that never uploaded); config

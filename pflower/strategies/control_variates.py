@@ -12,8 +12,8 @@ ICLR 2021). BatchNorm buffers have no gradient and are left out of them. This mo
   [`effective_steps`][pflower.strategies.control_variates.effective_steps] (the denominator of
   SCAFFOLD's option II
   and of FedDC's correction under heavy-ball momentum, see there);
-- [`mean_delta_update`][pflower.strategies.control_variates.mean_delta_update], the server step v ←
-  v + (1/N) $\sum _{i∈S}$ Δv_i;
+- [`mean_delta_update`][pflower.strategies.control_variates.mean_delta_update], the server step
+  $v \leftarrow v + \frac{1}{N} \sum_{i∈S} Δv_i$;
 - [`ModelAndVariateStrategy`][pflower.strategies.control_variates.ModelAndVariateStrategy] /
   [`ModelAndVariateClient`][pflower.strategies.control_variates.ModelAndVariateClient]: the wire
   format "model,

@@ -1,4 +1,4 @@
-"""Ditto: Li, Hu, Beirami and Smith, "Ditto: Fair and Robust Federated Learning Through
+r"""Ditto: Li, Hu, Beirami and Smith, "Ditto: Fair and Robust Federated Learning Through
 Personalization", ICML 2021, Algorithm 1.
 
 Each selected client k, given the global model $w^t$,
@@ -6,8 +6,8 @@ Each selected client k, given the global model $w^t$,
 - (global step) runs the FedAvg local update on $F_k$ from $w^t$ and uploads the result; the server
   averages the uploads exactly as FedAvg does;
 - (personal step) updates its persistent personal model $v_k$ with s local epochs of SGD on
-  $h_k$(v; $w^t$) = $F_k$(v) + $(λ/2)$‖v − $w^t$‖² (Alg. 1, line 8), plus the optional L2 term
-  $(μ/2)$‖v‖² of the FLAME authors' comparison code (``mu_l2``, default 0).
+  $h_k(v; w^t) = F_k(v) + \frac{λ}{2}\|v − w^t\|^2$ (Alg. 1, line 8), plus the optional L2 term
+  $\frac{μ}{2}\|v\|^2$ of the FLAME authors' comparison code (``mu_l2``, default 0).
 
 $λ = 0$ makes $v_k$ pure local training while w follows FedAvg exactly; $λ$ → ∞ pins $v_k$ to $w^t$.
 

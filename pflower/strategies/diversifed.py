@@ -1,9 +1,9 @@
 r"""DiversiFed: Wu, Liu, Niu, Zhu, Tang, Li and Cao, "The Diversity Bonus: Learning from Dissimilar
 Distributed Clients in Personalized Federated Learning", arXiv 2407.15464 (IEEE TNNLS 2025).
 
-Every client i keeps a personalized model $w_i$ and minimizes CE_i$(w_i) + λ\cdot L_M(w_i)$ (Sec.
-III-C, Eq. 3), where the model distance loss (Eq. 4) over the other clients j ∈ S∖{i}, with
-$d_{ij} = \|w_i − w_j\|$₂ (Euclidean distance in parameter space) and temperature $τ$, is
+Every client i keeps a personalized model $w_i$ and minimizes $\mathrm{CE}_i(w_i) + λ L_M(w_i)$
+(Sec. III-C, Eq. 3), where the model distance loss (Eq. 4) over the other clients j ∈ S∖{i}, with
+$d_{ij} = \|w_i − w_j\|_2$ (Euclidean distance in parameter space) and temperature $τ$, is
 
 $$
 L_M(w_i) = \sum_j \log \frac{\exp(τ d_{ij})}{\sum_k \exp(τ d_{ik})} = \sum_j \log q_{ij},
@@ -35,10 +35,10 @@ Incremental proximal optimization (Sec. III-D):
   combination of the uploaded models, so no client can recover another's model). Softmax in float64
   with the max subtracted; $ξ_{ij} = 0$ where $d_{ij}$ < ``eps_dist`` (subgradient at 0), so round
   1, where every model is $Θ^0$, sends $Θ^0$;
-- client, Eq. 7: from its own $w_i$ (not from $u_i$), minimize CE_i(w) + ($λ$/(2η))‖w − $u_i$‖² with
-  the configured local training; the first step's proximal gradient equals λ∇L_M$(w_i)$. The paper's
-  copy lost the coefficient; $λ$/(2η) is the incremental-proximal convention of FedAMP (the
-  paper's ref. [11]) on which Sec. III-D builds.
+- client, Eq. 7: from its own $w_i$ (not from $u_i$), minimize
+  $\mathrm{CE}_i(w) + \frac{λ}{2η}\|w − u_i\|^2$ with the configured local training; the first
+  step's proximal gradient equals $λ∇L_M(w_i)$. The paper's copy lost the coefficient; $λ$/(2η) is
+  the incremental-proximal convention of FedAMP (the paper's ref. [11]) on which Sec. III-D builds.
 
 What crosses the wire: fit sends each sampled client its own $u_i$ (all ``state_dict`` arrays: the
 trainable parameters mixed as above, BatchNorm buffers copied from the client's stored model,

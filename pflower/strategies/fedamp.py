@@ -4,13 +4,14 @@ Learning on Non-IID Data", AAAI 2021 (a baseline of the DiversiFed paper, Wu et 
 Attentive message passing by incremental proximal steps (FedAMP's Alg. 1):
 
 - server: for every sampled client i, with the stored models $w_j$ of the other clients,
-  $ξ_{ij} = α_K$ · exp(−$\|w_i − w_j\|$²/$σ$)/$σ$  (j ≠ i; the attention-inducing function A(x) =
+  $ξ_{ij} = α_K \exp(−\|w_i − w_j\|^2/σ)/σ$ ($j ≠ i$; the attention-inducing function A(x) =
   −exp(−x/$σ$) of the paper's experiments, A'(x) = exp(−x/$σ$)/$σ$),
   $ξ_{ii} = 1 − \sum _{j≠i} ξ_{ij}$, $u_i = \sum _j ξ_{ij} w_j$ (a convex combination while
   $\sum _{j≠i} ξ_{ij} ≤ 1$);
-- client: from its own $w_i$ (not from $u_i$), minimize CE_i(w) + ($λ$/(2α_K))‖w − $u_i$‖² with the
-  configured local training. The proximal term is a real, differentiable term (PFLlib's FedAMP
-  adds it on ``.data`` tensors, which contributes no gradient; not copied).
+- client: from its own $w_i$ (not from $u_i$), minimize
+  $\mathrm{CE}_i(w) + \frac{λ}{2α_K}\|w − u_i\|^2$ with the configured local training. The proximal
+  term is a real, differentiable term (PFLlib's FedAMP adds it on ``.data`` tensors, which
+  contributes no gradient; not copied).
 
 Guard (pflower's, not in the paper): the paper requires $α_K$ small enough for $ξ_{ii} ≥ 0.$ When
 the off-diagonal weights of a client sum above 1 they are rescaled to sum to exactly 1
@@ -24,7 +25,7 @@ the trainable parameters (BatchNorm statistics stay personal).
 
 What crosses the wire: fit sends each sampled client its own $u_i$ (all ``state_dict`` arrays;
 buffers copied from the client's stored model, never read) with config ``server-round`` and
-``fedamp-alpha-k`` (the round's $α_K$, used in the client's $λ$/(2α_K)); the client uploads its
+``fedamp-alpha-k`` (the round's $α_K$, used in the client's $λ/(2α_K)$); the client uploads its
 trained $w_i$. Server state: the base class's ClientModelStore (latest upload per partition id;
 $Θ^0$ for a client never sampled). No global model: stage G evaluates the mean of the stored
 models (labelled ``mean_of_client_models``). Client state: ``fedamp_personal``, its $w_i$ (read at

@@ -27,8 +27,8 @@ are averaged as in FedAvg.
 
 What crosses the wire: $θ^{t−1}$ down and $θ_k^t$ up, as FedAvg (config: ``server-round`` only).
 
-Client state (``context.state``): ``feddyn_grad``, the client's linear term $g_k$ =
-∇L_k$(θ_k^{t−1})$ (trainable parameters, ``state_dict`` order); absent means zero.
+Client state (``context.state``): ``feddyn_grad``, the client's linear term
+$g_k = ∇L_k(θ_k^{t−1})$ (trainable parameters, ``state_dict`` order); absent means zero.
 
 Server state (attributes of [`FedDynStrategy`][pflower.strategies.feddyn.FedDynStrategy], for
 checkpoints):

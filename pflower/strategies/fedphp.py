@@ -1,4 +1,4 @@
-"""FedPHP: Li, Zhan, Zhang and Zhang, "FedPHP: Federated Personalization with Inherited Private
+r"""FedPHP: Li, Zhan, Zhang and Zhang, "FedPHP: Federated Personalization with Inherited Private
 Models", ECML PKDD 2021 (Sec. 3, Algorithm 1), in the form the FedALA paper compares it
 (Zhang et al., AAAI 2023, Table 2; $μ = 0.9$, $λ = 0.01$, Appendix G).
 
@@ -6,12 +6,14 @@ Client i keeps its local model $w_i$ (the "inherited private model"). In round R
 
 1. inherits: w ← (1 − $μ_R$) $Θ^{R−1} + μ_R w_i$ with $μ_R = μ$ · R / T (the private model's share
    grows over the run; round 1 starts from $Θ^0$);
-2. trains w on (1 − $λ$) · CE + $λ$ · MMD²($f_w$(x), $f_Θ$(x)) per batch, where f is the body's
+2. trains w on $(1 − λ)\,\mathrm{CE} + λ\,\mathrm{MMD}^2(f_w(x), f_Θ(x))$ per batch, where f is the
+body's
    feature vector ([`pflower.models.split.represent`][pflower.models.split.represent]) and $Θ$ =
    $Θ^{R−1}$ is the received
    global model, frozen; the kernel is a sum of Gaussians,
-   k(a, b) = Σ_{s ∈ {10, 15, 20, 50}} exp(−‖a − b‖² / (2s)), and MMD² = mean($K_{aa} + K_{bb}$ − 2
-   $K_{ab}$) over the batch (the biased estimate);
+   $k(a, b) = \sum_{s ∈ \{10, 15, 20, 50\}} \exp(−\|a − b\|^2 / (2s))$, and
+   $\mathrm{MMD}^2 = \operatorname{mean}(K_{aa} + K_{bb} − 2 K_{ab})$ over the batch (the biased
+   estimate);
 3. keeps w as $w_i$ and uploads w; the server averages as FedAvg does.
 
 Stage L1 of round R evaluates the model round R+1 starts from, (1 − $μ_{R+1}$) $Θ^R + μ_{R+1} w_i$.

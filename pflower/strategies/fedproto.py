@@ -14,8 +14,8 @@ No model weights are shared; clients exchange class prototypes, the mean represe
   holding class j (the paper's count-weighted average, ``proto_weighting=counts``), or their plain
   mean (``uniform``, PFLlib);
 - prediction: the class of the nearest global prototype in L2 (the paper's inference rule),
-  i.e. logits −‖f(x) − $C̄^{(j)}$‖²; classes without a global prototype are never predicted. The
-  reported loss is the cross-entropy of these scores. Before any global prototype exists
+  i.e. logits $−\|f(x) − \bar C^{(j)}\|^2$; classes without a global prototype are never predicted.
+  The reported loss is the cross-entropy of these scores. Before any global prototype exists
   (stage L2 of round 1) the client's own ``fc`` head predicts instead (pflower's choice; the
   paper does not say).
 

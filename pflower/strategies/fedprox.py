@@ -1,9 +1,9 @@
-"""FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in
+r"""FedProx: Li, Sahu, Zaheer, Sanjabi, Talwalkar and Smith, "Federated Optimization in
 Heterogeneous Networks", MLSys 2020.
 
-Each client k approximately minimizes $h_k$(w; $w^t$) = $F_k$(w) + $(μ/2)$‖w − $w^t$‖² (Sec. 3, Alg.
-2) with the round's local SGD, where $w^t$ is the global model it received; the server averages as
-FedAvg does. The proximal term covers the trainable parameters; BatchNorm statistics are not
+Each client k approximately minimizes $h_k(w; w^t) = F_k(w) + \frac{μ}{2}\|w − w^t\|^2$ (Sec. 3,
+Alg. 2) with the round's local SGD, where $w^t$ is the global model it received; the server averages
+as FedAvg does. The proximal term covers the trainable parameters; BatchNorm statistics are not
 parameters and are left to the data.
 
 Deviation: Alg. 2 lets clients run a variable number of local steps ($γ$-inexact solutions); here

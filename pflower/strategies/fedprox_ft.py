@@ -1,4 +1,4 @@
-"""FedAvg-C / FedProx-C: FedAvg or FedProx (Li et al., MLSys 2020) in which every client
+r"""FedAvg-C / FedProx-C: FedAvg or FedProx (Li et al., MLSys 2020) in which every client
 fine-tunes the received global model before using it, as the FedALA paper compares them (Zhang
 et al., AAAI 2023, Sec. "Experimental Setup": "FedAvg-C and FedProx-C, which locally fine-tune
 the global model for local initialization at each iteration"; Table 2).
@@ -7,8 +7,8 @@ Each round client k receives $Θ^{t-1}$, fine-tunes a copy for ``finetune_epochs
 SGD on its training data (the round's optimizer settings, no proximal term), evaluates that
 fine-tuned model (stage L1), and, with ``finetune_init`` (default, the paper's "for local
 initialization"), continues its local training from it: FedProx's loss
-$F_k$(w) + $(μ/2)$‖w − $Θ^{t-1}$‖², the anchor being the *received* model, then uploads the trained
-w. The server averages as FedAvg does. ``mu = 0`` is FedAvg-C.
+$F_k(w) + \frac{μ}{2}\|w − Θ^{t-1}\|^2$, the anchor being the *received* model, then uploads the
+trained w. The server averages as FedAvg does. ``mu = 0`` is FedAvg-C.
 
 The fine-tuning is deterministic in the global model version it starts from (its batch order is
 seeded by that version), so the model evaluated at stage L1 of round t is exactly the model fit of

@@ -35,8 +35,8 @@ $z_i = w_i + π_i/ρ$ equals $θ_i$ exactly when $ρ = α_i λ$.
 Client procedure (as in the authors' code, the default): $w_i \leftarrow  w^k$ at the start of the
 round (``reset_local_to_global``); a fresh SGD optimizer (``train.lr``, ``train.momentum``,
 ``train.batch_size``); ``train.local_epochs`` = R passes over the local train split, each step on
-∇CE + $λ(θ − w_i)$ + μθ (``mu_l2``, an L2 term of the authors' code), and after each pass the
-updates (12)-(13) (``admm_update=per_epoch``). ``admm_update=per_round`` with
+$∇\mathrm{CE} + λ(θ − w_i) + μθ$ (``mu_l2``, an L2 term of the authors' code), and after each pass
+the updates (12)-(13) (``admm_update=per_epoch``). ``admm_update=per_round`` with
 ``reset_local_to_global=false`` is Algorithm 1 as printed: R passes on (11) anchored on the
 persistent $w_i^k$, then (12)-(13) once. With R = 1 the two cadences coincide.
 

@@ -3,8 +3,8 @@ train it on a proximal (Moreau-envelope) objective: pFedMe (Dinh, Tran and Nguye
 Alg. 1), FLAME (Zhu et al., arXiv 2407.16397, Eq. 11), Ditto (Li et al., ICML 2021, Alg. 1
 line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
 
-- their loss term $θ$ ↦ $(λ/2)$‖$θ$ − anchor‖² + $(μ/2)\|θ\|$², with an anchor that may move between
-  steps, is the regularized family's one proximal term
+- their loss term $θ \mapsto \frac{λ}{2}\|θ − \text{anchor}\|^2 + \frac{μ}{2}\|θ\|^2$, with an
+  anchor that may move between steps, is the regularized family's one proximal term
   ([`pflower.strategies.proximal`][pflower.strategies.proximal]);
 - [`steps_per_epoch`][pflower.strategies.moreau.steps_per_epoch]: the mini-batches of one pass (when
   the per-pass updates run);

@@ -1,9 +1,9 @@
 r"""pFedMe: Dinh, Tran and Nguyen, "Personalized Federated Learning with Moreau Envelopes",
 NeurIPS 2020, Algorithm 1.
 
-Each client minimizes the Moreau envelope $F_i$(w) = min_θ { $f_i(θ) + (λ/2)$‖$θ$ − w‖² } of its
-loss: the personalized model $θ_i$ approximately solves the inner problem, and the client's local
-copy $w_i$ of the global model descends $F_i$ with ∇F_i(w) = $λ$(w − $θ̂_i$(w)):
+Each client minimizes the Moreau envelope $F_i(w) = \min_θ \{ f_i(θ) + \frac{λ}{2}\|θ − w\|^2 \}$ of
+its loss: the personalized model $θ_i$ approximately solves the inner problem, and the client's
+local copy $w_i$ of the global model descends $F_i$ with $∇F_i(w) = λ(w − \hat θ_i(w))$:
 
 $$
 \begin{aligned}
@@ -24,8 +24,8 @@ Two profiles (``profile``):
   ``train.local_epochs`` passes (or ``train.local_steps`` batches) per round.
 - ``flame_paper`` (default; the variant the FLAME paper's comparison code runs, Zhu et al.,
   Sec. VI-A): $θ_i$ persists across rounds; each local iteration is one pass of SGD on
-  $f_i(θ) + (λ/2)\|θ − w_i\|$² (+ $(μ/2)\|θ\|$², ``mu_l2``), followed by one w-step with $η$
-  (``eta``, the code's default 0.1); ``train.local_epochs`` iterations per round; $β = 1.$
+  $f_i(θ) + \frac{λ}{2}\|θ − w_i\|^2$ (+ $\frac{μ}{2}\|θ\|^2$, ``mu_l2``), followed by one w-step
+  with $η$ (``eta``, the code's default 0.1); ``train.local_epochs`` iterations per round; $β = 1$.
 
 Identities: K = 1, ηλ = 1 and $β = 1$ in the original profile is FedAvg ($θ̂$ is one SGD step from w
 and the w-step copies it); K = 0 leaves $w_i = w^t$, so the global model never moves.

@@ -16,7 +16,7 @@ $$
 c_i^+ = c_i − c + \frac{x − y_i}{K η_l} \qquad \text{(Alg. 1, line 12)}
 $$
 
-and returns Δy_i = $y_i$ − x and Δc_i = $c_i⁺ − c_i$. The server updates, over the sampled set S of
+and returns $Δy_i = y_i − x$ and $Δc_i = c_i^+ − c_i$. The server updates, over the sampled set S of
 the N clients,
 
 $$
