@@ -1,10 +1,10 @@
 """The command line introduces itself (:mod:`pflower.commands`).
 
 ``pflower --help`` lists every subcommand of the dispatcher's table and the most used overrides
-without importing torch, Flower, Hydra or rich; every subcommand's parser has a help text for
-every option, all wrapped at the same width; ``pflower --version`` names pflower's, Flower's and
-torch's versions; a mistyped command is refused in one line naming the nearest; Hydra's help is
-``pflower --help-config``. (Timings: ``benchmarks/error_latency.py``.)
+without importing torch, Flower, Hydra, OmegaConf, Ray or rich; every subcommand's parser has a
+help text for every option, all wrapped at the same width; ``pflower --version`` names
+pflower's, Flower's and torch's versions; a mistyped command is refused in one line naming the
+nearest; Hydra's help is ``pflower --help-config``. (Timings: ``benchmarks/error_latency.py``.)
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from pflower.commands import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-HEAVY = ("torch", "flwr", "hydra", "omegaconf", "ray", "rich.console")
+HEAVY = ("torch", "flwr", "hydra", "omegaconf", "ray", "rich")
 
 PROBE = """
 import sys
