@@ -10,6 +10,10 @@
   and run the chosen values with new seeds on test (:mod:`pflower.tuning.cli`).
 - ``pflower resume <run_dir> [rounds=N]``: continue a run from its last checkpoint (or extend
   it to N rounds); see :data:`RESUME_HELP`.
+- ``pflower --help`` (``help``, ``help <command>``), ``pflower --version`` and a mistyped command
+  are answered before anything heavy is imported (:mod:`pflower.commands`, whose
+  :data:`~pflower.commands.SUBCOMMANDS` is the table :func:`main` dispatches by);
+  ``pflower --help-config`` is Hydra's help, every configuration group and key.
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
