@@ -143,6 +143,24 @@ OPTIONS: tuple[tuple[str, str], ...] = (
 
 HELP_FLAGS = ("-h", "--help")
 
+HYDRA_OPTIONS = (
+    "--cfg",
+    "--config-dir",
+    "--config-name",
+    "--config-path",
+    "--experimental-rerun",
+    "--help",
+    "--hydra-help",
+    "--info",
+    "--multirun",
+    "--package",
+    "--resolve",
+    "--run",
+    "--shell-completion",
+    "--version",
+)
+"""The long options of Hydra's command line (Hydra 1.3), which a run passes on to Hydra."""
+
 
 def resolve(reference: str) -> Any:
     """The object that a ``"module:function"`` reference of :data:`SUBCOMMANDS` names."""
@@ -237,8 +255,10 @@ def _is_override(argument: str) -> bool:
 
 def answer(arguments: Sequence[str]) -> int | None:
     """Answer a question about the command line: print the help or the version, or refuse an
-    unknown command (one line, exit code 2); the exit code, or ``None`` when ``arguments`` are
-    a run's or a command's, for :func:`pflower.cli.main` to dispatch.
+    unknown command or a run's unknown long option (one line naming the nearest, exit code 2);
+    the exit code, or ``None`` when ``arguments`` are a run's or a command's, for
+    :func:`pflower.cli.main` to dispatch. An abbreviated option (``--multi``) is Hydra's to
+    expand, as argparse does.
 
     ``-h``/``--help`` among a run's overrides print this help too: ``pflower --help-config``
     shows the configuration that overrides compose."""
@@ -264,6 +284,16 @@ def answer(arguments: Sequence[str]) -> int | None:
             print(parser_of(command).format_help(), end="")
             return 0
         return None
+    options = [*HYDRA_OPTIONS, "--help-config"]
+    for argument in arguments:
+        option = argument.split("=", 1)[0]
+        if option.startswith("--") and not any(known.startswith(option) for known in options):
+            print(
+                f"pflower: error: unknown option '{option}'{did_you_mean(option, options)}; "
+                "a run takes KEY=VALUE overrides and Hydra's options (pflower --help)",
+                file=sys.stderr,
+            )
+            return 2
     if _is_override(first):
         return None
     return _unknown(first)

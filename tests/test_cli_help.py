@@ -22,6 +22,7 @@ import pytest
 from pflower import cli
 from pflower.commands import (
     HELP_WIDTH,
+    HYDRA_OPTIONS,
     OPTIONS,
     OVERRIDES,
     SUBCOMMANDS,
@@ -163,6 +164,26 @@ def test_a_mistyped_command_is_refused_in_one_line_naming_the_nearest(word: str,
     assert message.startswith(f"pflower: error: '{word}' is neither a command (did you mean {near}")
     assert result.stderr.splitlines()[1].startswith("EXIT 2 ")
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize(
+    ("option", "near"), [("--hlep-config", "'--help-config'"), ("--multirn", "'--multirun'")]
+)
+def test_a_mistyped_option_of_a_run_is_refused_in_one_line_naming_the_nearest(
+    option: str, near: str
+) -> None:
+    result = _pflower("rounds=2", option)
+    message, verdict = result.stderr.splitlines()
+    assert message.startswith(f"pflower: error: unknown option '{option}' (did you mean {near}")
+    assert verdict == "EXIT 2 HEAVY none"
+
+
+def test_the_options_passed_on_to_hydra_are_hydras_own() -> None:
+    from hydra._internal.utils import get_args_parser
+
+    hydras = {s for a in get_args_parser()._actions for s in a.option_strings if s[:2] == "--"}
+    assert set(HYDRA_OPTIONS) == hydras
+    assert answer(["--multi", "rounds=2"]) is None  # an abbreviation is Hydra's to expand
 
 
 def test_help_config_is_hydras_help_with_every_group_and_key(
