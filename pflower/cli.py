@@ -10,6 +10,10 @@
   and run the chosen values with new seeds on test ([`pflower.tuning.cli`][pflower.tuning.cli]).
 - ``pflower resume <run_dir> [rounds=N]``: continue a run from its last checkpoint (or extend
   it to N rounds); see `RESUME_HELP`.
+- ``pflower --help`` (``help``, ``help <command>``), ``pflower --version`` and a mistyped command
+  are answered before anything heavy is imported ([`pflower.commands`][pflower.commands], whose
+  `SUBCOMMANDS` is the table `main` dispatches by);
+  ``pflower --help-config`` is Hydra's help, every configuration group and key.
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
@@ -18,23 +22,25 @@ starts.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
-from rich.console import Console
-from rich.markup import escape
-
-from pflower.config import ExperimentConfig, conf_dir
+from pflower.commands import HelpFormatter, answer, resolve, subcommand
 from pflower.quickcheck import check_before_imports, write_schema_cache
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+    from rich.console import Console
+
+    from pflower.config import ExperimentConfig
 
 
 def __getattr__(name: str) -> type[Exception]:
@@ -52,13 +58,39 @@ def __getattr__(name: str) -> type[Exception]:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-# Piped to a file or a CI log, tables are laid out 160 columns wide and a message stays on one
-# line however long its paths are (soft wrap), so that scripts can read it back.
-_PIPED = not sys.stdout.isatty()
-console = Console(width=160 if _PIPED else None, soft_wrap=_PIPED)
+@functools.cache
+def _rich_console() -> Console:
+    """rich's console, made on first use: importing rich takes 0.05-0.25 s on a 2-core VM,
+    which ``pflower --help`` does not pay ([`pflower.commands`][pflower.commands]). Piped to a
+    file or a CI log, tables are laid out 160 columns wide and a message stays on one line
+    however long its paths are (soft wrap), so that scripts can read it back."""
+    from rich.console import Console
+
+    piped = not sys.stdout.isatty()
+    return Console(width=160 if piped else None, soft_wrap=piped)
+
+
+class _FirstUseConsole:
+    """Stands for `_rich_console` until first used."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_rich_console(), name)
+
+
+console = cast("Console", _FirstUseConsole())
+
+
+def escape(text: str) -> str:
+    """``text`` with rich's markup escaped (`rich.markup.escape`, imported on first use
+    like the console)."""
+    from rich.markup import escape as escape_markup
+
+    return escape_markup(text)
 
 
 def _task_overrides() -> list[str]:
+    from hydra.core.hydra_config import HydraConfig
+
     return list(HydraConfig.get().overrides.task)
 
 
@@ -89,6 +121,9 @@ def _run_dir(cfg: DictConfig) -> Path:
     """Where a run (or ``pflower partition``) writes: ``output_dir``; else a sweep job's
     directory, or the ``hydra.run.dir`` given on the command line; else ``runs/<date>/<time>``.
     Hydra itself writes nothing there (``conf/config.yaml``)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     if cfg.output_dir:
         return Path(cfg.output_dir)
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -120,6 +155,9 @@ def _simulate(cfg: DictConfig) -> None:
     (``summary.json`` with ``"status": "failed"``, ``error.txt``) and the sweep goes on; a single
     run re-raises, so the exit code says it failed. SIGTERM or SIGINT record the run as failed
     (``interrupted by SIGTERM``) before the process ends."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
     run_dir = _run_dir(cfg)
     try:
         from pflower.compose import validate
@@ -173,6 +211,29 @@ def _partition(cfg: DictConfig) -> None:
     console.print(f"client index lists (partition=from_file) written to {indices}")
 
 
+PARTITION_HELP = """\
+Split the dataset among the clients as a run with the same overrides would, without training:
+print each client's number of samples and class histogram, and write into output_dir (default
+runs/<date>/<time>) the heatmap, the histograms as CSV, a JSON summary and
+partition_indices.json, the clients' index lists that partition=from_file reads back."""
+
+
+def partition_parser() -> argparse.ArgumentParser:
+    """The parser that describes ``pflower partition`` (its arguments are Hydra overrides,
+    parsed by Hydra)."""
+    parser = argparse.ArgumentParser(
+        prog="pflower partition", description=PARTITION_HELP, formatter_class=HelpFormatter
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="Hydra overrides, as for a run: dataset=, partition=, partition.KEY=, "
+        "num_clients=, seed=, output_dir=",
+    )
+    return parser
+
+
 @dataclass(frozen=True)
 class GuardedTask:
     """Hydra's task function: runs ``task`` and turns a configuration or dataset error into its
@@ -201,14 +262,14 @@ class GuardedTask:
 
 
 def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
+    import hydra
+
     import pflower.compose  # noqa: F401  (stores every schema and algorithm in the ConfigStore)
+    from pflower.config import conf_dir
 
     main = hydra.main(config_path=str(conf_dir()), config_name="config", version_base=None)
     entry: Callable[[], None] = main(GuardedTask(task))
     return entry
-
-
-SUBCOMMANDS: dict[str, Callable[[DictConfig], None]] = {"partition": _partition}
 
 
 def _check_before_imports(arguments: Sequence[str]) -> None:
@@ -216,8 +277,6 @@ def _check_before_imports(arguments: Sequence[str]) -> None:
     overrides before torch, Flower and Ray are imported
     ([`pflower.quickcheck`][pflower.quickcheck]); the full
     check (`_check_overrides`) follows."""
-    if arguments and arguments[0] in SUBCOMMANDS:
-        arguments = arguments[1:]
     if any(argument.startswith("-") for argument in arguments):
         return
     try:
@@ -256,18 +315,19 @@ exit code 2, and nothing is written. A run that already completed its rounds is 
 one line says so (exit code 0); pass rounds=N to extend it."""
 
 
-def resume(argv: Sequence[str]) -> int:
-    """``pflower resume <run_dir> [overrides]``: continue a run from its checkpoint."""
-    import argparse
-
+def resume_parser() -> argparse.ArgumentParser:
+    """The parser of ``pflower resume``."""
     parser = argparse.ArgumentParser(
-        prog="pflower resume",
-        description=RESUME_HELP,
-        formatter_class=argparse.RawTextHelpFormatter,
+        prog="pflower resume", description=RESUME_HELP, formatter_class=HelpFormatter
     )
     parser.add_argument("run_dir", type=Path, help="the run directory to continue")
     parser.add_argument("overrides", nargs="*", help="e.g. rounds=N to extend the run")
-    args = parser.parse_args(list(argv))
+    return parser
+
+
+def resume(argv: Sequence[str]) -> int:
+    """``pflower resume <run_dir> [overrides]``: continue a run from its checkpoint."""
+    args = resume_parser().parse_args(list(argv))
     from pflower.compose import compose_config, validate
     from pflower.core.checkpoint import completed, load_checkpoint
     from pflower.datasets.base import DatasetNotFoundError
@@ -305,27 +365,25 @@ def resume(argv: Sequence[str]) -> int:
 
 
 def main() -> None:
-    """Console entry point: dispatch subcommands, else run an experiment."""
-    if len(sys.argv) > 1 and sys.argv[1] == "report":
-        from pflower.reporting.report import main as report_main
-
-        sys.exit(report_main(sys.argv[2:]))
-    if len(sys.argv) < 2 or sys.argv[1] not in ("tune", "resume", "deploy"):
-        _check_before_imports(sys.argv[1:])
-    plain_flower_console_unless_tty()
-    if len(sys.argv) > 1 and sys.argv[1] == "tune":
-        from pflower.tuning.cli import main as tune_main
-
-        sys.exit(tune_main(sys.argv[2:]))
-    if len(sys.argv) > 1 and sys.argv[1] == "resume":
-        sys.exit(resume(sys.argv[2:]))
-    if len(sys.argv) > 1 and sys.argv[1] == "deploy":
-        from pflower.deploy import main as deploy_main
-
-        sys.exit(deploy_main(sys.argv[2:]))
+    """Console entry point: answer a question about the command line (help, version, a
+    mistyped command: [`pflower.commands`][pflower.commands]), run a subcommand
+    (`SUBCOMMANDS`), else run an experiment.
+    ``--help-config`` is Hydra's ``--help``: every configuration group and key."""
+    code = answer(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    command = subcommand(sys.argv[1]) if len(sys.argv) > 1 else None
+    if command is not None and not command.hydra_task:
+        if command.runs_flower:
+            plain_flower_console_unless_tty()
+        sys.exit(resolve(command.main)(sys.argv[2:]))
     task: Callable[[DictConfig], None] = _simulate
-    if len(sys.argv) > 1 and sys.argv[1] in SUBCOMMANDS:
-        task = SUBCOMMANDS[sys.argv.pop(1)]
+    if command is not None:
+        task = resolve(command.main)
+        del sys.argv[1]
+    sys.argv = ["--help" if argument == "--help-config" else argument for argument in sys.argv]
+    _check_before_imports(sys.argv[1:])
+    plain_flower_console_unless_tty()
     _check_overrides(sys.argv[1:])
     _hydra_entry(task)()
 

@@ -34,7 +34,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
-from pflower.registry import ConfigError
+from pflower.registry import ConfigError, did_you_mean
 
 _FORMAT = 1
 _SCALARS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool}
@@ -160,8 +160,8 @@ def check_before_imports(overrides: list[str]) -> None:
     Does nothing without a cache for this code, or when Hydra accepts the overrides.
 
     Raises:
-        ConfigError: Hydra's message (plus the keys the block has) for a wrong key, type or
-            option name.
+        ConfigError: Hydra's refusal of a wrong key, type or option name, in one line
+            (`explain_composition_error`).
     """
     shapes = _cached_shapes()
     if shapes is None:
@@ -193,21 +193,33 @@ def check_before_imports(overrides: list[str]) -> None:
 
 
 def explain_composition_error(error: BaseException) -> str:
-    """Hydra's message, plus the keys the block has when the cause is an unknown key."""
-    import re
+    """Hydra's refusal in one line, with the nearest names to a mistyped one.
+
+    An unknown group option (``strategy=fedav``) names its group's options on one line; an
+    unknown key (``strategy.gama=0.3``) the keys its block has; both say which allowed name is
+    nearest ([`did_you_mean`][pflower.registry.did_you_mean]). Other refusals keep Hydra's first
+    line and OmegaConf's reason, without the ``full_key``/``object_type`` lines."""
     from dataclasses import is_dataclass
 
+    from hydra.errors import MissingConfigException
     from omegaconf.errors import OmegaConfBaseException
 
+    if isinstance(error, MissingConfigException) and error.options and error.missing_cfg_file:
+        group, _, name = error.missing_cfg_file.rpartition("/")
+        return (
+            f"Could not find '{error.missing_cfg_file}'{did_you_mean(name, error.options)}. "
+            f"Available options in '{group}': {', '.join(error.options)}"
+        )
     cause = error.__cause__
-    message = str(error)
-    if isinstance(cause, OmegaConfBaseException) and cause.__cause__ is None:
-        message = f"{message}\n{cause}"
-    if not isinstance(cause, OmegaConfBaseException) or "not in" not in str(cause):
-        return message
-    message = re.sub(r"\nTo append to your config use \+\S*", "", message)
-    object_type = cause.object_type
-    if not is_dataclass(object_type):
-        return message
-    allowed = [f.name for f in fields(object_type)]
-    return f"{message}\nAllowed keys: {', '.join(allowed)}"
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    if not isinstance(cause, OmegaConfBaseException):
+        return "; ".join(lines)
+    head = lines[0].rstrip(".")
+    reason = str(cause).splitlines()[0]
+    if "not in" not in reason or not is_dataclass(cause.object_type) or cause.key is None:
+        return f"{head}: {reason}"
+    allowed = [f.name for f in fields(cause.object_type)]
+    return (
+        f"{head}: {reason}{did_you_mean(str(cause.key), allowed)}. "
+        f"Allowed keys: {', '.join(allowed)}"
+    )

@@ -8,6 +8,7 @@ of a ``TypeError`` from deep inside a constructor.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
@@ -17,6 +18,16 @@ T = TypeVar("T")
 
 class ConfigError(ValueError):
     """A configuration value is wrong; the message says what is wrong and what is allowed."""
+
+
+def did_you_mean(word: str, names: Sequence[str]) -> str:
+    """``" (did you mean 'x'?)"``, naming the names nearest to a mistyped ``word`` (at most
+    three, by `difflib.get_close_matches`), or ``""`` when none is near."""
+    near = [repr(name) for name in difflib.get_close_matches(word, list(names), n=3)]
+    if not near:
+        return ""
+    listed = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+    return f" (did you mean {listed}?)"
 
 
 class Registry(Generic[T]):
@@ -48,7 +59,8 @@ class Registry(Generic[T]):
             return self._factories[name]
         except KeyError:
             raise ConfigError(
-                f"Unknown {self.kind} '{name}'. Valid names: {', '.join(self.names)}"
+                f"Unknown {self.kind} '{name}'{did_you_mean(name, self.names)}. "
+                f"Valid names: {', '.join(self.names)}"
             ) from None
 
     def accepted_keys(self, name: str) -> list[str]:

@@ -97,6 +97,18 @@ def test_the_options_table_shows_tuning_metadata_where_a_field_declares_it() -> 
     assert rows[0]["help"] == "the step size, over two lines."
 
 
+def test_the_cli_reference_shows_the_help_of_every_subcommand() -> None:
+    from pflower.commands import SUBCOMMANDS, parser_of, subparsers, top_help
+
+    title, page = _hook().cli_page()
+    assert title == "Command line" and top_help() in page
+    for command in SUBCOMMANDS:
+        parser = parser_of(command)
+        assert f"## `pflower {command.name}`" in page and parser.format_help() in page
+        for sub in subparsers(parser).values():
+            assert f"### `{sub.prog}`" in page and sub.format_help() in page
+
+
 def test_the_readme_is_a_front_page_listing_every_algorithm_module() -> None:
     from pflower.core.algorithm import ALGORITHMS
 

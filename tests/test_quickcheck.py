@@ -47,14 +47,27 @@ except SystemExit as exit:
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ("strategy.gama=0.3", "Key 'gama' not in 'FLIUOptions'"),
+        (
+            "strategy.gama=0.3",
+            "Key 'gama' not in 'FLIUOptions' (did you mean 'gamma'?). Allowed keys: name,",
+        ),
         ("rounds=ten", "Value 'ten' of type 'str' could not be converted to Integer"),
-        ("strategy=nope", "Could not find 'strategy/nope'"),
+        (
+            "strategy=fedav",
+            "Could not find 'strategy/fedav' (did you mean 'fedavg', "
+            "'fedavg_c' or 'fedcac'?). Available options in 'strategy': apfl, apple,",
+        ),
+        (
+            "partition=lsq",
+            "Could not find 'partition/lsq' (did you mean 'lsqs' or 'ls'?). "
+            "Available options in 'partition': attribute_groups, class_groups,",
+        ),
     ],
 )
-def test_errors_are_reported_before_torch_flower_and_ray(
+def test_errors_are_reported_in_one_line_before_torch_flower_and_ray(
     override: str, message: str, tmp_path: Path
 ) -> None:
+    """Exit code 2 and one line, naming the nearest keys or options to a mistyped one."""
     env = {**os.environ, "PFLOWER_SCHEMA_CACHE": str(tmp_path)}
     write_schema_cache_in(tmp_path)
     result = subprocess.run(
@@ -65,8 +78,9 @@ def test_errors_are_reported_before_torch_flower_and_ray(
         cwd=tmp_path,
         timeout=300,
     )
-    assert "EXIT 2 HEAVY none" in result.stdout, result.stdout + result.stderr
-    assert message in result.stdout.replace("\n", " ") or message in result.stdout
+    error, verdict = result.stdout.splitlines()
+    assert verdict == "EXIT 2 HEAVY none", result.stdout + result.stderr
+    assert error.startswith("configuration error: ") and message in error
 
 
 def write_schema_cache_in(folder: Path) -> None:

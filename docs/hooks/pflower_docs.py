@@ -13,6 +13,8 @@
   benchmark notes (``benchmarks/results/*.md``), ``docker/README.md`` and ``CHANGELOG.md``, which
   live beside their code.
 - ``leaderboard/<suite>.md``: each suite's recorded leaderboard (``results/tuning/<suite>/``).
+- ``reference/cli.md``: ``pflower --help`` and every subcommand's help
+  (:data:`pflower.commands.SUBCOMMANDS`).
 
 The navigation in ``mkdocs.yml`` names these with placeholders that this hook expands:
 ``algorithms/*`` (every generated algorithm page), ``reference/api/*``, ``benchmarks/recorded/*``,
@@ -396,6 +398,33 @@ def api_pages(skip: set[str]) -> dict[str, tuple[str, str]]:
     return pages
 
 
+def cli_page() -> tuple[str, str]:
+    """``reference/cli.md``: ``pflower --help`` and the help of every subcommand (and of their
+    own subcommands), rendered from :data:`pflower.commands.SUBCOMMANDS` and their parsers."""
+    from pflower.commands import SUBCOMMANDS, parser_of, subparsers, top_help
+
+    def block(command: str, text: str) -> str:
+        return f"```text\n$ {command} --help\n{text.rstrip()}\n```\n"
+
+    body = [
+        "# Command line\n",
+        "*Generated from the command line's table of subcommands (`pflower/commands.py`) and "
+        "their parsers when the site is built.* Every configuration group and key: "
+        "`pflower --help-config`.\n",
+        block("pflower", top_help()),
+    ]
+    for command in SUBCOMMANDS:
+        parser = parser_of(command)
+        body += [
+            f"## `pflower {command.name}`\n",
+            f"{command.summary}.\n",
+            block(parser.prog, parser.format_help()),
+        ]
+        for sub in subparsers(parser).values():
+            body += [f"### `{sub.prog}`\n", block(sub.prog, sub.format_help())]
+    return "Command line", "\n".join(body)
+
+
 def _unlink(text: str) -> str:
     """Relative links of a page copied from outside docs/ become code spans (their targets are
     repository files, not site pages)."""
@@ -553,6 +582,7 @@ def on_config(config: Any) -> Any:
     _GENERATED.update(api_pages(ALGORITHM_MODULES))
     _GENERATED.update(partition_gallery())
     _GENERATED.update(copied_pages())
+    _GENERATED["reference/cli.md"] = cli_page()
     config["nav"] = _expand(config["nav"], Path(config["docs_dir"]))
     return config
 

@@ -12,6 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from pflower.commands import HelpFormatter
 from pflower.deploy.compose import render_compose
 from pflower.deploy.local import (
     CONNECTION,
@@ -223,15 +224,23 @@ def _parser() -> argparse.ArgumentParser:
         prog="pflower deploy",
         description="A SuperLink and N SuperNodes as local processes (up/status/run/down), "
         "or the docker-compose files for N nodes (compose).",
+        formatter_class=HelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, summary: str) -> argparse.ArgumentParser:
+        """Add the subcommand ``name``; its help formatted as every other pflower help's."""
+        return commands.add_parser(
+            name, help=summary, description=summary, formatter_class=HelpFormatter
+        )
 
     def with_dir(command: argparse.ArgumentParser) -> argparse.ArgumentParser:
         """Add ``--dir``, the deployment directory, to ``command``."""
         command.add_argument(
             "--dir",
             default=str(DEFAULT_DIR),
-            help=f"deployment directory: logs, state, process table (default: {DEFAULT_DIR})",
+            help="deployment directory: logs, state, process table (default: "
+            f"{str(DEFAULT_DIR).replace(str(Path.home()), '~', 1)})",
         )
         return command
 
@@ -247,20 +256,35 @@ def _parser() -> argparse.ArgumentParser:
         )
         return command
 
-    up = with_dir(commands.add_parser("up", help="start the SuperLink and the SuperNodes"))
-    up.add_argument("-n", "--num-clients", type=int, default=3)
+    up = with_dir(command("up", "start the SuperLink and the SuperNodes"))
+    up.add_argument(
+        "-n", "--num-clients", type=int, default=3, help="SuperNodes to start (default: 3)"
+    )
     up.add_argument(
         "--host",
         default="127.0.0.1",
         help="address the SuperLink listens on and the SuperNodes dial",
     )
-    up.add_argument("--fleet-port", type=int, default=Endpoints.fleet_port)
-    up.add_argument("--control-port", type=int, default=Endpoints.control_port)
+    up.add_argument(
+        "--fleet-port",
+        type=int,
+        default=Endpoints.fleet_port,
+        help="the SuperLink's Fleet API port, which the SuperNodes dial "
+        f"(default: {Endpoints.fleet_port})",
+    )
+    up.add_argument(
+        "--control-port",
+        type=int,
+        default=Endpoints.control_port,
+        help="the SuperLink's Control API port (`flwr run`, `pflower deploy run`) and "
+        f"runtime API port (the ServerApp) (default: {Endpoints.control_port})",
+    )
     up.add_argument(
         "--node-port",
         type=int,
         default=Endpoints.node_port,
-        help="runtime API port of SuperNode 0 (node i: +i)",
+        help="runtime API port of SuperNode 0; node i listens on this port + i "
+        f"(default: {Endpoints.node_port})",
     )
     up.add_argument(
         "--certificates",
@@ -279,9 +303,9 @@ def _parser() -> argparse.ArgumentParser:
         f"(default: {START_TIMEOUT_S:g})",
     )
     with_flwr_timeout(up).set_defaults(handler=_up)
-    with_dir(commands.add_parser("status", help="show the processes")).set_defaults(handler=_status)
-    with_dir(commands.add_parser("down", help="stop every process")).set_defaults(handler=_down)
-    run = with_dir(commands.add_parser("run", help="run an experiment on the deployment"))
+    with_dir(command("status", "show the processes")).set_defaults(handler=_status)
+    with_dir(command("down", "stop every process")).set_defaults(handler=_down)
+    run = with_dir(command("run", "run an experiment on the deployment"))
     run.add_argument("overrides", nargs="*", help="Hydra overrides of conf/config.yaml")
     run.add_argument(
         "--resume",
@@ -289,8 +313,10 @@ def _parser() -> argparse.ArgumentParser:
         help="continue this run from its checkpoint (pass rounds=N to extend it)",
     )
     with_flwr_timeout(run).set_defaults(handler=_run)
-    compose = commands.add_parser("compose", help="write the docker-compose files")
-    compose.add_argument("-n", "--num-clients", type=int, default=3)
+    compose = command("compose", "write the docker-compose files")
+    compose.add_argument(
+        "-n", "--num-clients", type=int, default=3, help="SuperNode services (default: 3)"
+    )
     compose.add_argument("--out", default="docker", help="directory (default: docker)")
     compose.set_defaults(handler=_compose)
     return parser

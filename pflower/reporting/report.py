@@ -25,6 +25,7 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
+from pflower.commands import HelpFormatter
 from pflower.reporting.figures import (
     accuracy_per_round,
     client_distribution,
@@ -41,6 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pflower report",
         description="Compare methods over partitions and seeds: markdown + CSV tables and plots.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("paths", nargs="+", type=Path, help="sweep or run directories")
     parser.add_argument(

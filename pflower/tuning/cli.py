@@ -36,6 +36,7 @@ from pathlib import Path
 
 import yaml
 
+from pflower.commands import HelpFormatter
 from pflower.config import TrainConfig
 from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import kernel_caps
@@ -51,6 +52,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="pflower tune",
         description="Tune methods on the clients' validation shares with Optuna (the same "
         "number of trials for each), then run the chosen values with new seeds on test.",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "items", nargs="*", help="methods (default: the suite's) and key=value overrides"
