@@ -32,7 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pflower.config import ExperimentConfig, conf_dir
-from pflower.quickcheck import check_before_imports, write_schema_cache
+from pflower.quickcheck import check_before_imports, hold_numerics_of, write_schema_cache
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
 
@@ -305,6 +305,7 @@ def resume(argv: Sequence[str]) -> int:
 
 def main() -> None:
     """Console entry point: dispatch subcommands, else run an experiment."""
+    hold_numerics_of(sys.argv[1:])
     if len(sys.argv) > 1 and sys.argv[1] == "report":
         from pflower.reporting.report import main as report_main
 
