@@ -10,6 +10,8 @@
   and run the chosen values with new seeds on test (:mod:`pflower.tuning.cli`).
 - ``pflower resume <run_dir> [rounds=N]``: continue a run from its last checkpoint (or extend
   it to N rounds); see :data:`RESUME_HELP`.
+- ``pflower reproduce <run_dir>``: rerun a recorded run from its record and compare every metric
+  to the last digit (:mod:`pflower.reproduce`).
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
@@ -310,6 +312,10 @@ def main() -> None:
         from pflower.reporting.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
+    if len(sys.argv) > 1 and sys.argv[1] == "reproduce":
+        from pflower.reproduce import main as reproduce_main
+
+        sys.exit(reproduce_main(sys.argv[2:]))
     if len(sys.argv) < 2 or sys.argv[1] not in ("tune", "resume", "deploy"):
         _check_before_imports(sys.argv[1:])
     plain_flower_console_unless_tty()
