@@ -16,6 +16,7 @@ dataset, partition, split and model blocks against their factories.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from functools import lru_cache
@@ -128,6 +129,25 @@ def check_compatible(settings: ExperimentConfig) -> None:
     input_shape, num_classes = dataset.data_shape()
     model = _meta_model(_frozen(settings.model), input_shape, num_classes)
     settings.strategy.check_experiment(settings, model)
+    base = settings.strategy.collapse_on(model)
+    if base is not None:
+        _warn_collapse(settings.strategy.label(), str(settings.model["name"]), base)
+
+
+@lru_cache(maxsize=16)
+def _warn_collapse(method: str, model: str, base: str) -> None:
+    """One line, once per process, where the algorithm is another method on this model
+    (:meth:`~pflower.core.options.AlgorithmOptions.collapse_on`)."""
+    name = get_algorithm(base).options.display_name
+    logging.getLogger("pflower").warning(
+        "%s on model=%s is %s: the model has none of the layers %s treats apart, so the run "
+        "computes what strategy=%s computes",
+        method,
+        model,
+        name,
+        method,
+        base,
+    )
 
 
 def _frozen(block: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
