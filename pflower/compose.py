@@ -124,10 +124,7 @@ def check_compatible(settings: ExperimentConfig) -> None:
     Raises:
         ConfigError: the combination and how to change it.
     """
-    dataset = block_of("dataset", settings.dataset)
-    assert isinstance(dataset, DatasetBlock)
-    input_shape, num_classes = dataset.data_shape()
-    model = _meta_model(_frozen(settings.model), input_shape, num_classes)
+    model = meta_model(settings.dataset, settings.model)
     settings.strategy.check_experiment(settings, model)
     base = settings.strategy.collapse_on(model)
     if base is not None:
@@ -148,6 +145,15 @@ def _warn_collapse(method: str, model: str, base: str) -> None:
         method,
         base,
     )
+
+
+def meta_model(dataset: Mapping[str, Any], model: Mapping[str, Any]) -> Any:
+    """The model of the ``model`` block for the ``dataset`` block's images, built on PyTorch's
+    ``meta`` device (types and shapes only; cached per model and input shape)."""
+    block = block_of("dataset", dataset)
+    assert isinstance(block, DatasetBlock)
+    input_shape, num_classes = block.data_shape()
+    return _meta_model(_frozen(model), input_shape, num_classes)
 
 
 def _frozen(block: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

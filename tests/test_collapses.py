@@ -14,6 +14,8 @@ from pflower.compose import compose_config, validate
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import Collapse, collapse_of
 from pflower.models import build_model
+from pflower.reporting.leaderboard import collapse, table
+from pflower.results.rundir import resolved_config
 from pflower.searchspace import Param, declared_space, format_value
 from tests.helpers import comparable, tiny
 from tests.inprocess import run_inprocess
@@ -95,3 +97,21 @@ def test_fedbn_on_a_model_without_batchnorm_is_named_fedavg_while_composing(
         "FedBN on model=small_cnn is FedAvg: the model has none of the layers FedBN treats "
         "apart, so the run computes what strategy=fedavg computes"
     ]
+
+
+def test_the_leaderboard_names_the_rows_of_collapsed_configurations() -> None:
+    def named(method: str, *overrides: str, space: dict[str, str] | None = None) -> object:
+        config = resolved_config(compose_config([f"strategy={method}", *overrides]))
+        return collapse(method, config, {"space": space or {}})
+
+    off = ["strategy.prune_ratio=0", "strategy.dropout=0", "strategy.noise_sigma=0"]
+    assert named("fedmpr", *off) == ("= FedAvg", "at prune_ratio=0, dropout=0, noise_sigma=0")
+    assert named("fedbn", "model=small_cnn") == ("= FedAvg", "on model=small_cnn")
+    lam = {"strategy.lam": "log-uniform [1e-05, 1]"}
+    assert named("diversifed", "strategy.lam=1.706e-05", space=lam) == (
+        "≈ Local",
+        "lam=1.71e-05, next to lam=0",
+    )
+    assert named("diversifed", "strategy.lam=0.01", space=lam) == ("", "")
+    assert named("fedavg") == ("", "")
+    assert table([])[0][-1] == "collapse"

@@ -41,7 +41,13 @@ class Collapse:
 
     def describe(self) -> str:
         """E.g. ``mu=0``."""
-        return ", ".join(f"{key}={getattr(value, 'value', value)}" for key, value in self.at)
+        return ", ".join(f"{key}={_shown(value)}" for key, value in self.at)
+
+
+def _shown(value: Any) -> str:
+    """An option value as reports show it (``0`` for 0.0, enums by value)."""
+    value = getattr(value, "value", value)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 class Aggregation(StrEnum):
