@@ -391,8 +391,8 @@ def _collapse_notes(entries: Sequence[Entry]) -> list[str]:
         "Collapsed: at these settings the method computes what another method computes "
         "(`=`: its declared neutral point, or a model that leaves it nothing of its own; the "
         "rows are the same to the last digit, `tests/test_collapses.py`) or all but does "
-        "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method at "
-        "another learning rate, not the method itself:",
+        "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method, with "
+        "its own tuned values, not the method itself:",
         "",
     ]
     lines += [f"- {e.label} {e.collapse[0]} ({e.collapse[1]})" for e in collapsed]
