@@ -94,12 +94,14 @@ def test_bad_records_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
 
 
 def test_the_record_decides_the_numerics_and_says_when_it_cannot() -> None:
-    def numerics_of(record: dict[str, object] | None, asked: str | None = None) -> object:
+    def numerics_of(
+        record: dict[str, object] | None, asked: str | None = None
+    ) -> tuple[str, dict[str, str], list[str]]:
         return recorded_numerics(Record(Path("."), {}, numerics=record), asked)
 
-    mode, caps, notes = numerics_of(None)  # type: ignore[misc]
+    mode, caps, notes = numerics_of(None)
     assert (mode, caps) == ("avx2", {}) and "predates the record of numerics" in notes[0]
     assert numerics_of({"cpu_capability": "AVX2", "caps": KERNEL_CAPS}) == ("avx2", {}, [])
-    mode, caps, notes = numerics_of({"cpu_capability": "AVX2", "cpu_capability_env": "avx2"})  # type: ignore[misc]
+    mode, caps, notes = numerics_of({"cpu_capability": "AVX2", "cpu_capability_env": "avx2"})
     assert (mode, caps) == ("native", {"ATEN_CPU_CAPABILITY": "avx2"}) and notes
-    assert numerics_of({"mode": "avx2", "caps": KERNEL_CAPS}, "native")[:2] == ("native", {})  # type: ignore[index]
+    assert numerics_of({"mode": "avx2", "caps": KERNEL_CAPS}, "native")[:2] == ("native", {})
