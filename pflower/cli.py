@@ -14,6 +14,8 @@
   are answered before anything heavy is imported ([`pflower.commands`][pflower.commands], whose
   `SUBCOMMANDS` is the table `main` dispatches by);
   ``pflower --help-config`` is Hydra's help, every configuration group and key.
+- ``pflower reproduce <run_dir>``: rerun a recorded run from its record and compare every metric
+  to the last digit ([`pflower.reproduce`][pflower.reproduce]).
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from pflower.commands import HelpFormatter, answer, resolve, subcommand
-from pflower.quickcheck import check_before_imports, write_schema_cache
+from pflower.quickcheck import check_before_imports, hold_numerics_of, write_schema_cache
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
 
@@ -372,6 +374,7 @@ def main() -> None:
     code = answer(sys.argv[1:])
     if code is not None:
         sys.exit(code)
+    hold_numerics_of(sys.argv[1:])
     command = subcommand(sys.argv[1]) if len(sys.argv) > 1 else None
     if command is not None and not command.hydra_task:
         if command.runs_flower:

@@ -117,6 +117,13 @@ SUBCOMMANDS: tuple[Subcommand, ...] = (
         "pflower.deploy.cli:_parser",
         "pflower.deploy.cli:main",
     ),
+    Subcommand(
+        "reproduce",
+        "run a recorded run again and compare every metric",
+        "pflower.reproduce:_parser",
+        "pflower.reproduce:main",
+        runs_flower=False,
+    ),
 )
 
 OVERRIDES: tuple[tuple[str, str], ...] = (

@@ -20,6 +20,7 @@ dataset, partition, split and model blocks against their factories.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from functools import lru_cache
@@ -131,11 +132,36 @@ def check_compatible(settings: ExperimentConfig) -> None:
     Raises:
         ConfigError: the combination and how to change it.
     """
-    dataset = block_of("dataset", settings.dataset)
-    assert isinstance(dataset, DatasetBlock)
-    input_shape, num_classes = dataset.data_shape()
-    model = _meta_model(_frozen(settings.model), input_shape, num_classes)
+    model = meta_model(settings.dataset, settings.model)
     settings.strategy.check_experiment(settings, model)
+    base = settings.strategy.collapse_on(model)
+    if base is not None:
+        _warn_collapse(settings.strategy.label(), str(settings.model["name"]), base)
+
+
+@lru_cache(maxsize=16)
+def _warn_collapse(method: str, model: str, base: str) -> None:
+    """One line, once per process, where the algorithm is another method on this model
+    (:meth:`~pflower.core.options.AlgorithmOptions.collapse_on`)."""
+    name = get_algorithm(base).options.display_name
+    logging.getLogger("pflower").warning(
+        "%s on model=%s is %s: the model has none of the layers %s treats apart, so the run "
+        "computes what strategy=%s computes",
+        method,
+        model,
+        name,
+        method,
+        base,
+    )
+
+
+def meta_model(dataset: Mapping[str, Any], model: Mapping[str, Any]) -> Any:
+    """The model of the ``model`` block for the ``dataset`` block's images, built on PyTorch's
+    ``meta`` device (types and shapes only; cached per model and input shape)."""
+    block = block_of("dataset", dataset)
+    assert isinstance(block, DatasetBlock)
+    input_shape, num_classes = block.data_shape()
+    return _meta_model(_frozen(model), input_shape, num_classes)
 
 
 def _frozen(block: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:

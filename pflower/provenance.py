@@ -9,11 +9,13 @@ SuperLink's ServerApp is the same mix.
 
 `CODE_FINGERPRINT` hashes the contents of pflower's source files when this module is first
 imported, which ``import pflower`` does: it names the code the process started with. The server
-puts it into every message it sends ([`CODE_KEY`][pflower.provenance.CODE_KEY]); every client
-compares it with its own
-([`check_same_code`][pflower.provenance.check_same_code]) and refuses to work for a server running
-other code.
-``summary.json`` records it with the git commit ([`code_version`][pflower.provenance.code_version]).
+puts it into every message it sends (`CODE_KEY`); every client compares it with its own
+(`check_same_code`) and refuses to work for a server running other code.
+``summary.json`` records it with the git commit (`code_version`).
+
+The same record names the process's numerics (`numerics`): ``import pflower`` holds
+torch's CPU kernels to AVX2 (`hold_kernels`) before anything imports torch, so that one
+configuration computes the same numbers, to the last digit, on any x86-64 CPU with AVX2.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import platform
 import subprocess
 import sys
 from collections.abc import Mapping
@@ -109,12 +112,58 @@ def kernel_caps() -> dict[str, str]:
     return {name: os.environ[name] for name in KERNEL_CAPS if name in os.environ}
 
 
+NUMERICS_ENV = "PFLOWER_NUMERICS"
+"""How this process and the processes it starts hold torch's CPU kernels: ``avx2`` (the
+default: the `KERNEL_CAPS` variables are set) or ``native`` (torch picks the CPU's widest
+instruction set). The config key ``numerics`` sets it for a run (`hold_kernels`)."""
+
+HELD = "avx2"
+"""The `NUMERICS_ENV` value (and config value) that holds the kernels to AVX2."""
+
+
+def cpu_without_avx2() -> str | None:
+    """Why this CPU cannot run AVX2 kernels (capping a CPU above what it has would crash torch
+    with an illegal instruction, not slow it down), None if it can. Reads ``/proc/cpuinfo``
+    (Linux): elsewhere it cannot tell, and says so."""
+    machine = platform.machine().lower()
+    if machine not in ("x86_64", "amd64"):
+        return f"a {machine or 'non-x86'} CPU has no AVX2"
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            flags = next(
+                (line.split(":", 1)[1].split() for line in cpuinfo if line.startswith("flags")), []
+            )
+    except OSError:
+        return "cannot tell whether this CPU has AVX2 (no /proc/cpuinfo)"
+    missing = [flag for flag in ("avx2", "fma") if flag not in flags]
+    return f"this CPU lacks {' and '.join(missing)}" if missing else None
+
+
+def hold_kernels(mode: str) -> None:
+    """Hold torch's CPU kernels to AVX2 (``mode="avx2"``) or let them use what the CPU has
+    (``native``), for this process and those it starts, by setting or clearing the
+    `KERNEL_CAPS` variables and `NUMERICS_ENV`. ``native`` clears only caps that
+    an earlier ``avx2`` set (a user's own variables stay). On a CPU without AVX2 ``avx2`` sets
+    no caps, and `numerics` records the fallback. Does nothing once torch is imported:
+    its kernels are chosen by then."""
+    if "torch" in sys.modules:
+        return
+    if os.environ.get(NUMERICS_ENV) == HELD:
+        for name, value in KERNEL_CAPS.items():
+            if os.environ.get(name) == value:
+                del os.environ[name]
+    os.environ[NUMERICS_ENV] = mode
+    if mode == HELD and cpu_without_avx2() is None:
+        os.environ.update(KERNEL_CAPS)
+
+
 def numerics() -> dict[str, Any]:
-    """What decides the floating-point results of this process's torch: its version, the
+    """What decides the floating-point results of this process's torch: ``mode`` (``avx2`` when
+    the `KERNEL_CAPS` variables hold its kernels, else ``native``), its version, the
     instruction set of its own CPU kernels (``torch.backends.cpu.get_cpu_capability()``) and the
-    [`KERNEL_CAPS`][pflower.provenance.KERNEL_CAPS] variables that were set. One run repeats itself
-    to the last digit on one
-    machine, but AVX-512 kernels round differently from AVX2 ones, and a sensitive run
+    `KERNEL_CAPS` variables that were set; ``not_held`` says why, where ``avx2`` was asked
+    (`NUMERICS_ENV`) but the kernels are not held. One run repeats itself to the last digit
+    on one machine, but AVX-512 kernels round differently from AVX2 ones, and a sensitive run
     amplifies those last bits over its rounds (FedDyn with α = 1 ended 0.44 points apart on
     validation); with the three variables set to [`KERNEL_CAPS`][pflower.provenance.KERNEL_CAPS]'s
     values, a CPU with
@@ -124,11 +173,16 @@ def numerics() -> dict[str, Any]:
     torch = sys.modules.get("torch")
     if torch is None:
         return {}
-    return {
+    caps = kernel_caps()
+    record: dict[str, Any] = {
+        "mode": HELD if caps == KERNEL_CAPS else "native",
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "caps": kernel_caps(),
+        "caps": caps,
     }
+    if os.environ.get(NUMERICS_ENV) == HELD and record["mode"] != HELD:
+        record["not_held"] = cpu_without_avx2() or "torch was imported before pflower"
+    return record
 
 
 def _git(*args: str) -> str | None:

@@ -19,6 +19,9 @@ check that follows, after the imports. When no cache matches the code (first run
 it checks nothing; the full check then writes the cache
 ([`write_schema_cache`][pflower.quickcheck.write_schema_cache]).
 
+The run's ``numerics`` (how torch's CPU kernels are held) must also be decided before torch is
+imported: :func:`hold_numerics_of` reads it from the overrides.
+
 The cache is one JSON file per fingerprint in ``$PFLOWER_SCHEMA_CACHE`` (default
 ``~/.cache/pflower/schema``); a cache that cannot be read or written is ignored.
 """
@@ -29,6 +32,7 @@ import functools
 import json
 import os
 import types
+from collections.abc import Sequence
 from dataclasses import field, fields, make_dataclass
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -190,6 +194,17 @@ def check_before_imports(overrides: list[str]) -> None:
             compose(config_name="config", overrides=list(overrides))
     except HydraException as error:
         raise ConfigError(explain_composition_error(error)) from error
+
+
+def hold_numerics_of(overrides: Sequence[str]) -> None:
+    """Hold torch's CPU kernels as the last ``numerics=<avx2|native>`` of ``overrides`` says
+    (:func:`pflower.provenance.hold_kernels`); without one (or with a sweep's list, left to
+    each job's record) the process keeps what ``import pflower`` chose."""
+    from pflower.provenance import hold_kernels
+
+    values = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("numerics=")]
+    if values and values[-1] in ("avx2", "native"):
+        hold_kernels(values[-1])
 
 
 def explain_composition_error(error: BaseException) -> str:

@@ -78,6 +78,7 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
     """
     from pflower.core.training import resolve_device
 
+    _check_numerics(settings)
     forked = settings.backend.name == "fork"
     if forked:
         # torch's CUDA check without initializing CUDA, so that forked workers can use it
@@ -92,6 +93,26 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
     else:
         _simulate(settings, overrides, run_dir)
     return run_dir
+
+
+def _check_numerics(settings: ExperimentConfig) -> None:
+    """Warn, in one line, where this process's CPU kernels are not held as ``numerics`` asks
+    (a CPU without AVX2, torch imported before pflower, a sweep over ``numerics``): the run goes
+    on, and ``summary.json`` records the numerics it had (:func:`pflower.provenance.numerics`)."""
+    import torch  # noqa: F401  (numerics are those of the imported torch)
+
+    from pflower.provenance import numerics
+
+    held = numerics()
+    if held["mode"] != settings.numerics.value:
+        reason = held.get("not_held") or "the kernels were chosen before this run's config"
+        logging.getLogger(__name__).warning(
+            "numerics=%s asked, but this process runs %s CPU kernels (%s); summary.json "
+            "records what ran",
+            settings.numerics.value,
+            held["cpu_capability"],
+            reason,
+        )
 
 
 def _simulate(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> None:

@@ -52,27 +52,6 @@ SUMMARY_KEYS = {
 }
 
 
-def test_fliu_gamma0_equals_fedavg_with_uniform_weights(tmp_path: Path) -> None:
-    fliu, _ = run_inprocess(
-        [*BASE, "strategy=fliu", "strategy.gamma_mode=fixed", "strategy.gamma=0.0"], tmp_path / "a"
-    )
-    fedavg, _ = run_inprocess(
-        [*BASE, "strategy=fedavg", "strategy.aggregation=uniform"], tmp_path / "b"
-    )
-    assert comparable(fliu) == comparable(fedavg)
-    assert len(stage_rows(fliu, "L1")) == 3 * 4
-
-
-def test_fliu_gamma1_equals_local_training(tmp_path: Path) -> None:
-    fliu, _ = run_inprocess(
-        [*BASE, "strategy=fliu", "strategy.gamma_mode=fixed", "strategy.gamma=1.0"], tmp_path / "a"
-    )
-    local, _ = run_inprocess(
-        [*BASE, "strategy=local", "strategy.aggregation=uniform"], tmp_path / "b"
-    )
-    assert comparable(fliu) == comparable(local)
-
-
 def test_local_keeps_its_model_across_rounds(tmp_path: Path) -> None:
     rows, contexts = run_inprocess([*BASE, "strategy=local"], tmp_path)
     for context in contexts:
@@ -125,16 +104,6 @@ def test_fedavg_l1_is_the_global_model(tmp_path: Path) -> None:
         assert sorted(r["client"] for r in l1) == list(range(len(sizes)))
         mean = sum(r["acc_global"] * sizes[r["client"]] for r in l1) / sum(sizes)
         assert mean == pytest.approx(g["acc"])
-
-
-def test_fedprox_with_mu0_and_fedavg_ft_with_0_epochs_equal_fedavg(tmp_path: Path) -> None:
-    fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "a")
-    fedprox, _ = run_inprocess([*BASE, "strategy=fedprox", "strategy.mu=0.0"], tmp_path / "b")
-    finetune, _ = run_inprocess(
-        [*BASE, "strategy=fedavg_ft", "strategy.finetune_epochs=0"], tmp_path / "c"
-    )
-    assert comparable(fedprox) == comparable(fedavg)
-    assert comparable(finetune) == comparable(fedavg)
 
 
 def test_fedavg_ft_personalizes_at_l1(tmp_path: Path) -> None:

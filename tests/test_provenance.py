@@ -21,6 +21,7 @@ from pflower.provenance import (
     CODE_FINGERPRINT,
     CODE_KEY,
     KERNEL_CAPS,
+    NUMERICS_ENV,
     CodeMismatchError,
     check_same_code,
     code_version,
@@ -101,27 +102,55 @@ def test_a_completed_run_records_its_code(tmp_path: Path) -> None:
     assert summary["code"] == code_version()
     assert summary["numerics"] == numerics()
     assert summary["numerics"]["torch"] == torch.__version__
+    assert summary["config"]["numerics"] == "avx2"
 
 
-def test_the_cpu_kernels_are_recorded_and_capped_by_the_environment() -> None:
-    """A run's summary names its torch CPU kernels; the caps (``ATEN_CPU_CAPABILITY=avx2`` and
-    the others of ``KERNEL_CAPS``) hold them to AVX2, so a machine with AVX-512 computes what one
-    without it computes, and the record says so."""
-    if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "NO AVX"):
-        pytest.skip("this CPU has no AVX2 kernels to cap")
+def _numerics_of_a_process(prelude: str, **env: str) -> dict[str, object]:
+    """:func:`numerics` of a new Python process that runs ``prelude``, imports pflower and
+    torch, with ``env`` over an environment free of the kernel caps."""
     script = (
-        "import json, torch; from pflower.provenance import numerics; print(json.dumps(numerics()))"
+        f"{prelude}; import json, pflower, torch; from pflower.provenance import numerics; "
+        "print(json.dumps(numerics()))"
     )
-    capped = subprocess.run(
+    base = {k: v for k, v in os.environ.items() if k not in KERNEL_CAPS and k != NUMERICS_ENV}
+    done = subprocess.run(
         [sys.executable, "-c", script],
-        env={**os.environ, **KERNEL_CAPS},
+        env={**base, **env},
         capture_output=True,
         text=True,
         check=True,
         timeout=300,
     )
-    assert json.loads(capped.stdout) == {
+    return dict(json.loads(done.stdout))
+
+
+def test_pflower_holds_the_cpu_kernels_to_avx2_unless_told_native() -> None:
+    """``import pflower`` sets the caps (``ATEN_CPU_CAPABILITY=avx2`` and the others of
+    ``KERNEL_CAPS``) before torch is imported, so a machine with AVX-512 computes what one
+    without it computes, in every process a run starts, and the record says so;
+    ``PFLOWER_NUMERICS=native`` (set by ``numerics=native``) leaves the CPU's own kernels."""
+    if torch.backends.cpu.get_cpu_capability() in ("DEFAULT", "NO AVX"):
+        pytest.skip("this CPU has no AVX2 kernels to cap")
+    assert _numerics_of_a_process("pass") == {
+        "mode": "avx2",
         "torch": torch.__version__,
         "cpu_capability": "AVX2",
         "caps": KERNEL_CAPS,
     }
+    native = _numerics_of_a_process("pass", PFLOWER_NUMERICS="native")
+    assert native["mode"] == "native" and native["caps"] == {}
+    # the command line's numerics=native, read before torch is imported, clears what the
+    # import (or a parent process) set
+    opted_out = _numerics_of_a_process(
+        "import pflower.quickcheck as q; q.hold_numerics_of(['seed=1', 'numerics=native'])"
+    )
+    assert opted_out == native
+
+
+def test_a_cpu_without_avx2_is_not_capped_above_what_it_has() -> None:
+    """Capping a CPU without AVX2 at AVX2 would crash torch (illegal instruction): such a CPU
+    runs its own kernels, and the record says why the run is not held."""
+    record = _numerics_of_a_process("import platform; platform.machine = lambda: 'aarch64'")
+    assert record["mode"] == "native"
+    assert record["caps"] == {}
+    assert record["not_held"] == "a aarch64 CPU has no AVX2"

@@ -268,12 +268,6 @@ def test_fedala_with_p_0_is_fedavg(tmp_path: Path) -> None:
     assert comparable(ala) == comparable(fedavg)
 
 
-def test_fedprox_ala_with_mu_0_is_fedala(tmp_path: Path) -> None:
-    prox, _ = run_inprocess([*BASE, "strategy=fedprox_ala", "strategy.mu=0"], tmp_path / "a")
-    ala, _ = run_inprocess([*BASE, "strategy=fedala"], tmp_path / "b")
-    assert comparable(prox) == comparable(ala)
-
-
 def test_fedrep_ala_with_p_0_is_fedrep(tmp_path: Path) -> None:
     """ALA on the body with no mixed tensors overwrites the body: FedRep (small_cnn: no buffers)."""
     ala, _ = run_inprocess([*BASE, "strategy=fedrep_ala", "strategy.layer_idx=0"], tmp_path / "a")

@@ -292,6 +292,12 @@ def algorithm_pages() -> dict[str, tuple[str, str]]:
                 f"`{algorithm.client.__name__}`.\n"
             )
             parts.append(options_table(options))
+            parts += [
+                f"\nAt `{c.describe()}` it computes what `strategy={c.base}` computes (a "
+                "neutral point: the leaderboard names a tuned configuration at or next to "
+                "it).\n"
+                for c in options.collapses
+            ]
         presets = sorted(
             p.stem
             for p in (ROOT / "conf" / "strategy").glob("*.yaml")

@@ -44,6 +44,7 @@ from pflower.config.sections import (
     EvalConfig,
     FailuresConfig,
     L2Clients,
+    Numerics,
     RobustConfig,
     RobustKind,
     SelectionConfig,
@@ -76,6 +77,7 @@ __all__ = [
     "ExperimentConfig",
     "FailuresConfig",
     "L2Clients",
+    "Numerics",
     "Optimizer",
     "RobustConfig",
     "RobustKind",
@@ -118,8 +120,11 @@ class ExperimentConfig:
             classes.
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
         progress: print a line per round to the terminal.
-        tracking: a tracker that also receives the per-round metrics
-            ([`TrackingConfig`][pflower.config.TrackingConfig]).
+        numerics: ``avx2`` (default) holds torch's CPU kernels to AVX2 so that runs repeat to the
+            last digit on any x86-64 CPU with AVX2; ``native`` lets them use AVX-512
+            (`Numerics`). Records made before this key existed do not say which they
+            used (``pflower reproduce`` tells).
+        tracking: a tracker that also receives the per-round metrics (`TrackingConfig`).
     """
 
     dataset: Any = MISSING
@@ -147,6 +152,7 @@ class ExperimentConfig:
     client_state: ClientStateConfig = field(default_factory=ClientStateConfig)
     output_dir: str | None = None
     progress: bool = True
+    numerics: Numerics = Numerics.avx2
 
     def __post_init__(self) -> None:
         require(

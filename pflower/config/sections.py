@@ -119,6 +119,19 @@ class FailuresConfig:
         )
 
 
+class Numerics(StrEnum):
+    """How a run holds torch's CPU kernels (``numerics``; :func:`pflower.provenance.hold_kernels`).
+    The value must be known before torch is imported: ``pflower numerics=native ...`` reads it
+    from the command line, other processes from ``PFLOWER_NUMERICS``, which the first sets."""
+
+    avx2 = "avx2"
+    """ATen, oneDNN and MKL kernels capped at AVX2: the same numbers, to the last digit, on any
+    x86-64 CPU with AVX2 (a CPU without it runs native kernels, and ``summary.json`` says so)."""
+    native = "native"
+    """The widest instruction set the CPU has (AVX-512 where present): faster on such CPUs, but
+    their last bits differ from an AVX2 CPU's, and a long run amplifies them."""
+
+
 class SelectionSplit(StrEnum):
     """Which split picks a client's personalized or global model (``selection.split``)."""
 

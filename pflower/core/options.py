@@ -9,6 +9,14 @@ as
 against its fields and types (a typo'd key or a wrong type fails while composing, an enum lists its
 allowed values), and ``__post_init__`` rejects out-of-range values. Presets are YAML files in
 ``conf/strategy/`` whose defaults list extends the registered node (``conf/strategy/fliu10.yaml``).
+
+An algorithm also declares its *collapses* (:class:`Collapse`): the option values at which it
+computes what another method computes (FedProx with μ = 0 is FedAvg), so that a tuned
+configuration at or next to such a point is named rather than ranked as a method of its own
+(:func:`collapse_of`; the leaderboard's ``collapse`` column), and one that collapses whatever its
+options, on the experiment's model (FedBN on a model without BatchNorm), is named while
+composing (:meth:`AlgorithmOptions.collapse_on`). ``tests/test_collapses.py`` runs every
+declared collapse against its base and requires the same metrics.
 """
 
 from __future__ import annotations
@@ -20,6 +28,28 @@ from typing import Any, ClassVar, TypeVar
 
 from pflower.config import require
 from pflower.registry import ConfigError
+from pflower.searchspace import RANGE_END, Param
+
+
+@dataclass(frozen=True)
+class Collapse:
+    """A neutral point of an algorithm: with every option of ``at`` at its value the algorithm
+    computes what the method ``base`` (a config name) computes, with the same ``aggregation``
+    and shared ``train.*`` settings: the rows of ``metrics.jsonl`` are the same to the last
+    digit (``tests/test_collapses.py`` checks each one)."""
+
+    base: str
+    at: tuple[tuple[str, Any], ...]
+
+    def describe(self) -> str:
+        """E.g. ``mu=0``."""
+        return ", ".join(f"{key}={_shown(value)}" for key, value in self.at)
+
+
+def _shown(value: Any) -> str:
+    """An option value as reports show it (``0`` for 0.0, enums by value)."""
+    value = getattr(value, "value", value)
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 class Aggregation(StrEnum):
@@ -51,6 +81,9 @@ class AlgorithmOptions:
     """The registered config name (set by
     [`register_algorithm`][pflower.core.algorithm.register_algorithm])."""
 
+    collapses: ClassVar[tuple[Collapse, ...]] = ()
+    """The algorithm's neutral points (:class:`Collapse`), none by default."""
+
     name: str = ""
     aggregation: Aggregation = Aggregation.weighted
 
@@ -76,6 +109,14 @@ class AlgorithmOptions:
         Raises:
             ConfigError: what cannot work and which setting to change.
         """
+
+    @classmethod
+    def collapse_on(cls, model: Any) -> str | None:
+        """The method (a config name) this algorithm is on ``model`` (built on the ``meta``
+        device), whatever its options; None (the default) where it is itself. Composing warns
+        where it is another (:func:`pflower.compose.check_compatible`)."""
+        del model
+        return None
 
     def label(self) -> str:
         """The method's name in reports; algorithms with variants extend it (e.g. FLIU25)."""
@@ -115,3 +156,49 @@ def check_keys(options_class: type[AlgorithmOptions], block: Mapping[str, Any]) 
             f"{', '.join(map(repr, unknown))}. Allowed keys: "
             f"{', '.join(option_names(options_class))}"
         )
+
+
+def _at_neutral(value: Any, neutral: Any, param: Param | None) -> str | None:
+    """``"="`` where ``value`` is ``neutral``, ``"≈"`` where it is numerically next to it (see
+    :func:`collapse_of`), else None."""
+    if getattr(value, "value", value) == getattr(neutral, "value", neutral):
+        return "="
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if not numeric or param is None or param.kind == "choice":
+        return None
+    position = param.position(value)
+    if position is None:
+        return None
+    if param.log and neutral <= 0 < float(param.low or 0):
+        return "≈" if position <= RANGE_END else None
+    neutral_position = param.position(neutral)
+    if neutral_position is None or not 0.0 <= neutral_position <= 1.0:
+        return None
+    return "≈" if abs(position - neutral_position) <= RANGE_END else None
+
+
+def collapse_of(
+    options_class: type[AlgorithmOptions],
+    values: Mapping[str, Any],
+    space: Mapping[str, Param],
+) -> tuple[Collapse, str] | None:
+    """The declared collapse that the options ``values`` (a strategy block) sit on, with
+    ``"="`` (every option at its neutral value) or ``"≈"`` (some only next to it); None if none.
+
+    Next to a neutral value, in the range ``space[<key>]`` it was searched in (keys
+    ``strategy.<option>``): a log range whose neutral value is 0, below the range, within
+    :data:`~pflower.searchspace.RANGE_END` of the range's low end in log scale (DiversiFed's
+    λ = 1.7e-5 in [1e-5, 1] is 4.8 decades below the range's top, where the search put the
+    term's weight as far toward 0 as it could: the method's own term has all but vanished); a
+    linear range holding the neutral value, within ``RANGE_END`` of it as a fraction of the
+    range. A choice, and an option that was not searched, count only at the neutral value
+    itself, since nothing says how close is close for them.
+    """
+    for collapse in options_class.collapses:
+        marks = [
+            _at_neutral(values.get(key), neutral, space.get(f"strategy.{key}"))
+            for key, neutral in collapse.at
+        ]
+        if all(mark is not None for mark in marks):
+            return collapse, "=" if all(mark == "=" for mark in marks) else "≈"
+    return None

@@ -25,7 +25,11 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   client), the runs' ``summary.json`` ``cost``
   ([`pflower.results.rundir.run_cost`][pflower.results.rundir.run_cost]),
   computed from ``metrics.jsonl`` for a run that predates it; where neither holds it, seconds
-  per round is the run's wall time over its rounds and the megabytes are not known.
+  per round is the run's wall time over its rounds and the megabytes are not known;
+- **collapse**: ``= FedAvg`` where the final runs' configuration is another method (a declared
+  neutral point, :func:`pflower.core.options.collapse_of`, or a model that leaves the method
+  nothing of its own: FedBN without BatchNorm), ``≈ Local`` where it is next to one
+  (:func:`collapse`): such a row ranks its base method at other settings, not a method.
 
 Under each setting's table: the methods ranked above a method with a higher mean (their
 differences to the others vary from seed to seed, so the test separates few methods from
@@ -75,7 +79,9 @@ import yaml
 from scipy import stats
 
 from pflower.blocks import blocks
+from pflower.compose import meta_model
 from pflower.core.algorithm import ALGORITHMS
+from pflower.core.options import collapse_of
 from pflower.provenance import code_version
 from pflower.reporting import figures
 from pflower.results.rundir import (
@@ -86,7 +92,7 @@ from pflower.results.rundir import (
     recorded_cost,
     rejected_replies,
 )
-from pflower.searchspace import RANGE_END
+from pflower.searchspace import RANGE_END, Param
 from pflower.tuning.profile import chosen_at_ends, current_profiles, describe_profile
 from pflower.tuning.search import TPE_STARTUP_TRIALS
 
@@ -128,6 +134,9 @@ class Entry:
     ([`pflower.tuning.profile`][pflower.tuning.profile])."""
     stale_profiles: list[str] = field(default_factory=list)
     """Keys whose profile was made at values chosen before the study was searched again."""
+    collapse: tuple[str, str] = ("", "")
+    """``("= FedAvg", why)`` or ``("≈ Local", why)`` where the method is another method
+    (:func:`collapse`); empty strings where it is itself."""
 
     @property
     def by_seed(self) -> dict[int, float]:
@@ -175,6 +184,35 @@ def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
             yield int(suffix), run_dir, summary
 
 
+def collapse(method: str, config: Mapping[str, Any], chosen: Mapping[str, Any]) -> tuple[str, str]:
+    """Whether the final runs' resolved ``config`` makes ``method`` another method: ``("= <base>",
+    why)`` at a declared neutral point of its options or on a model that leaves it nothing of
+    its own, ``("≈ <base>", why)`` next to a neutral point of the range it was searched in
+    (:func:`~pflower.core.options.collapse_of`); ``("", "")`` otherwise."""
+    algorithm = ALGORITHMS.get(method)
+    if algorithm is None or not config:
+        return "", ""
+    options = algorithm.options
+    base = options.collapse_on(meta_model(config["dataset"], config["model"]))
+    if base is not None:
+        return f"= {ALGORITHMS[base].options.display_name}", f"on model={config['model']['name']}"
+    space = {
+        key: param
+        for key, description in (chosen.get("space") or {}).items()
+        if (param := Param.from_description(str(description))) is not None
+    }
+    found = collapse_of(options, config.get("strategy") or {}, space)
+    if found is None:
+        return "", ""
+    declared, mark = found
+    name = ALGORITHMS[declared.base].options.display_name
+    if mark == "=":
+        return f"= {name}", f"at {declared.describe()}"
+    strategy = config["strategy"]
+    chosen_values = ", ".join(f"{key}={strategy[key]:.3g}" for key, _ in declared.at)
+    return f"≈ {name}", f"{chosen_values}, next to {declared.describe()}"
+
+
 def load_setting(setting_dir: Path) -> list[Entry]:
     """Every method of a setting folder with completed final runs (and the failed ones of each,
     in [`Entry.failed`][pflower.reporting.leaderboard.Entry.failed])."""
@@ -192,6 +230,8 @@ def load_setting(setting_dir: Path) -> list[Entry]:
                 entry.failed[seed] = error_line(summary)
             if summary.get("status") != "completed":
                 continue
+            if not entry.final:
+                entry.collapse = collapse(method, summary.get("config") or {}, entry.chosen)
             cost = recorded_cost(run_dir, summary)
             if rejected := rejected_replies(summary):
                 entry.rejected[seed] = rejected
@@ -359,6 +399,22 @@ def _range_end_notes(entries: Sequence[Entry]) -> list[str]:
     return [*lines, ""]
 
 
+def _collapse_notes(entries: Sequence[Entry]) -> list[str]:
+    collapsed = [e for e in entries if e.collapse[0]]
+    if not collapsed:
+        return []
+    lines = [
+        "Collapsed: at these settings the method computes what another method computes "
+        "(`=`: its declared neutral point, or a model that leaves it nothing of its own; the "
+        "rows are the same to the last digit, `tests/test_collapses.py`) or all but does "
+        "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method, with "
+        "its own tuned values, not the method itself:",
+        "",
+    ]
+    lines += [f"- {e.label} {e.collapse[0]} ({e.collapse[1]})" for e in collapsed]
+    return [*lines, ""]
+
+
 def _failure_notes(entries: Sequence[Entry]) -> list[str]:
     failures = [(e, seed, error) for e in entries for seed, error in sorted(e.failed.items())]
     if not failures:
@@ -455,6 +511,7 @@ def table(entries: Sequence[Entry]) -> list[list[str]]:
         "trials",
         "s / round",
         "MB / client-round",
+        "collapse",
     ]
     body = [header]
     for e in entries:
@@ -472,6 +529,7 @@ def table(entries: Sequence[Entry]) -> list[list[str]]:
                 _trials(e.chosen),
                 _number(e.seconds_per_round, 2),
                 _number(e.mb_per_client_round, 3),
+                e.collapse[0],
             ]
         )
     return body
@@ -597,6 +655,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
         lines += _inversion_notes(entries)
+        lines += _collapse_notes(entries)
         lines += _failure_notes(entries)
         lines += _rejection_notes(entries)
         lines += _range_end_notes(entries)
@@ -620,8 +679,9 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         f"- code fingerprint(s) of the final runs: {', '.join(sorted(codes)) or '-'}",
         f"- machine(s): {'; '.join(machines) or '-'}",
         "- CPU kernels of the final runs (torch's CPU capability; results differ in the last "
-        "bits between AVX2 and AVX-512 kernels, and `ATEN_CPU_CAPABILITY=avx2 "
-        "ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2` make them agree): "
+        "bits between AVX2 and AVX-512 kernels, and `numerics=avx2`, the default, or for runs "
+        "made before it `ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 "
+        "MKL_ENABLE_INSTRUCTIONS=AVX2`, make them agree): "
         + (", ".join(f"{name} ({count} runs)" for name, count in sorted(kernels.items())) or "-"),
         "- commands:",
         "",

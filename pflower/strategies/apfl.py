@@ -52,7 +52,7 @@ from torch.func import functional_call
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
-from pflower.core.options import AlgorithmOptions
+from pflower.core.options import AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, model_device
 from pflower.searchspace import tunable
@@ -177,6 +177,9 @@ class APFLOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "APFL"
     display_rank: ClassVar[int] = 30
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("alpha_init", 0.0), ("adaptive_alpha", False))),
+    )  # α fixed at 0 is FedAvg
 
     alpha_init: float = tunable(
         0.5,

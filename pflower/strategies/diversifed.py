@@ -73,6 +73,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
+from pflower.core.options import Collapse
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import (
@@ -227,6 +228,9 @@ class DiversiFedOptions(MixingOptions):
 
     display_name: ClassVar[str] = "DiversiFed"
     display_rank: ClassVar[int] = 500
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("local", (("lam", 0.0),)),
+    )  # λ = 0 is local training
 
     tau: float = tunable(
         1.0,

@@ -51,7 +51,7 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import server_round
-from pflower.core.options import AlgorithmOptions
+from pflower.core.options import AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.models import split
 from pflower.strategies.ala import ALAClientMixin, ALAFields
@@ -99,6 +99,9 @@ class FedProxALAOptions(FedProxOptions, ALAFields):
 
     display_name: ClassVar[str] = "FedProx+ALA"
     display_rank: ClassVar[int] = 401
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedala", (("mu", 0.0),)),
+    )  # μ = 0 is FedALA
 
     def __post_init__(self) -> None:
         super().__post_init__()

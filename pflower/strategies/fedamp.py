@@ -46,6 +46,7 @@ from flwr.common.logger import log
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
+from pflower.core.options import Collapse
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import (
@@ -145,6 +146,9 @@ class FedAMPOptions(MixingOptions):
 
     display_name: ClassVar[str] = "FedAMP"
     display_rank: ClassVar[int] = 40
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("local", (("lam", 0.0),)),
+    )  # λ = 0 is local training
 
     alpha_k: float = tunable(
         1e4,

@@ -15,7 +15,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions
+from pflower.core.options import AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights
 from pflower.searchspace import tunable
@@ -46,6 +46,9 @@ class FedAvgFTOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedAvg-FT"
     display_rank: ClassVar[int] = 2
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("finetune_epochs", 0),)),
+    )  # no fine-tuning is FedAvg
 
     finetune_epochs: int = tunable(
         1,

@@ -22,7 +22,7 @@ Deviation: the global model has $Θ^0$'s BN layers, so there is no stage G.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pflower.core.algorithm import register_algorithm
 from pflower.core.options import AlgorithmOptions
@@ -48,3 +48,8 @@ class FedBNOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedBN"
     display_rank: ClassVar[int] = 210
+
+    @classmethod
+    def collapse_on(cls, model: Any) -> str | None:
+        """FedAvg, on a model without BatchNorm: nothing is kept local."""
+        return None if any(split.batchnorm_mask(model)) else "fedavg"

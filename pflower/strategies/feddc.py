@@ -73,7 +73,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.options import Aggregation, AlgorithmOptions, Collapse
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
 from pflower.searchspace import tunable
@@ -209,6 +209,9 @@ class FedDCOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedDC"
     display_rank: ClassVar[int] = 14
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("alpha", 0.0), ("drift_weight", 0.0))),
+    )  # α = λ = 0 is FedAvg
 
     alpha: float = tunable(
         0.01,

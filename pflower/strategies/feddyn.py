@@ -61,7 +61,7 @@ from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.options import Aggregation, AlgorithmOptions, Collapse
 from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
 from pflower.core.training import Regularizer, trainable_mask
 from pflower.searchspace import tunable
@@ -161,6 +161,9 @@ class FedDynOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedDyn"
     display_rank: ClassVar[int] = 13
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("alpha", 0.0),)),
+    )  # α = 0 is FedAvg
 
     alpha: float = tunable(
         0.01,

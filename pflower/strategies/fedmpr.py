@@ -59,7 +59,7 @@ from torch import nn
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import AlgorithmOptions
+from pflower.core.options import AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, trainable_mask
 from pflower.models.regularization import Regularization
@@ -236,6 +236,9 @@ class FedMPROptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedMPR"
     display_rank: ClassVar[int] = 300
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("prune_ratio", 0.0), ("dropout", 0.0), ("noise_sigma", 0.0))),
+    )  # p = d = σ = 0 is FedAvg
 
     prune_ratio: float = tunable(
         0.4,

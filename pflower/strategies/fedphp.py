@@ -37,7 +37,7 @@ from torch import nn
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import AlgorithmOptions
+from pflower.core.options import AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import (
     Regularizer,
@@ -148,6 +148,9 @@ class FedPHPOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedPHP"
     display_rank: ClassVar[int] = 260
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("mu", 0.0), ("lam", 0.0))),
+    )  # μ = λ = 0 is FedAvg
 
     mu: float = tunable(
         0.9,

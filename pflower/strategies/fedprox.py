@@ -21,7 +21,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions
+from pflower.core.options import AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
@@ -51,6 +51,9 @@ class FedProxOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FedProx"
     display_rank: ClassVar[int] = 1
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("mu", 0.0),)),
+    )  # μ = 0 is FedAvg
 
     mu: float = tunable(
         0.01,

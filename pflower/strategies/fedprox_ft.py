@@ -33,6 +33,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import server_round
+from pflower.core.options import Collapse
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights
 from pflower.searchspace import tunable
@@ -76,6 +77,7 @@ class FedProxFTOptions(FedProxOptions):
 
     display_name: ClassVar[str] = "FedProx-C"
     display_rank: ClassVar[int] = 3
+    collapses: ClassVar[tuple[Collapse, ...]] = ()  # μ = 0 is FedAvg-C, which its label names
 
     mu: float = tunable(
         0.001,

@@ -39,7 +39,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.config import require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.options import Aggregation, AlgorithmOptions, Collapse
 from pflower.core.strategy import PersonalizedStrategy
 
 LOCAL_MODEL = "fliu_local"
@@ -137,6 +137,10 @@ class FLIUOptions(AlgorithmOptions):
 
     display_name: ClassVar[str] = "FLIU"
     display_rank: ClassVar[int] = 100
+    collapses: ClassVar[tuple[Collapse, ...]] = (
+        Collapse("fedavg", (("gamma_mode", "fixed"), ("gamma", 0.0))),
+        Collapse("local", (("gamma_mode", "fixed"), ("gamma", 1.0))),
+    )  # γ = 0 is FedAvg, γ = 1 local training
 
     gamma_mode: GammaMode = GammaMode.adaptive
     gamma: float = 0.5

@@ -1,0 +1,333 @@
+"""``pflower reproduce <run folder or summary.json>``: run a recorded run again from its record
+alone, and say whether every metric matches to the last digit (DESIGN contract 7).
+
+The record is the run's ``summary.json`` (its resolved configuration, seed included, the code
+that ran, :func:`pflower.provenance.code_version`, and the CPU kernels it ran on,
+:func:`pflower.provenance.numerics`), else its ``config.yaml``. The configuration becomes one
+override per recorded value (:func:`config_overrides`), so nothing is taken from today's defaults
+but the keys the record predates; the run goes into a fresh folder in a new process whose kernels
+are held as the record's were (:func:`recorded_numerics`), since they must be chosen before torch
+is imported.
+
+The comparison is value by value: every row of the two ``metrics.jsonl`` files (but the rows
+that time the rounds), or, where the record kept no ``metrics.jsonl`` (the tuning results keep
+only ``summary.json``), every final and last-10% value of the two summaries.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pflower.commands import HelpFormatter
+from pflower.config import Numerics
+from pflower.provenance import CODE_FINGERPRINT, HELD, KERNEL_CAPS, NUMERICS_ENV
+from pflower.registry import ConfigError
+
+REPRODUCE_HELP = """\
+Run a recorded run again from its record alone (summary.json: the resolved configuration with
+its seed, the code fingerprint and the CPU kernels it used; else config.yaml) into a fresh
+folder, and say whether every metric matches to the last digit: every row of metrics.jsonl
+(the rows that time the rounds aside), or every final and last-10% value of summary.json where
+the record kept no metrics.jsonl. Warns where the code or torch differ from the record's, and
+where the record predates the record of numerics (then --numerics says which to use).
+Exit code 0: every value matches; 1: a value differs (the first differing rows are printed) or
+the rerun failed; 2: the record cannot be read or does not compose with this code."""
+
+GROUPS = ("dataset", "partition", "model", "strategy", "backend", "attack", "robust", "tracking")
+"""Config groups whose recorded block names its option (``name``): the override selects it."""
+
+NOT_REPRODUCED = ("output_dir", "progress")
+"""Recorded keys the rerun sets itself (its own folder, no live view)."""
+
+SHOWN_DIFFERENCES = 5
+"""How many differing rows (or values) a mismatch prints."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What a run folder says about the run: where, its configuration, code and numerics."""
+
+    run_dir: Path
+    config: dict[str, Any]
+    code: Mapping[str, Any] = field(default_factory=dict)
+    numerics: Mapping[str, Any] | None = None
+    summary: Mapping[str, Any] | None = None
+
+
+def read_record(path: Path) -> Record:
+    """The record of the run in folder ``path`` (or of the ``summary.json`` at ``path``).
+
+    Raises:
+        ConfigError: no such run folder, or neither a readable summary.json nor config.yaml.
+    """
+    run_dir = path.parent if path.name == "summary.json" else path
+    if not run_dir.is_dir():
+        raise ConfigError(f"{path} is no run folder: give a run folder or its summary.json")
+    summary_path, config_path = run_dir / "summary.json", run_dir / "config.yaml"
+    try:
+        if summary_path.is_file():
+            summary = json.loads(summary_path.read_text())
+            return Record(
+                run_dir,
+                dict(summary["config"]),
+                summary.get("code") or {},
+                summary.get("numerics"),
+                summary,
+            )
+        if config_path.is_file():
+            return Record(run_dir, dict(yaml.safe_load(config_path.read_text())))
+    except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as error:
+        raise ConfigError(f"cannot read the record in {run_dir}: {error}") from error
+    raise ConfigError(f"{run_dir} holds neither summary.json nor config.yaml: nothing to rerun")
+
+
+def _override_value(value: Any) -> str:
+    """``value`` in Hydra's override grammar (strings quoted, so ``'1.0'`` stays a string)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value) if math.isfinite(value) else str(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_override_value(item) for item in value) + "]"
+    if isinstance(value, dict):
+        items = ",".join(f"{key}:{_override_value(item)}" for key, item in value.items())
+        return "{" + items + "}"
+    escaped = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{escaped}'"
+
+
+def _leaves(block: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` for every value of ``block`` (a nested empty mapping as one)."""
+    for key, value in block.items():
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def config_overrides(config: Mapping[str, Any]) -> list[str]:
+    """Hydra overrides that compose ``config`` (a resolved configuration): each group's option
+    first, then every recorded value (but :data:`NOT_REPRODUCED`)."""
+    selected = [
+        f"{group}={config[group]['name']}"
+        for group in GROUPS
+        if isinstance(config.get(group), Mapping) and "name" in config[group]
+    ]
+    values = [
+        f"{key}={_override_value(value)}"
+        for key, value in _leaves(config, "")
+        if key.split(".")[0] not in NOT_REPRODUCED
+        and not (key.endswith(".name") and key.split(".")[0] in GROUPS)
+    ]
+    return [*selected, *values]
+
+
+def recorded_numerics(record: Record, asked: str | None) -> tuple[str, dict[str, str], list[str]]:
+    """The ``numerics`` mode and kernel caps that rerun ``record`` as it ran, with notes.
+
+    Records name the mode (``mode``), or only the caps that were set (``caps``; earlier still
+    ``cpu_capability_env``, the ATen cap alone), or nothing at all (runs made before numerics
+    were recorded: then ``asked``, else the default, with a note saying the record is silent).
+    ``asked`` (``--numerics``) overrides the record (``native`` then runs without caps).
+    """
+    notes: list[str] = []
+    numerics = record.numerics or {}
+    caps = dict(numerics.get("caps") or {})
+    if "cpu_capability_env" in numerics:
+        caps = {"ATEN_CPU_CAPABILITY": numerics["cpu_capability_env"]}
+    if asked is not None:
+        return asked, {}, notes
+    if not numerics:
+        notes.append(
+            "the record does not say which CPU kernels ran (it predates the record of "
+            f"numerics): rerun with numerics={HELD}, the default; a run made without the caps "
+            "on an AVX-512 CPU may differ in the last digits (then try --numerics native)"
+        )
+        return HELD, {}, notes
+    mode = numerics.get("mode") or (HELD if caps == KERNEL_CAPS else "native")
+    if mode == "native":
+        notes.append(
+            f"the record ran native CPU kernels ({numerics.get('cpu_capability')}"
+            f"{', caps ' + str(caps) if caps else ''}): a CPU with other kernels may differ"
+        )
+    return mode, ({} if mode == HELD else caps), notes
+
+
+def _version_notes(record: Record) -> list[str]:
+    """Where this code or torch differ from the record's."""
+    notes = []
+    fingerprint = record.code.get("fingerprint")
+    if fingerprint is None:
+        notes.append("the record does not name its code (no code fingerprint)")
+    elif fingerprint != CODE_FINGERPRINT:
+        commit = record.code.get("commit") or "unknown"
+        notes.append(
+            f"the record ran pflower code {fingerprint} (commit {str(commit)[:12]}), this is "
+            f"{CODE_FINGERPRINT}: a change since may change the numbers"
+        )
+    import torch
+
+    recorded_torch = (record.numerics or {}).get("torch")
+    installed = torch.__version__
+    if recorded_torch is not None and recorded_torch != installed:
+        notes.append(f"the record ran torch {recorded_torch}, this is torch {installed}")
+    return notes
+
+
+def _values(block: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """``(dotted key, value)`` for every value of a JSON document (list items by index)."""
+    if isinstance(block, Mapping):
+        for key, value in block.items():
+            yield from _values(value, f"{prefix}{key}.")
+    elif isinstance(block, list):
+        for index, value in enumerate(block):
+            yield from _values(value, f"{prefix}{index}.")
+    else:
+        yield prefix.rstrip("."), block
+
+
+def _differences(recorded: Any, rerun: Any) -> list[str]:
+    """``key: recorded -> rerun`` for every value that differs (to the last digit)."""
+    mine, theirs = dict(_values(recorded)), dict(_values(rerun))
+    return [
+        f"{key}: {mine.get(key, '(absent)')!r} -> {theirs.get(key, '(absent)')!r}"
+        for key in sorted(mine.keys() | theirs.keys())
+        if mine.get(key, "(absent)") != theirs.get(key, "(absent)")
+    ]
+
+
+def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``metrics.jsonl`` that are metrics (not the rows timing the rounds)."""
+    from pflower.results.rundir import TIME, read_rows
+
+    return [dict(row) for row in read_rows(run_dir) if row.get("stage") != TIME]
+
+
+def _row_name(row: Mapping[str, Any]) -> str:
+    client = f", client {row['client']}" if "client" in row else ""
+    return f"round {row.get('round')}, stage {row.get('stage')}{client}"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What was compared (``what``) and the differences found, first ones first."""
+
+    what: str
+    differences: list[str]
+
+
+def compare_runs(recorded: Path, rerun: Path) -> Comparison:
+    """Compare a recorded run folder with its rerun: row by row where the record has
+    ``metrics.jsonl``, else the summaries' final and last-10% values."""
+    if (recorded / "metrics.jsonl").is_file():
+        mine, theirs = _metric_rows(recorded), _metric_rows(rerun)
+        differences = [
+            f"row {index + 1} ({_row_name(row)}): " + "; ".join(_differences(row, other))
+            for index, (row, other) in enumerate(zip(mine, theirs, strict=False))
+            if row != other
+        ]
+        if len(mine) != len(theirs):
+            differences.append(f"the record has {len(mine)} metric rows, the rerun {len(theirs)}")
+        count = sum(len(row) for row in mine)
+        return Comparison(f"{count} values in {len(mine)} metrics.jsonl rows", differences)
+    keys = ("status", "rounds", "final_round", "final", "last10", "last10_rounds")
+    mine_summary = json.loads((recorded / "summary.json").read_text())
+    their_summary = json.loads((rerun / "summary.json").read_text())
+    mine_values = {key: mine_summary.get(key) for key in keys}
+    their_values = {key: their_summary.get(key) for key in keys}
+    count = len(dict(_values(mine_values)))
+    what = f"{count} final and last-10% values of summary.json (the record keeps no metrics.jsonl)"
+    return Comparison(what, _differences(mine_values, their_values))
+
+
+def _check_composes(overrides: Sequence[str], record: Record) -> list[str]:
+    """Compose ``overrides`` with this code (exit 2 where it refuses them); notes naming the
+    keys the record lacks (their defaults are used)."""
+    from pflower.compose import compose_config, validate
+    from pflower.results.rundir import resolved_config
+
+    cfg = compose_config(list(overrides), check_scheme=False)
+    validate(cfg, check_scheme=False)
+    composed = dict(_leaves(resolved_config(cfg), ""))
+    recorded = dict(_leaves(record.config, ""))
+    missing = sorted(
+        key for key in composed.keys() - recorded.keys() if key.split(".")[0] != "numerics"
+    )
+    if not missing:
+        return []
+    return [f"the record predates {', '.join(missing)}: their defaults are used"]
+
+
+def _fresh_folder(record: Record, out: Path | None) -> Path:
+    """``out``, else ``runs/reproduce/<run>-<time>``; refused (exit 2) where it holds files."""
+    if out is None:
+        stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        out = Path("runs") / "reproduce" / f"{record.run_dir.name}-{stamp}"
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} is not empty: the rerun needs a fresh folder (choose --out)")
+    return out
+
+
+def _environment(mode: str, caps: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment with the rerun's kernel caps instead of its own."""
+    base = {k: v for k, v in os.environ.items() if k not in KERNEL_CAPS and k != NUMERICS_ENV}
+    return {**base, NUMERICS_ENV: mode, **caps}
+
+
+def _parser() -> argparse.ArgumentParser:
+    """``pflower reproduce``'s arguments (its ``--help`` and the CLI reference)."""
+    parser = argparse.ArgumentParser(
+        prog="pflower reproduce", description=REPRODUCE_HELP, formatter_class=HelpFormatter
+    )
+    parser.add_argument("run", type=Path, help="a run folder, or its summary.json")
+    parser.add_argument("--out", type=Path, help="the fresh folder of the rerun")
+    parser.add_argument(
+        "--numerics",
+        choices=[mode.value for mode in Numerics],
+        help="the CPU kernels of the rerun, where the record's are not wanted or not known",
+    )
+    return parser
+
+
+def main(argv: Sequence[str]) -> int:
+    """``pflower reproduce``: rerun a recorded run and compare every metric."""
+    from pflower.tuning.search import run_command
+
+    args = _parser().parse_args(list(argv))
+    try:
+        record = read_record(args.run)
+        mode, caps, notes = recorded_numerics(record, args.numerics)
+        overrides = [*config_overrides(record.config), f"numerics={mode}"]
+        notes = [*_version_notes(record), *notes, *_check_composes(overrides, record)]
+        out = _fresh_folder(record, args.out)
+    except ConfigError as error:
+        print(f"cannot reproduce: {error}")
+        return 2
+    for note in notes:
+        print(f"warning: {note}")
+    print(f"rerunning {record.run_dir} into {out} (numerics={mode})", flush=True)
+    done = subprocess.run(run_command(overrides, out), env=_environment(mode, caps), check=False)
+    if done.returncode != 0 or not (out / "summary.json").is_file():
+        print(f"MISMATCH: the rerun failed (exit code {done.returncode}); see {out}")
+        return 1
+    comparison = compare_runs(record.run_dir, out)
+    if not comparison.differences:
+        print(f"MATCH: all {comparison.what} agree to the last digit ({out})")
+        return 0
+    print(f"MISMATCH: {len(comparison.differences)} differences in {comparison.what} ({out})")
+    for difference in comparison.differences[:SHOWN_DIFFERENCES]:
+        print(f"  {difference}")
+    return 1

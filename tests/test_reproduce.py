@@ -1,0 +1,107 @@
+"""``pflower reproduce``: a recorded run, rerun from its record alone, matches to the last digit;
+a changed value is found and named; a bad record exits 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from pflower.compose import compose_config
+from pflower.provenance import KERNEL_CAPS
+from pflower.reproduce import (
+    Record,
+    compare_runs,
+    config_overrides,
+    main,
+    read_record,
+    recorded_numerics,
+)
+from pflower.results.rundir import resolved_config
+from tests.inprocess import run_inprocess
+
+SMALL = ["dataset=digits", "num_clients=4", "rounds=2", "strategy=fedavg", "seed=3"]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("recorded") / "run"
+    run_inprocess(SMALL, run_dir)
+    return run_dir
+
+
+@pytest.mark.slow
+def test_a_recorded_run_reproduces_to_the_last_digit(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rerun (a new ``pflower`` process, forked workers, the recorded numerics) writes the
+    same metrics.jsonl values as the record, which was made in this process."""
+    assert main([str(recorded / "summary.json"), "--out", str(tmp_path / "rerun")]) == 0
+    out = capsys.readouterr().out
+    assert "MATCH: all" in out and "metrics.jsonl rows agree to the last digit" in out
+    assert json.loads((tmp_path / "rerun" / "summary.json").read_text())["config"]["seed"] == 3
+
+
+def test_a_changed_value_is_a_mismatch_that_names_its_row(recorded: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(recorded, copy)
+    lines = (copy / "metrics.jsonl").read_text().splitlines()
+    index, row = next((i, json.loads(line)) for i, line in enumerate(lines) if '"L2"' in line)
+    row["acc_local"] = row["acc_local"] + 1e-12  # the last digits only
+    lines[index] = json.dumps(row)
+    (copy / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert compare_runs(recorded, recorded).differences == []
+    comparison = compare_runs(recorded, copy)
+    assert len(comparison.differences) == 1
+    assert comparison.differences[0].startswith(
+        f"row {index + 1} (round {row['round']}, stage L2, client {row['client']}): acc_local"
+    )
+
+
+def test_without_metrics_jsonl_the_summaries_are_compared(recorded: Path, tmp_path: Path) -> None:
+    """The tuning results keep only summary.json: its final and last-10% values are compared."""
+    copy = tmp_path / "copy"
+    shutil.copytree(recorded, copy)
+    (copy / "metrics.jsonl").unlink()
+    summary = json.loads((copy / "summary.json").read_text())
+    assert compare_runs(copy, recorded).differences == []
+    summary["final"]["L2"]["acc_local"]["mean"] += 1e-12
+    (recorded.parent / "changed").mkdir(exist_ok=True)
+    (recorded.parent / "changed" / "summary.json").write_text(json.dumps(summary))
+    comparison = compare_runs(copy, recorded.parent / "changed")
+    assert "summary.json" in comparison.what
+    assert [d.split(":")[0] for d in comparison.differences] == ["final.L2.acc_local.mean"]
+
+
+def test_the_overrides_compose_the_recorded_configuration(recorded: Path) -> None:
+    """Every recorded value, strings that read as numbers and lists included, comes back."""
+    config = read_record(recorded).config
+    config["client_state"]["dir"] = "/state/it's 1.0"
+    composed = resolved_config(compose_config(config_overrides(config), check_scheme=False))
+    for key in ("output_dir", "progress"):
+        composed.pop(key), config.pop(key)
+    assert composed == config
+
+
+def test_bad_records_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path / "missing")]) == 2
+    assert main([str(tmp_path)]) == 2
+    (tmp_path / "summary.json").write_text("{")
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().out.count("cannot reproduce:") == 3
+
+
+def test_the_record_decides_the_numerics_and_says_when_it_cannot() -> None:
+    def numerics_of(
+        record: dict[str, object] | None, asked: str | None = None
+    ) -> tuple[str, dict[str, str], list[str]]:
+        return recorded_numerics(Record(Path("."), {}, numerics=record), asked)
+
+    mode, caps, notes = numerics_of(None)
+    assert (mode, caps) == ("avx2", {}) and "predates the record of numerics" in notes[0]
+    assert numerics_of({"cpu_capability": "AVX2", "caps": KERNEL_CAPS}) == ("avx2", {}, [])
+    mode, caps, notes = numerics_of({"cpu_capability": "AVX2", "cpu_capability_env": "avx2"})
+    assert (mode, caps) == ("native", {"ATEN_CPU_CAPABILITY": "avx2"}) and notes
+    assert numerics_of({"mode": "avx2", "caps": KERNEL_CAPS}, "native")[:2] == ("native", {})
