@@ -188,7 +188,8 @@ def run_suite(
 ) -> None:
     """Tune every method (None: each setting's) on every setting, write the chosen values, run
     the final seeds. ``<out>/suite.yaml`` records the whole suite, whichever settings run."""
-    from pflower.tuning.search import final_runs, tune, write_chosen
+    from pflower.tuning.finals import final_runs, write_chosen
+    from pflower.tuning.search import study_name, tune
 
     layout = Layout(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -200,6 +201,9 @@ def run_suite(
                 "budget": suite.budget,
                 "trials": suite.trials,
                 "tune_seed": suite.tune_seed,
+                "studies": suite.studies,
+                "tune_seeds": suite.tune_seeds,
+                "search": suite.search.describe(suite.trials),
                 "final_seeds": list(suite.final_seeds),
                 "val_fraction": suite.val_fraction,
                 "train_knobs": list(suite.train_knobs),
@@ -223,15 +227,38 @@ def run_suite(
             rounds = _rounds_unless_refused(setting, method, layout)
             if rounds is None:  # the setting refuses the method: said so; go on
                 continue
-            print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
-            study = tune(suite, setting, method, layout, rounds, workers, timeout_s, print, runner)
-            chosen = write_chosen(study, suite, setting, method, layout)
-            values = " ".join(f"{k}={format_value(v)}" for k, v in chosen["params"].items())
-            print(f"[{setting.name}] {method} chose {values or 'the defaults'}")
-            if final:
-                final_runs(
-                    suite, setting, method, layout, workers, timeout_s, print, runner, retry_failed
+            for study_id in suite.study_ids():
+                name = study_name(method, study_id)
+                plan = suite.search.describe(suite.trials)
+                print(f"[{setting.name}] tuning {name}: {plan}, {rounds} rounds")
+                study = tune(
+                    suite,
+                    setting,
+                    method,
+                    layout,
+                    rounds,
+                    workers,
+                    timeout_s,
+                    print,
+                    runner,
+                    study_id,
                 )
+                chosen = write_chosen(study, suite, setting, method, layout, study_id)
+                values = " ".join(f"{k}={format_value(v)}" for k, v in chosen["params"].items())
+                print(f"[{setting.name}] {name} chose {values or 'the defaults'}")
+                if final:
+                    final_runs(
+                        suite,
+                        setting,
+                        method,
+                        layout,
+                        workers,
+                        timeout_s,
+                        print,
+                        runner,
+                        retry_failed,
+                        study_id,
+                    )
 
 
 def run_profiles(
@@ -247,8 +274,8 @@ def run_profiles(
 ) -> None:
     """Profile ``keys`` (``ends``: the keys chosen at an end of their range) at the chosen
     values of every method (None: each setting's) that has them (:mod:`.profile`)."""
+    from pflower.tuning.finals import read_chosen
     from pflower.tuning.profile import chosen_at_ends, describe_profile, run_profile
-    from pflower.tuning.search import read_chosen
 
     layout = Layout(out)
     for setting in settings:
