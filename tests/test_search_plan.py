@@ -23,7 +23,7 @@ from pflower.registry import ConfigError
 from pflower.searchspace import Param
 from pflower.tuning import finals, search
 from pflower.tuning.ledger import REPEAT_ATTR, rounds_run, spending
-from pflower.tuning.runner import Pruned
+from pflower.tuning.runner import Pruned, run_pflower, warm_runner
 from pflower.tuning.schedule import (
     SearchPlan,
     configuration,
@@ -31,7 +31,7 @@ from pflower.tuning.schedule import (
     space_size,
     value_at,
 )
-from pflower.tuning.search import Layout, open_study
+from pflower.tuning.search import Layout, open_study, run_command
 from pflower.tuning.suite import Suite, load_suite
 
 ROUNDS = 9
@@ -254,3 +254,34 @@ def test_the_study_record_refuses_to_resume_with_another_plan(tmp_path: Path) ->
     study = search.tune(more, setting, "fedprox", layout, ROUNDS, runner=_curve_runner)
     assert spending(study.get_trials(), more.search).spent >= 6 * ROUNDS
     assert np.isfinite([t.value for t in study.get_trials() if t.value is not None]).all()
+
+
+# ------------------------------------------------------------------------------ warm runs
+def _rows(run_dir: Path) -> list[dict[str, object]]:
+    """A run's rows less its wall-clock ones (stage ``time``)."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [row for row in rows if row.get("stage") != "time"]
+
+
+@pytest.mark.slow
+def test_a_warm_run_computes_every_row_a_new_process_computes(tmp_path: Path) -> None:
+    """A run forked from the fork server (``pflower tune``'s default) and the same command as a
+    new process give the same rows; two runs in a row from one server do too."""
+    overrides = [
+        "dataset=digits",
+        "num_clients=4",
+        "rounds=2",
+        "train.local_epochs=1",
+        "strategy=fedavg",
+        "seed=0",
+        "split.val_fraction=0.25",
+        "split.evaluate_on=val",
+    ]
+    cold = tmp_path / "cold"
+    run_pflower(run_command(overrides, cold), cold)
+    with warm_runner() as runner:
+        for name in ("warm", "again"):
+            summary = runner(run_command(overrides, tmp_path / name), tmp_path / name)
+            assert summary["status"] == "completed"
+    assert _rows(cold) == _rows(tmp_path / "warm") == _rows(tmp_path / "again")
+    assert len(_rows(cold)) > 10
