@@ -130,10 +130,7 @@ def run_through_server(path: str, argv: list[str]) -> int | None:
     try:
         sock.connect(path)
         fds = _open_fds()
-        # the task's environment is this process's, less the way to the server (a task that
-        # starts servers of its own, a tuning run starting a deployment, points its own there)
-        env = {k: v for k, v in os.environ.items() if k != SOCKET_VARIABLE}
-        request = {"argv": argv, "env": env, "cwd": os.getcwd(), "fds": fds}
+        request = {"argv": argv, "env": dict(os.environ), "cwd": os.getcwd(), "fds": fds}
         send_message(sock, request, fds)
         reply, _ = receive_message(sock)
     except (OSError, EOFError, ValueError):
