@@ -31,8 +31,9 @@ from pflower.tuning.schedule import (
     space_size,
     value_at,
 )
-from pflower.tuning.search import Layout, open_study, run_command
+from pflower.tuning.search import OBJECTIVE_ONLY, Layout, open_study, run_command
 from pflower.tuning.suite import Suite, load_suite
+from tests.inprocess import run_inprocess
 
 ROUNDS = 9
 
@@ -285,3 +286,39 @@ def test_a_warm_run_computes_every_row_a_new_process_computes(tmp_path: Path) ->
             assert summary["status"] == "completed"
     assert _rows(cold) == _rows(tmp_path / "warm") == _rows(tmp_path / "again")
     assert len(_rows(cold)) > 10
+
+
+# ------------------------------------------------------------------ only what the objective reads
+def _stage_rows(rows: list[dict[str, object]], stage: str) -> list[dict[str, object]]:
+    """A stage's rows without Acc(G) (what a trial leaves out)."""
+    left_out = ("acc_global", "loss_global")
+    return [
+        {k: v for k, v in row.items() if k not in left_out} for row in rows if row["stage"] == stage
+    ]
+
+
+@pytest.mark.parametrize("method", ["fedavg", "ditto", "fedproto", "fedala"])
+def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
+    tmp_path: Path, method: str
+) -> None:
+    """A tuning run leaves out stage G, stage L2 and Acc(G) (``OBJECTIVE_ONLY``), which only
+    read the models: its stage-L1 Acc(L) rows equal those of the run that measures everything
+    (FedAvg; Ditto, two models a client; FedProto, its own stage metrics; FedALA, a stage-L1
+    personalization step)."""
+    overrides = [
+        "dataset=digits",
+        "num_clients=4",
+        "rounds=2",
+        "train.local_epochs=1",
+        f"strategy={method}",
+        "seed=0",
+        "split.val_fraction=0.25",
+        "split.evaluate_on=val",
+    ]
+    full, _ = run_inprocess(overrides, tmp_path / "full")
+    lean, _ = run_inprocess([*overrides, *OBJECTIVE_ONLY], tmp_path / "lean")
+    assert _stage_rows(full, "L1") == _stage_rows(lean, "L1")
+    assert len(_stage_rows(lean, "L1")) == 4 * 2  # 4 clients, rounds 1 and 2
+    assert {row["stage"] for row in full} >= {"L1", "L2"}
+    assert not [row for row in lean if row["stage"] in ("G", "L2")]
+    assert not [row for row in lean if "acc_global" in row]

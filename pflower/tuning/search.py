@@ -71,6 +71,9 @@ from pflower.tuning.schedule import (
 from pflower.tuning.suite import Setting, Suite
 
 OBJECTIVE = "last-10% mean of stage-L1 Acc(L) on the clients' validation shares"
+OBJECTIVE_ONLY = ("eval.stages=[L1]", "eval.client_global_test=off")
+"""A tuning run measures what :data:`OBJECTIVE` reads and nothing else: no stage G, no stage L2,
+no Acc(G) (the same stage-L1 Acc(L) as a run that measures all: ``tests/test_search_plan.py``)."""
 GRACE_S = 90
 
 
@@ -168,6 +171,7 @@ def trial_overrides(
                 f"seed={suite.tune_seed if seed is None else seed}",
                 f"split.val_fraction={suite.val_fraction}",
                 "split.evaluate_on=val",
+                *OBJECTIVE_ONLY,
                 *(f"{key}={format_value(value)}" for key, value in values.items()),
             ],
         )
