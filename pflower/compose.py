@@ -142,7 +142,7 @@ def check_compatible(settings: ExperimentConfig) -> None:
 @lru_cache(maxsize=16)
 def _warn_collapse(method: str, model: str, base: str) -> None:
     """One line, once per process, where the algorithm is another method on this model
-    (:meth:`~pflower.core.options.AlgorithmOptions.collapse_on`)."""
+    ([`collapse_on`][pflower.core.options.AlgorithmOptions.collapse_on])."""
     name = get_algorithm(base).options.display_name
     logging.getLogger("pflower").warning(
         "%s on model=%s is %s: the model has none of the layers %s treats apart, so the run "

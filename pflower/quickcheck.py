@@ -20,7 +20,7 @@ it checks nothing; the full check then writes the cache
 ([`write_schema_cache`][pflower.quickcheck.write_schema_cache]).
 
 The run's ``numerics`` (how torch's CPU kernels are held) must also be decided before torch is
-imported: :func:`hold_numerics_of` reads it from the overrides.
+imported: `hold_numerics_of` reads it from the overrides.
 
 The cache is one JSON file per fingerprint in ``$PFLOWER_SCHEMA_CACHE`` (default
 ``~/.cache/pflower/schema``); a cache that cannot be read or written is ignored.
@@ -198,8 +198,8 @@ def check_before_imports(overrides: list[str]) -> None:
 
 def hold_numerics_of(overrides: Sequence[str]) -> None:
     """Hold torch's CPU kernels as the last ``numerics=<avx2|native>`` of ``overrides`` says
-    (:func:`pflower.provenance.hold_kernels`); without one (or with a sweep's list, left to
-    each job's record) the process keeps what ``import pflower`` chose."""
+    ([`pflower.provenance.hold_kernels`][pflower.provenance.hold_kernels]); without one (or with a
+    sweep's list, left to each job's record) the process keeps what ``import pflower`` chose."""
     from pflower.provenance import hold_kernels
 
     values = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").startswith("numerics=")]

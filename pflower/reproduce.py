@@ -1,13 +1,13 @@
 """``pflower reproduce <run folder or summary.json>``: run a recorded run again from its record
 alone, and say whether every metric matches to the last digit (DESIGN contract 7).
 
-The record is the run's ``summary.json`` (its resolved configuration, seed included, the code
-that ran, :func:`pflower.provenance.code_version`, and the CPU kernels it ran on,
-:func:`pflower.provenance.numerics`), else its ``config.yaml``. The configuration becomes one
-override per recorded value (:func:`config_overrides`), so nothing is taken from today's defaults
-but the keys the record predates; the run goes into a fresh folder in a new process whose kernels
-are held as the record's were (:func:`recorded_numerics`), since they must be chosen before torch
-is imported.
+The record is the run's ``summary.json`` (its resolved configuration, seed included, the code that
+ran, [`pflower.provenance.code_version`][pflower.provenance.code_version], and the CPU kernels it
+ran on, [`pflower.provenance.numerics`][pflower.provenance.numerics]), else its ``config.yaml``. The
+configuration becomes one override per recorded value (`config_overrides`), so nothing is taken from
+today's defaults but the keys the record predates; the run goes into a fresh folder in a new process
+whose kernels are held as the record's were (`recorded_numerics`), since they must be chosen before
+torch is imported.
 
 The comparison is value by value: every row of the two ``metrics.jsonl`` files (but the rows
 that time the rounds), or, where the record kept no ``metrics.jsonl`` (the tuning results keep
@@ -120,7 +120,7 @@ def _leaves(block: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
 
 def config_overrides(config: Mapping[str, Any]) -> list[str]:
     """Hydra overrides that compose ``config`` (a resolved configuration): each group's option
-    first, then every recorded value (but :data:`NOT_REPRODUCED`)."""
+    first, then every recorded value (but `NOT_REPRODUCED`)."""
     selected = [
         f"{group}={config[group]['name']}"
         for group in GROUPS

@@ -97,8 +97,9 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
 
 def _check_numerics(settings: ExperimentConfig) -> None:
     """Warn, in one line, where this process's CPU kernels are not held as ``numerics`` asks
-    (a CPU without AVX2, torch imported before pflower, a sweep over ``numerics``): the run goes
-    on, and ``summary.json`` records the numerics it had (:func:`pflower.provenance.numerics`)."""
+    (a CPU without AVX2, torch imported before pflower, a sweep over ``numerics``): the run goes on,
+    and ``summary.json`` records the numerics it had
+    ([`pflower.provenance.numerics`][pflower.provenance.numerics])."""
     import torch  # noqa: F401  (numerics are those of the imported torch)
 
     from pflower.provenance import numerics

@@ -25,7 +25,7 @@ from pflower.provenance import CODE_FINGERPRINT, KERNEL_CAPS, numerics
 from pflower.registry import ConfigError
 from pflower.reporting.leaderboard import Entry, _range_end_notes
 from pflower.searchspace import Param
-from pflower.tuning import cli, search
+from pflower.tuning import cli, finals, search
 from pflower.tuning.profile import (
     chosen_at_ends,
     current_profiles,
@@ -83,7 +83,7 @@ def test_a_profile_repeats_the_chosen_trial_and_varies_one_key_on_validation(
 ) -> None:
     suite, setting, layout = _tiny(tmp_path)
     study = search.tune(suite, setting, "fedprox", layout, rounds=2)
-    chosen = search.write_chosen(study, suite, setting, "fedprox", layout)
+    chosen = finals.write_chosen(study, suite, setting, "fedprox", layout)
     mu = chosen["params"]["strategy.mu"]
     lines: list[str] = []
     record = run_profile(

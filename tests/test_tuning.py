@@ -49,9 +49,10 @@ from pflower.reporting.leaderboard import (
 )
 from pflower.results.rundir import failed_by_itself
 from pflower.searchspace import Param
+from pflower.tuning import finals, search
 from pflower.tuning import runner as trial_runner
-from pflower.tuning import search
-from pflower.tuning.search import Layout, budget_counts, open_study, trial_overrides
+from pflower.tuning.ledger import budget_counts
+from pflower.tuning.search import Layout, open_study, trial_overrides
 from pflower.tuning.suite import Setting, load_suite
 from tests.inprocess import run_inprocess
 
@@ -173,7 +174,7 @@ def test_study_resumes_retries_an_interrupted_trial_and_runs_two_workers(
     # a second invocation with the budget spent runs nothing and chooses the same values
     again = search.tune(suite, setting, "fedprox", layout, rounds=2, workers=2)
     assert len(again.get_trials()) == len(trials)
-    chosen = search.write_chosen(again, suite, setting, "fedprox", layout)
+    chosen = finals.write_chosen(again, suite, setting, "fedprox", layout)
     assert chosen["budget"] == {"trials": 2, "complete": 2, "interrupted": 1}
     best = max(complete, key=lambda t: t.value)
     assert chosen["params"] == best.params and chosen["overrides"][0] == "strategy=fedprox"
@@ -246,7 +247,7 @@ def test_a_diverging_trial_is_failed_with_its_error_and_spends_the_budget(tmp_pa
     assert "NaN" in failed.user_attrs["error"] and "tune_stdout.log" in failed.user_attrs["error"]
     assert (Path(failed.user_attrs["run_dir"]) / "tune_stdout.log").is_file()
     assert budget_counts(study) == (2, 0)
-    chosen = search.write_chosen(study, suite, setting, "fedprox", layout)
+    chosen = finals.write_chosen(study, suite, setting, "fedprox", layout)
     assert chosen["params"] == trials[1].params
     assert chosen["budget"] == {"trials": 2, "complete": 1, "fail": 1}
 
@@ -376,7 +377,7 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(
     import optuna
 
     from pflower.tuning import cli
-    from pflower.tuning.search import final_overrides, write_chosen
+    from pflower.tuning.finals import final_overrides, write_chosen
 
     path = tmp_path / "adam.yaml"
     path.write_text(PER_METHOD)
@@ -469,7 +470,7 @@ def test_final_runs_keep_failed_runs_and_rerun_interrupted_ones(tmp_path: Path) 
     """A final run that failed by itself (diverged) fails again when rerun, so `pflower tune`
     keeps it (the leaderboard reports it) unless asked to retry; one stopped by a signal
     (Ctrl-C, `kill`) or with no summary has not run yet and runs."""
-    from pflower.tuning.search import final_runs
+    from pflower.tuning.finals import final_runs
 
     path = tmp_path / "suite.yaml"
     path.write_text(SUITE.replace("final_seeds: [1, 2]", "final_seeds: [1, 2, 3, 4, 5]"))
@@ -539,7 +540,8 @@ DRIVER = """\
 import sys
 from pathlib import Path
 from pflower.tuning import runner
-from pflower.tuning.search import Layout, final_runs
+from pflower.tuning.finals import final_runs
+from pflower.tuning.search import Layout
 from pflower.tuning.suite import load_suite
 
 suite_file, out = sys.argv[1:]

@@ -31,6 +31,9 @@ class ClientGlobalTest(StrEnum):
     subsample = "subsample"
     """The same stratified subsample of ``eval.global_test_max_samples`` samples for every client
     (null or 0: the whole set, the exact protocol): an evaluation stage costs clients × samples."""
+    off = "off"
+    """None: clients report Acc(L) only (a tuning trial, whose objective reads Acc(L), skips the
+    global test set's forward passes)."""
 
 
 @dataclass
@@ -60,6 +63,10 @@ class EvalConfig:
             ``evaluated`` (those also in the round's evaluation sample, ``eval.fraction``) or
             ``trained`` (all of them).
         rho_thresholds: accuracy thresholds ε of ρ_ε (clients with Acc(L) > ε).
+        stages: the stages measured: G (the server's global model), L1 and L2 (every client's
+            model before and after local training); L1 always. A tuning trial measures L1 only
+            (what its objective reads); leaving a stage out changes no other number of the run
+            (the stages only read the models).
         unseen_fraction: share of clients held out of training entirely (pFL-Bench's
             participation gap): max(1, ⌊fraction·N⌋) clients, drawn with the run's seed among the
             benign ones, never train; at every evaluation they receive the server's evaluate
@@ -76,6 +83,7 @@ class EvalConfig:
     l2_clients: L2Clients = L2Clients.evaluated
     rho_thresholds: list[float] = field(default_factory=lambda: [0.5, 0.8, 0.9])
     unseen_fraction: float = 0.0
+    stages: list[str] = field(default_factory=lambda: ["G", "L1", "L2"])
 
     def __post_init__(self) -> None:
         require(self.every >= 1, f"eval.every must be >= 1, got {self.every!r}")
@@ -84,6 +92,10 @@ class EvalConfig:
             f"eval.unseen_fraction must be in [0, 1), got {self.unseen_fraction!r}",
         )
         require(0.0 < self.fraction <= 1.0, f"eval.fraction must be in (0, 1], got {self.fraction}")
+        require(
+            "L1" in self.stages and set(self.stages) <= {"G", "L1", "L2"},
+            f"eval.stages must hold L1 and may hold G and L2, got {list(self.stages)}",
+        )
         require(self.batch_size >= 1, f"eval.batch_size must be >= 1, got {self.batch_size}")
         require(
             self.global_test_max_samples is None or self.global_test_max_samples >= 0,
@@ -120,9 +132,10 @@ class FailuresConfig:
 
 
 class Numerics(StrEnum):
-    """How a run holds torch's CPU kernels (``numerics``; :func:`pflower.provenance.hold_kernels`).
-    The value must be known before torch is imported: ``pflower numerics=native ...`` reads it
-    from the command line, other processes from ``PFLOWER_NUMERICS``, which the first sets."""
+    """How a run holds torch's CPU kernels (``numerics``;
+    [`pflower.provenance.hold_kernels`][pflower.provenance.hold_kernels]). The value must be known
+    before torch is imported: ``pflower numerics=native ...`` reads it from the command line, other
+    processes from ``PFLOWER_NUMERICS``, which the first sets."""
 
     avx2 = "avx2"
     """ATen, oneDNN and MKL kernels capped at AVX2: the same numbers, to the last digit, on any

@@ -38,6 +38,7 @@ from flwr.client import NumPyClient
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.config import ClientGlobalTest
 from pflower.core.experiment import ClientData, Experiment
 from pflower.core.options import OptionsT
 from pflower.core.state import ClientState
@@ -156,16 +157,19 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
 
     def stage_metrics(self) -> dict[str, Scalar]:
         """Accuracy and loss of ``self.model`` on the local and on the global test set."""
+        return self.scores(self.model)
+
+    def scores(self, model: nn.Module) -> dict[str, Scalar]:
+        """Accuracy and loss of ``model`` on the local test set and, unless
+        ``eval.client_global_test=off``, on the global test set."""
         batch_size = self.experiment.settings.eval.batch_size
-        local = evaluate(self.model, self.data.test, self.data.prepare, batch_size)
-        global_ = evaluate(self.model, self.data.global_test, self.experiment.prepare(), batch_size)
-        return {
-            "acc_local": local.accuracy,
-            "loss_local": local.loss,
-            "acc_global": global_.accuracy,
-            "loss_global": global_.loss,
-            "num_test": local.num_examples,
-        }
+        local = evaluate(model, self.data.test, self.data.prepare, batch_size)
+        metrics: dict[str, Scalar] = {"acc_local": local.accuracy, "loss_local": local.loss}
+        if self.experiment.settings.eval.client_global_test != ClientGlobalTest.off:
+            global_ = evaluate(model, self.data.global_test, self.experiment.prepare(), batch_size)
+            metrics.update(acc_global=global_.accuracy, loss_global=global_.loss)
+        metrics["num_test"] = local.num_examples
+        return metrics
 
     # ------------------------------------------------------------------ Flower interface
     def get_properties(self, config: dict[str, Scalar]) -> dict[str, Scalar]:

@@ -10,12 +10,12 @@ against its fields and types (a typo'd key or a wrong type fails while composing
 allowed values), and ``__post_init__`` rejects out-of-range values. Presets are YAML files in
 ``conf/strategy/`` whose defaults list extends the registered node (``conf/strategy/fliu10.yaml``).
 
-An algorithm also declares its *collapses* (:class:`Collapse`): the option values at which it
+An algorithm also declares its *collapses* (`Collapse`): the option values at which it
 computes what another method computes (FedProx with μ = 0 is FedAvg), so that a tuned
 configuration at or next to such a point is named rather than ranked as a method of its own
-(:func:`collapse_of`; the leaderboard's ``collapse`` column), and one that collapses whatever its
+(`collapse_of`; the leaderboard's ``collapse`` column), and one that collapses whatever its
 options, on the experiment's model (FedBN on a model without BatchNorm), is named while
-composing (:meth:`AlgorithmOptions.collapse_on`). ``tests/test_collapses.py`` runs every
+composing (`AlgorithmOptions.collapse_on`). ``tests/test_collapses.py`` runs every
 declared collapse against its base and requires the same metrics.
 """
 
@@ -82,7 +82,7 @@ class AlgorithmOptions:
     [`register_algorithm`][pflower.core.algorithm.register_algorithm])."""
 
     collapses: ClassVar[tuple[Collapse, ...]] = ()
-    """The algorithm's neutral points (:class:`Collapse`), none by default."""
+    """The algorithm's neutral points (`Collapse`), none by default."""
 
     name: str = ""
     aggregation: Aggregation = Aggregation.weighted
@@ -113,8 +113,8 @@ class AlgorithmOptions:
     @classmethod
     def collapse_on(cls, model: Any) -> str | None:
         """The method (a config name) this algorithm is on ``model`` (built on the ``meta``
-        device), whatever its options; None (the default) where it is itself. Composing warns
-        where it is another (:func:`pflower.compose.check_compatible`)."""
+        device), whatever its options; None (the default) where it is itself. Composing warns where
+        it is another ([`pflower.compose.check_compatible`][pflower.compose.check_compatible])."""
         del model
         return None
 
@@ -160,7 +160,7 @@ def check_keys(options_class: type[AlgorithmOptions], block: Mapping[str, Any]) 
 
 def _at_neutral(value: Any, neutral: Any, param: Param | None) -> str | None:
     """``"="`` where ``value`` is ``neutral``, ``"≈"`` where it is numerically next to it (see
-    :func:`collapse_of`), else None."""
+    `collapse_of`), else None."""
     if getattr(value, "value", value) == getattr(neutral, "value", neutral):
         return "="
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
@@ -187,7 +187,7 @@ def collapse_of(
 
     Next to a neutral value, in the range ``space[<key>]`` it was searched in (keys
     ``strategy.<option>``): a log range whose neutral value is 0, below the range, within
-    :data:`~pflower.searchspace.RANGE_END` of the range's low end in log scale (DiversiFed's
+    [`RANGE_END`][pflower.searchspace.RANGE_END] of the range's low end in log scale (DiversiFed's
     λ = 1.7e-5 in [1e-5, 1] is 4.8 decades below the range's top, where the search put the
     term's weight as far toward 0 as it could: the method's own term has all but vanished); a
     linear range holding the neutral value, within ``RANGE_END`` of it as a fraction of the

@@ -105,7 +105,8 @@ class ClientSampler:
         return choose(proxies, fraction, self.settings.min_clients, rng)
 
     def l2_partitions(self, server_round: int, trainable: Sequence[T]) -> set[int] | None:
-        """The partitions that measure stage L2 in ``server_round`` (None: every one that trains).
+        """The partitions that measure stage L2 in ``server_round`` (None: every one that trains;
+        none without L2 in ``eval.stages``).
 
         With ``eval.l2_clients=evaluated`` these are the clients of the round's evaluation sample:
         the draw the evaluation phase makes from its own stream, made here from the trainable
@@ -113,6 +114,8 @@ class ClientSampler:
         """
         if not self.settings.is_eval_round(server_round):
             return None
+        if "L2" not in self.settings.eval.stages:
+            return set()
         if self.settings.eval.l2_clients != L2Clients.evaluated:
             return None
         chosen = self.draw(trainable, Phase.EVALUATE_SAMPLING, server_round)

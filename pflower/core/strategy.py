@@ -355,6 +355,8 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         always has one)."""
         if not self.has_global_model or self.evaluate_global is None:
             return None
+        if "G" not in self.settings.eval.stages:
+            return None
         if server_round > 0 and not self.settings.is_eval_round(server_round):
             return None
         weights = parameters_to_ndarrays(self.scored_parameters(parameters))

@@ -27,9 +27,9 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
   computed from ``metrics.jsonl`` for a run that predates it; where neither holds it, seconds
   per round is the run's wall time over its rounds and the megabytes are not known;
 - **collapse**: ``= FedAvg`` where the final runs' configuration is another method (a declared
-  neutral point, :func:`pflower.core.options.collapse_of`, or a model that leaves the method
-  nothing of its own: FedBN without BatchNorm), ``≈ Local`` where it is next to one
-  (:func:`collapse`): such a row ranks its base method at other settings, not a method.
+  neutral point, [`pflower.core.options.collapse_of`][pflower.core.options.collapse_of], or a model
+  that leaves the method nothing of its own: FedBN without BatchNorm), ``≈ Local`` where it is next
+  to one (`collapse`): such a row ranks its base method at other settings, not a method.
 
 Under each setting's table: the methods ranked above a method with a higher mean (their
 differences to the others vary from seed to seed, so the test separates few methods from
@@ -136,7 +136,7 @@ class Entry:
     """Keys whose profile was made at values chosen before the study was searched again."""
     collapse: tuple[str, str] = ("", "")
     """``("= FedAvg", why)`` or ``("≈ Local", why)`` where the method is another method
-    (:func:`collapse`); empty strings where it is itself."""
+    (`collapse`); empty strings where it is itself."""
 
     @property
     def by_seed(self) -> dict[int, float]:
@@ -188,7 +188,7 @@ def collapse(method: str, config: Mapping[str, Any], chosen: Mapping[str, Any]) 
     """Whether the final runs' resolved ``config`` makes ``method`` another method: ``("= <base>",
     why)`` at a declared neutral point of its options or on a model that leaves it nothing of
     its own, ``("≈ <base>", why)`` next to a neutral point of the range it was searched in
-    (:func:`~pflower.core.options.collapse_of`); ``("", "")`` otherwise."""
+    ([`collapse_of`][pflower.core.options.collapse_of]); ``("", "")`` otherwise."""
     algorithm = ALGORITHMS.get(method)
     if algorithm is None or not config:
         return "", ""

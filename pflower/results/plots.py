@@ -125,7 +125,8 @@ def _accuracy_per_round(
     for row in rows:
         if row["stage"] in client_stages:
             curves["Acc(L)"][row["stage"]][row["round"]].append(row["acc_local"])
-            curves["Acc(G)"][row["stage"]][row["round"]].append(row["acc_global"])
+            if "acc_global" in row:  # not measured with eval.client_global_test=off
+                curves["Acc(G)"][row["stage"]][row["round"]].append(row["acc_global"])
         elif row["stage"] == "G":
             curves["Acc(G)"]["G"][row["round"]].append(row["acc"])
     # one x range for both panels (stage G may have rounds the clients' stages lack)
@@ -191,7 +192,11 @@ def _final_clients(
     data, labels, colors = [], [], []
     for stage in client_stages:
         for metric, name in (("acc_local", "Acc(L)"), ("acc_global", "Acc(G)")):
-            values = [r[metric] for r in rows if r["round"] == final_round and r["stage"] == stage]
+            values = [
+                r[metric]
+                for r in rows
+                if r["round"] == final_round and r["stage"] == stage and metric in r
+            ]
             if values:
                 data.append(values)
                 labels.append(f"{stage} {name}")

@@ -599,10 +599,10 @@ class RunRecorder(Recorder):
         parts = [f"round {server_round}/{self.rounds}", f"{self._elapsed():6.1f}s"]
         for stage in CLIENT_STAGES:
             if stage in summary and "acc_local" in summary[stage]:
-                parts.append(
-                    f"{stage} acc(L) {summary[stage]['acc_local']['mean']:.3f} "
-                    f"acc(G) {summary[stage]['acc_global']['mean']:.3f}"
-                )
+                part = f"{stage} acc(L) {summary[stage]['acc_local']['mean']:.3f}"
+                if "acc_global" in summary[stage]:
+                    part += f" acc(G) {summary[stage]['acc_global']['mean']:.3f}"
+                parts.append(part)
         if G in summary:
             parts.append(f"G acc {summary[G]['acc']:.3f}")
         if self._rejected.get(server_round):

@@ -161,9 +161,11 @@ def run_through_server(path: str, argv: list[str]) -> int | None:
 
 
 def real_command(own: str) -> str:
-    """The next ``flwr-clientapp`` on ``PATH`` that is not ``own`` (this stand-in)."""
+    """The next command on ``PATH`` named as ``own`` (this stand-in: ``flwr-clientapp``, or
+    ``pflower`` for tuning runs) that is not ``own``."""
+    name = os.path.basename(own)
     for directory in os.environ.get("PATH", "").split(os.pathsep):
-        candidate = os.path.join(directory or ".", COMMAND)
+        candidate = os.path.join(directory or ".", name)
         if not os.access(candidate, os.X_OK) or os.path.isdir(candidate):
             continue
         try:
@@ -172,11 +174,11 @@ def real_command(own: str) -> str:
         except OSError:
             pass
         return candidate
-    raise FileNotFoundError(f"no {COMMAND} on PATH besides {own}")
+    raise FileNotFoundError(f"no {name} on PATH besides {own}")
 
 
 def main(argv: list[str]) -> None:
-    """``argv``: this stand-in's path (ending in ``flwr-clientapp``), then Flower's arguments."""
+    """``argv``: this stand-in's path (ending in the command's name), then its arguments."""
     path = os.environ.get(SOCKET_VARIABLE)
     status = run_through_server(path, argv) if path else None
     if status is None:

@@ -326,10 +326,12 @@ def shim_script(python: str) -> str:
 
 @dataclass
 class ForkServerProcess:
-    """A fork server started by this process, in ``directory`` (see the module docstring)."""
+    """A fork server started by this process, in ``directory`` (see the module docstring),
+    whose stand-in is ``bin/<command>``."""
 
     directory: Path
     popen: subprocess.Popen[bytes]
+    command: str = forkclient.COMMAND
 
     @property
     def socket_path(self) -> Path:
@@ -341,7 +343,7 @@ class ForkServerProcess:
 
     @property
     def shim(self) -> Path:
-        return self.bin / forkclient.COMMAND
+        return self.bin / self.command
 
     @classmethod
     def start(
@@ -351,19 +353,21 @@ class ForkServerProcess:
         watch_pid: int | None = None,
         python: str = sys.executable,
         preload_modules: Sequence[str] = PRELOAD,
+        command: str = forkclient.COMMAND,
     ) -> ForkServerProcess:
-        """Write the stand-in, bind the socket and start the server (it imports in the
-        background; tasks that arrive meanwhile wait in the socket's backlog)."""
+        """Write the stand-in ``bin/<command>`` (without a server it runs the next ``command``
+        on ``PATH``), bind the socket and start the server (it imports in the background; tasks
+        that arrive meanwhile wait in the socket's backlog)."""
         bin_dir = directory / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
-        shim = bin_dir / forkclient.COMMAND
+        shim = bin_dir / command
         shim.write_text(shim_script(python))
         shim.chmod(0o755)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             listener.bind(str(directory / SOCKET_NAME))
             listener.listen(128)
-            command = [
+            argv = [
                 python,
                 "-P",
                 "-m",
@@ -378,13 +382,11 @@ class ForkServerProcess:
                 ",".join(preload_modules),
             ]
             if watch_pid is not None:
-                command += ["--watch-pid", str(watch_pid)]
-            popen = subprocess.Popen(
-                command, pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL
-            )
+                argv += ["--watch-pid", str(watch_pid)]
+            popen = subprocess.Popen(argv, pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL)
         finally:
             listener.close()
-        return cls(directory, popen)
+        return cls(directory, popen, command)
 
     def environment(self, base: dict[str, str] | None = None) -> dict[str, str]:
         """``base`` (default: this process's environment) with the stand-in first on ``PATH``

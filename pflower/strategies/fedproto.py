@@ -51,7 +51,6 @@ from pflower.core.training import (
     Regularizer,
     TrainSettings,
     batch_indices,
-    evaluate,
     model_device,
 )
 from pflower.models.split import head, head_shape, represent
@@ -238,17 +237,7 @@ class FedProtoClient(OwnModelClient["FedProtoOptions"]):
         """Nearest-global-prototype accuracy (own head before any prototype exists)."""
         if self._global is None:
             return super().stage_metrics()
-        classifier = NearestPrototype(self.model, *self._global)
-        batch_size = self.experiment.settings.eval.batch_size
-        local = evaluate(classifier, self.data.test, self.data.prepare, batch_size)
-        global_ = evaluate(classifier, self.data.global_test, self.experiment.prepare(), batch_size)
-        return {
-            "acc_local": local.accuracy,
-            "loss_local": local.loss,
-            "acc_global": global_.accuracy,
-            "loss_global": global_.loss,
-            "num_test": local.num_examples,
-        }
+        return self.scores(NearestPrototype(self.model, *self._global))
 
 
 def prototype_train(

@@ -24,6 +24,7 @@ appended to ``<out>/commands.log``, which the leaderboard shows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -71,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
         "the local node's); --workers tasks at a time; run folders must be shared",
     )
     parser.add_argument("--ray-cpus", type=float, default=1.0, help="CPUs per Ray task")
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="start every run as a new Python process (default: forked from a process that "
+        "imported torch and pflower once; the same numbers, seconds sooner)",
+    )
     parser.add_argument("--no-final", action="store_true", help="tune only; no final runs")
     parser.add_argument(
         "--retry-failed",
@@ -192,7 +199,8 @@ def run_suite(
 ) -> None:
     """Tune every method (None: each setting's) on every setting, write the chosen values, run
     the final seeds. ``<out>/suite.yaml`` records the whole suite, whichever settings run."""
-    from pflower.tuning.search import final_runs, tune, write_chosen
+    from pflower.tuning.finals import final_runs, write_chosen
+    from pflower.tuning.search import study_name, tune
 
     layout = Layout(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -204,6 +212,9 @@ def run_suite(
                 "budget": suite.budget,
                 "trials": suite.trials,
                 "tune_seed": suite.tune_seed,
+                "studies": suite.studies,
+                "tune_seeds": suite.tune_seeds,
+                "search": suite.search.describe(suite.trials),
                 "final_seeds": list(suite.final_seeds),
                 "val_fraction": suite.val_fraction,
                 "train_knobs": list(suite.train_knobs),
@@ -227,15 +238,38 @@ def run_suite(
             rounds = _rounds_unless_refused(setting, method, layout)
             if rounds is None:  # the setting refuses the method: said so; go on
                 continue
-            print(f"[{setting.name}] tuning {method}: {suite.trials} trials, {rounds} rounds")
-            study = tune(suite, setting, method, layout, rounds, workers, timeout_s, print, runner)
-            chosen = write_chosen(study, suite, setting, method, layout)
-            values = " ".join(f"{k}={format_value(v)}" for k, v in chosen["params"].items())
-            print(f"[{setting.name}] {method} chose {values or 'the defaults'}")
-            if final:
-                final_runs(
-                    suite, setting, method, layout, workers, timeout_s, print, runner, retry_failed
+            for study_id in suite.study_ids():
+                name = study_name(method, study_id)
+                plan = suite.search.describe(suite.trials)
+                print(f"[{setting.name}] tuning {name}: {plan}, {rounds} rounds")
+                study = tune(
+                    suite,
+                    setting,
+                    method,
+                    layout,
+                    rounds,
+                    workers,
+                    timeout_s,
+                    print,
+                    runner,
+                    study_id,
                 )
+                chosen = write_chosen(study, suite, setting, method, layout, study_id)
+                values = " ".join(f"{k}={format_value(v)}" for k, v in chosen["params"].items())
+                print(f"[{setting.name}] {name} chose {values or 'the defaults'}")
+                if final:
+                    final_runs(
+                        suite,
+                        setting,
+                        method,
+                        layout,
+                        workers,
+                        timeout_s,
+                        print,
+                        runner,
+                        retry_failed,
+                        study_id,
+                    )
 
 
 def run_profiles(
@@ -250,10 +284,9 @@ def run_profiles(
     runner: Runner | None = None,
 ) -> None:
     """Profile ``keys`` (``ends``: the keys chosen at an end of their range) at the chosen
-    values of every method (None: each setting's) that has them
-    ([`.profile`][pflower.tuning.profile])."""
+    values of every method (None: each setting's) that has them (`.profile`)."""
+    from pflower.tuning.finals import read_chosen
     from pflower.tuning.profile import chosen_at_ends, describe_profile, run_profile
-    from pflower.tuning.search import read_chosen
 
     layout = Layout(out)
     for setting in settings:
@@ -321,42 +354,49 @@ def main(argv: Sequence[str]) -> int:
         return _exit_with(error)
     out = args.out or Path("tuning") / suite.name
     _record_invocation(out, argv)
-    runner = None
+    with contextlib.ExitStack() as stack:
+        runner = _runner(args, stack)
+        try:
+            if args.profile:
+                run_profiles(
+                    suite,
+                    methods,
+                    settings,
+                    out,
+                    args.profile,
+                    profile_values,
+                    args.workers,
+                    args.timeout,
+                    runner,
+                )
+            else:
+                run_suite(
+                    suite,
+                    methods,
+                    settings,
+                    out,
+                    args.workers,
+                    not args.no_final,
+                    args.timeout,
+                    runner,
+                    retry_failed=args.retry_failed,
+                )
+        except ConfigError as error:
+            return _exit_with(error)
+    return 0
+
+
+def _runner(args: argparse.Namespace, stack: contextlib.ExitStack) -> Runner:
+    """How the runs are executed: Ray tasks (``--ray``), new processes (``--cold``), or children
+    of a fork server that imported torch and pflower once (the default; it ends with
+    ``stack``)."""
+    from pflower.tuning.runner import RayRunner, run_pflower, warm_runner
+
     if args.ray:
         import ray
 
-        from pflower.tuning.runner import RayRunner
-
         ray.init(address=args.ray)
-        runner = RayRunner(args.ray_cpus)
-    if args.profile:
-        try:
-            run_profiles(
-                suite,
-                methods,
-                settings,
-                out,
-                args.profile,
-                profile_values,
-                args.workers,
-                args.timeout,
-                runner,
-            )
-        except ConfigError as error:
-            return _exit_with(error)
-        return 0
-    try:
-        run_suite(
-            suite,
-            methods,
-            settings,
-            out,
-            args.workers,
-            not args.no_final,
-            args.timeout,
-            runner,
-            retry_failed=args.retry_failed,
-        )
-    except ConfigError as error:
-        return _exit_with(error)
-    return 0
+        return RayRunner(args.ray_cpus)
+    if args.cold:
+        return run_pflower
+    return stack.enter_context(warm_runner())

@@ -45,6 +45,7 @@ import yaml
 from pflower.registry import ConfigError
 from pflower.results.rundir import error_line, failed_by_itself
 from pflower.searchspace import RANGE_END, Param, format_value
+from pflower.tuning.finals import read_chosen
 from pflower.tuning.runner import (
     Runner,
     RunRefused,
@@ -54,13 +55,7 @@ from pflower.tuning.runner import (
     run_pflower,
     runs_stop_together,
 )
-from pflower.tuning.search import (
-    OBJECTIVE,
-    Layout,
-    read_chosen,
-    run_command,
-    trial_overrides,
-)
+from pflower.tuning.search import OBJECTIVE, Layout, run_command, trial_overrides
 from pflower.tuning.suite import Setting, Suite
 
 LINEAR_POINTS = 5

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -24,6 +25,7 @@ from typing import Any, Protocol
 
 from pflower.registry import ConfigError
 from pflower.results.rundir import read_rows, write_atomic
+from pflower.runtime.forkserver import ForkServerProcess
 from pflower.runtime.signals import handlers_run_promptly
 
 HEARTBEAT_S = 20
@@ -182,20 +184,24 @@ def run_pflower(
     on_round: Callable[[int, float], bool] | None = None,
     heartbeat: Callable[[], None] | None = None,
     timeout_s: float | None = None,
+    server: ForkServerProcess | None = None,
 ) -> dict[str, Any]:
     """Run one pflower process and return its ``summary.json``.
 
     ``on_round(round, mean L1 Acc(L))`` is called once per finished round while it runs and
-    returning True stops it (raises [`Pruned`][pflower.tuning.runner.Pruned]). The process and its
-    children (a process
-    group of their own) are stopped on pruning, timeout or interruption.
+    returning True stops it (raises `Pruned`). The process and its children (a process
+    group of their own) are stopped on pruning, timeout or interruption. With a fork ``server``
+    (`WarmRunner`) a ``python -m pflower ...`` command runs as the server's child.
     """
     if LIVE_RUNS.stopping.is_set():
         raise KeyboardInterrupt("stopped with the driver's other runs")
     run_dir.mkdir(parents=True, exist_ok=True)
+    argv, env = list(command), None
+    if server is not None and argv[:3] == [sys.executable, "-m", "pflower"]:
+        argv, env = [str(server.shim), *argv[3:]], server.environment()
     log = (run_dir / "tune_stdout.log").open("w")
     process = subprocess.Popen(
-        list(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
     )
     LIVE_RUNS.add(process.pid)
     reported: set[int] = set()
@@ -270,6 +276,61 @@ class Runner(Protocol):
         heartbeat: Callable[[], None] | None = None,
         timeout_s: float | None = None,
     ) -> dict[str, Any]: ...
+
+
+TRIAL_PRELOAD = (
+    "pflower.cli",
+    "pflower.simulation",
+    "pflower.client.app",
+    "pflower.client.app:warm_up",
+    "sklearn.datasets",
+    "torch._dynamo",
+)
+"""What the fork server of `WarmRunner` imports (or calls) before it forks runs: what
+every ``pflower`` run imports (torch, Flower, Hydra, pflower's apps), Hydra's lazy imports of a
+composition (``warm_up``), and ``torch._dynamo``, which torch imports at a run's first optimizer
+step (2-3 s)."""
+
+
+@dataclass(frozen=True)
+class WarmRunner:
+    """Runs each ``pflower`` run as a child of a fork server that imported torch, Flower and
+    pflower once ([`pflower.runtime.forkserver`][pflower.runtime.forkserver]; `warm_runner` starts
+    it): a trial starts without the 5-8 s a new Python process spends importing them, and computes
+    what the same command computes in a new process (its environment, directory and arguments are
+    the command's; ``tests/test_search_plan.py`` compares every row). The stand-in the runner starts
+    forwards SIGTERM and SIGINT to the run (pruning, timeouts, Ctrl-C), and the runs end with the
+    server, which ends with this process."""
+
+    server: ForkServerProcess
+
+    def __call__(
+        self,
+        command: Sequence[str],
+        run_dir: Path,
+        on_round: Callable[[int, float], bool] | None = None,
+        heartbeat: Callable[[], None] | None = None,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        return run_pflower(command, run_dir, on_round, heartbeat, timeout_s, self.server)
+
+
+@contextlib.contextmanager
+def warm_runner() -> Iterator[WarmRunner]:
+    """A `WarmRunner` whose fork server lives as long as the ``with`` block (and no
+    longer than this process)."""
+    directory = Path(tempfile.mkdtemp(prefix="pflower-runs-"))
+    server = ForkServerProcess.start(
+        directory,
+        target="pflower.cli:main",
+        watch_pid=os.getpid(),
+        preload_modules=TRIAL_PRELOAD,
+        command="pflower",
+    )
+    try:
+        yield WarmRunner(server)
+    finally:
+        server.stop()
 
 
 def _run_on_worker(command: Sequence[str], run_dir: str, timeout_s: float | None) -> dict[str, Any]:

@@ -42,11 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from pflower.registry import ConfigError
-from pflower.results.rundir import error_line, failed_by_itself
+from pflower.results.rundir import read_rows
 from pflower.searchspace import Param, format_value
+from pflower.tuning.ledger import (
+    QMC_ATTR,
+    REPEAT_ATTR,
+    REPEAT_LIMIT,
+    ROUNDS_ATTR,
+    next_point,
+    repeated,
+    retry_callback,
+    spending,
+)
 from pflower.tuning.runner import (
     HEARTBEAT_S,
     POLL_S,
@@ -55,13 +63,22 @@ from pflower.tuning.runner import (
     RunRefused,
     TrialFailed,
     objective_of,
-    read_summary,
+    round_means,
     run_pflower,
     runs_stop_together,
+)
+from pflower.tuning.schedule import (
+    TPE_STARTUP_TRIALS,
+    SearchPlan,
+    quasi_random_point,
+    space_size,
 )
 from pflower.tuning.suite import Setting, Suite
 
 OBJECTIVE = "last-10% mean of stage-L1 Acc(L) on the clients' validation shares"
+OBJECTIVE_ONLY = ("eval.stages=[L1]", "eval.client_global_test=off")
+"""A tuning run measures what `OBJECTIVE` reads and nothing else: no stage G, no stage L2,
+no Acc(G) (the same stage-L1 Acc(L) as a run that measures all: ``tests/test_search_plan.py``)."""
 GRACE_S = 90
 
 
@@ -78,14 +95,18 @@ class Layout:
     def storage_url(self, setting: str) -> str:
         return f"sqlite:///{(self.setting_dir(setting) / 'study.db').resolve()}"
 
-    def trial_dir(self, setting: str, method: str, number: int) -> Path:
-        return self.setting_dir(setting) / "trials" / method / f"{number:03d}"
+    def trial_dir(self, setting: str, method: str, number: int, study: int | None = None) -> Path:
+        return _in_study(self.setting_dir(setting) / "trials" / method, study) / f"{number:03d}"
 
-    def chosen_file(self, setting: str, method: str) -> Path:
-        return self.setting_dir(setting) / "chosen" / f"{method}.yaml"
+    def chosen_file(self, setting: str, method: str, study: int | None = None) -> Path:
+        """``chosen/<method>.yaml`` (a suite of one study), ``chosen/<method>/study_<k>.yaml``."""
+        chosen = self.setting_dir(setting) / "chosen"
+        return (
+            chosen / f"{method}.yaml" if study is None else chosen / method / f"study_{study}.yaml"
+        )
 
-    def final_dir(self, setting: str, method: str, seed: int) -> Path:
-        return self.setting_dir(setting) / "final" / method / f"seed_{seed}"
+    def final_dir(self, setting: str, method: str, seed: int, study: int | None = None) -> Path:
+        return _in_study(self.setting_dir(setting) / "final" / method, study) / f"seed_{seed}"
 
     def profile_file(self, setting: str, method: str, key: str) -> Path:
         """The profile of ``key`` at ``method``'s chosen values
@@ -105,6 +126,17 @@ class Layout:
 
     def lock_file(self, setting: str) -> Path:
         return self.setting_dir(setting) / ".study.lock"
+
+
+def _in_study(folder: Path, study: int | None) -> Path:
+    """``folder`` itself for a suite of one study, else its ``study_<k>`` subfolder."""
+    return folder if study is None else folder / f"study_{study}"
+
+
+def study_name(method: str, study: int | None) -> str:
+    """The name of ``method``'s study ``study`` in the setting's storage (``method`` alone for a
+    suite of one study)."""
+    return method if study is None else f"{method}@study_{study}"
 
 
 # ---------------------------------------------------------------------------------- commands
@@ -128,37 +160,28 @@ def run_command(overrides: Sequence[str], run_dir: Path) -> list[str]:
 
 
 def trial_overrides(
-    suite: Suite, setting: Setting, method: str, values: Mapping[str, Any]
+    suite: Suite,
+    setting: Setting,
+    method: str,
+    values: Mapping[str, Any],
+    seed: int | None = None,
 ) -> list[str]:
-    """A tuning run: the setting (with the method's own changes), the method, the tuning seed,
+    """A tuning run: the setting (with the method's own changes), the method, the tuning seed
+    (``seed``, a study's: `Suite.study_seed`; default the suite's ``tune_seed``),
     validation only, the values."""
     return list(
         setting.overrides_for(
             method,
             [
                 f"strategy={method}",
-                f"seed={suite.tune_seed}",
+                f"seed={suite.tune_seed if seed is None else seed}",
                 f"split.val_fraction={suite.val_fraction}",
                 "split.evaluate_on=val",
+                *OBJECTIVE_ONLY,
                 *(f"{key}={format_value(value)}" for key, value in values.items()),
             ],
         )
     )
-
-
-def final_overrides(suite: Suite, setting: Setting, chosen: Sequence[str], seed: int) -> list[str]:
-    """A final run: the setting, the chosen file's overrides (the method's own changes, the
-    method, the chosen values), a new seed, scored on test, the command line's overrides last.
-    The validation share is still carved out, so the clients train on exactly the data they were
-    tuned on."""
-    return [
-        *setting.overrides,
-        *chosen,
-        f"seed={seed}",
-        f"split.val_fraction={suite.val_fraction}",
-        "split.evaluate_on=test",
-        *setting.extra,
-    ]
 
 
 # ------------------------------------------------------------------------------------ study
@@ -174,21 +197,10 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _retry_callback() -> tuple[str, Any]:
-    """Optuna's callback that re-enqueues a heartbeat-stale trial, and the storage keyword that
-    takes it (renamed in Optuna 4.9)."""
-    import optuna
-
-    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
-        callback = optuna.storages.RetryHeartbeatStaleTrialCallback
-        return "heartbeat_stale_trial_callback", callback
-    return "failed_trial_callback", optuna.storages.RetryFailedTrialCallback
-
-
 def _storage(url: str) -> Any:
     import optuna
 
-    keyword, callback = _retry_callback()
+    keyword, callback = retry_callback()
     return optuna.storages.RDBStorage(
         url,
         engine_kwargs={"connect_args": {"timeout": 120}},
@@ -210,21 +222,22 @@ def quiet_optuna() -> None:
     warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
 
 
-TPE_STARTUP_TRIALS = 10
-"""Trials Optuna's TPE sampler draws at random before it models the finished ones (Optuna's
-default, stated here): a suite of at most this many trials per method searches at random."""
-
-
 def open_study(
-    layout: Layout, setting: str, method: str, seed: int, parallel: bool, pruner: Any = None
+    layout: Layout,
+    setting: str,
+    method: str,
+    seed: int,
+    parallel: bool,
+    pruner: Any = None,
+    study: int | None = None,
 ) -> Any:
-    """The method's study in the setting's SQLite storage, created or resumed."""
+    """The method's study ``study`` in the setting's SQLite storage, created or resumed."""
     import optuna
 
     quiet_optuna()
     layout.setting_dir(setting).mkdir(parents=True, exist_ok=True)
     return optuna.create_study(
-        study_name=method,
+        study_name=study_name(method, study),
         storage=_storage(layout.storage_url(setting)),
         sampler=_tpe(seed, parallel),
         pruner=pruner,
@@ -255,51 +268,10 @@ def _tpe(seed: int, parallel: bool) -> Any:
     )
 
 
-def retried_numbers(trials: Sequence[Any]) -> set[int]:
-    """Trials failed for staleness (their run was interrupted) or refused before their run
-    started ([`RunRefused`][pflower.tuning.runner.RunRefused]), and re-enqueued with their
-    values."""
-    _, callback = _retry_callback()
-    numbers = {callback.retried_trial_number(t) for t in trials}
-    return {n for n in numbers if n is not None}
-
-
-def counted_trials(trials: Sequence[Any]) -> tuple[list[Any], set[int]]:
-    """The trials that count toward the budget, and the numbers of those that do not: the
-    interrupted ones, retried with the same values."""
-    interrupted = retried_numbers(trials)
-    return [t for t in trials if t.number not in interrupted], interrupted
-
-
-def budget_counts(study: Any) -> tuple[int, int]:
-    """(finished trials that count toward the budget, running trials)."""
-    from optuna.trial import TrialState
-
-    storage = study._storage
-    backend = getattr(storage, "_backend", storage)  # past Optuna's per-process trial cache
-    trials = backend.get_all_trials(study._study_id, deepcopy=False)
-    counted, _ = counted_trials(trials)
-    finished = sum(
-        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted
-    )
-    running = sum(t.state == TrialState.RUNNING for t in trials)
-    return finished, running
-
-
-def _median_pruner(suite: Suite, rounds: int) -> Any:
-    import optuna
-
-    startup = int(suite.pruner.get("startup_trials", max(3, suite.trials // 4)))
-    warmup = int(float(suite.pruner.get("warmup_fraction", 0.3)) * rounds)
-    if not suite.pruner.get("enabled", True):
-        return optuna.pruners.NopPruner()
-    return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
-
-
 def _one_trial(
     study: Any,
     trial: Any,
-    space: Mapping[str, Param],
+    values: Mapping[str, Any],
     suite: Suite,
     setting: Setting,
     method: str,
@@ -307,13 +279,14 @@ def _one_trial(
     timeout_s: float | None,
     log: Callable[[str], None],
     runner: Runner,
+    study_id: int | None = None,
 ) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
 
-    values = {key: param.suggest(trial, key) for key, param in space.items()}
-    run_dir = layout.trial_dir(setting.name, method, trial.number)
+    run_dir = layout.trial_dir(setting.name, method, trial.number, study_id)
     shutil.rmtree(run_dir, ignore_errors=True)  # left by a study that was deleted
-    command = run_command(trial_overrides(suite, setting, method, values), run_dir)
+    seed = suite.study_seed(study_id)
+    command = run_command(trial_overrides(suite, setting, method, values, seed), run_dir)
     trial.set_user_attr("command", " ".join(command[2:]))
     trial.set_user_attr("run_dir", str(run_dir))
 
@@ -344,7 +317,11 @@ def _run_and_tell(
     from optuna.trial import TrialState
 
     storage = study._storage
-    name = f"{Path(run_dir).parents[2].name} {Path(run_dir).parent.name} trial {trial.number}"
+    name = f"{study.study_name} trial {trial.number}"
+
+    def ran() -> None:
+        trial.set_user_attr(ROUNDS_ATTR, len(round_means(read_rows(run_dir))))
+
     try:
         summary = runner(
             command,
@@ -354,10 +331,12 @@ def _run_and_tell(
             timeout_s=timeout_s,
         )
     except Pruned as stop:
+        ran()
         study.tell(trial, state=TrialState.PRUNED)
         log(f"{name}: {stop}")
         return
     except TrialFailed as error:
+        ran()
         trial.set_user_attr("error", str(error)[:2000])
         study.tell(trial, state=TrialState.FAIL)
         log(f"{name} failed: {error}")
@@ -365,7 +344,7 @@ def _run_and_tell(
     except RunRefused as error:
         # not the values' doing: retried with them, as an interrupted trial is, once the
         # cause is fixed, and not counted toward the budget (see retried_numbers)
-        _, callback = _retry_callback()
+        _, callback = retry_callback()
         callback()(study, storage.get_trial(trial._trial_id))
         trial.set_user_attr("error", f"refused before it started: {error}"[:2000])
         study.tell(trial, state=TrialState.FAIL)
@@ -373,11 +352,34 @@ def _run_and_tell(
     except BaseException:
         # interrupted: leave the trial RUNNING; Optuna's heartbeat check fails and retries it
         raise
+    ran()
     value = objective_of(summary)
     trial.set_user_attr("wall_time_s", summary.get("wall_time_s"))
     study.tell(trial, value)
     shown = ", ".join(f"{k}={format_value(v)}" for k, v in values.items())
     log(f"{name}: {value:.4f}  {shown}")
+
+
+def _draw(
+    study: Any, space: Mapping[str, Param], plan: SearchPlan, seed: int, parallel: bool
+) -> tuple[Any, dict[str, Any], int | None]:
+    """Ask ``study`` for its next trial and draw its values (under the study's lock, so that two
+    workers never draw one configuration): a retried trial's own values first, else the next
+    quasi-random point (``qmc``) or the seeded TPE draw. Returns the trial, its values and the
+    number of the earlier trial it repeats (None: a new configuration)."""
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    waiting = any(t.state == TrialState.WAITING for t in trials)
+    if plan.sampler == "qmc" and not waiting:
+        index = next_point(trials)
+        point = quasi_random_point(space, seed, index)
+        study.enqueue_trial(point, user_attrs={QMC_ATTR: index}, skip_if_exists=False)
+    study.sampler = trial_sampler(seed, len(trials), parallel)
+    trial = study.ask()
+    study._storage.record_heartbeat(trial._trial_id)  # a dead driver leaves a stale trial
+    values = {key: param.suggest(trial, key) for key, param in space.items()}
+    return trial, values, repeated(study.get_trials(deepcopy=False), trial)
 
 
 def tune(
@@ -390,47 +392,71 @@ def tune(
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
     runner: Runner | None = None,
+    study_id: int | None = None,
 ) -> Any:
-    """Run (or resume) the method's study until ``suite.trials`` trials have finished
-    (``runner``: how a run is executed, default [`run_pflower`][pflower.tuning.runner.run_pflower];
+    """Run (or resume) the method's study ``study_id`` until it has spent its budget (the
+    suite's ``search``: [`SearchPlan`][pflower.tuning.schedule.SearchPlan]), or tried every point of
+    a finite space (``runner``: how a run is executed, default `run_pflower`;
     `RayRunner`)."""
     runner = runner or run_pflower
     from optuna.storages import fail_stale_trials
+    from optuna.trial import TrialState
 
     space = suite.space_for(method, setting)
-    pruner = _median_pruner(suite, rounds)
+    plan, seed, parallel = suite.search, suite.study_seed(study_id), workers > 1
+    pruner = plan.pruner(suite.trials, rounds)
+    limit, running_cost = plan.limit(suite.trials, rounds), plan.cost(rounds)
+    size = space_size(space)
     lock = layout.lock_file(setting.name)
     errors: list[BaseException] = []
 
     def worker() -> None:
-        study = open_study(layout, setting.name, method, suite.tune_seed, workers > 1, pruner)
+        study = open_study(layout, setting.name, method, seed, parallel, pruner, study_id)
         while not errors:
             with file_lock(lock):  # count and start under one lock: the budget stays exact
                 fail_stale_trials(study)
-                finished, running = budget_counts(study)
-                if finished >= suite.trials:
+                spent = spending(study.get_trials(deepcopy=False), plan)
+                if spent.spent >= limit or (size is not None and spent.distinct >= size):
+                    return
+                if spent.repeats >= REPEAT_LIMIT:
+                    log(
+                        f"{study.study_name}: {spent.repeats} draws repeated configurations it "
+                        f"had tried; it stops with {spent.distinct} (the sampler has settled)"
+                    )
                     return
                 trial = None
-                if finished + running < suite.trials:
-                    number = len(study.get_trials(deepcopy=False))  # the next one's, if new
-                    study.sampler = trial_sampler(suite.tune_seed, number, workers > 1)
-                    trial = study.ask()
-                    # a dead driver leaves a stale trial from now on
-                    study._storage.record_heartbeat(trial._trial_id)
+                if spent.spent + spent.running * running_cost < limit:
+                    trial, values, repeat = _draw(study, space, plan, seed, parallel)
+                    if repeat is not None:  # never run twice: recorded, costs nothing
+                        trial.set_user_attr(REPEAT_ATTR, repeat)
+                        study.tell(trial, state=TrialState.FAIL)
+                        log(f"{study.study_name} trial {trial.number} repeats {repeat}: skipped")
+                        continue
             if trial is None:
                 time.sleep(POLL_S * 5)  # others' trials are running; wait for them
                 continue
             try:
                 _one_trial(
-                    study, trial, space, suite, setting, method, layout, timeout_s, log, runner
+                    study,
+                    trial,
+                    values,
+                    suite,
+                    setting,
+                    method,
+                    layout,
+                    timeout_s,
+                    log,
+                    runner,
+                    study_id,
                 )
             except BaseException as error:  # raised below, once every worker has stopped
                 errors.append(error)
                 return
 
     with file_lock(lock):  # create the study once before the workers open it
-        study = open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
-        check_study_space(study, search_record(space, setting, method), setting.name)
+        study = open_study(layout, setting.name, method, seed, parallel, None, study_id)
+        record = search_record(space, setting, method, plan)
+        check_study_space(study, record, setting.name)
     with runs_stop_together():  # Ctrl-C stops the worker threads' runs too
         if workers == 1:
             worker()
@@ -442,7 +468,7 @@ def tune(
                 thread.join()
     if errors:
         raise errors[0]
-    return open_study(layout, setting.name, method, suite.tune_seed, workers > 1)
+    return open_study(layout, setting.name, method, seed, parallel, None, study_id)
 
 
 SEARCH_ATTR = "search"
@@ -450,12 +476,19 @@ SEARCH_ATTR = "search"
 [`check_study_space`][pflower.tuning.search.check_study_space])."""
 
 
-def search_record(space: Mapping[str, Param], setting: Setting, method: str) -> dict[str, Any]:
-    """What a study searches: every key's range and the method's own overrides here."""
-    return {
+def search_record(
+    space: Mapping[str, Param], setting: Setting, method: str, plan: SearchPlan | None = None
+) -> dict[str, Any]:
+    """What a study searches: every key's range and the method's own overrides here, and how
+    it draws and stops trials (`SearchPlan.how`; not recorded for TPE with the median
+    pruner, the only search before plans existed, so those studies still resume)."""
+    record: dict[str, Any] = {
         "space": {key: param.describe() for key, param in space.items()},
         "method_overrides": list(setting.own_overrides(method)),
     }
+    if plan is not None and (plan.sampler, plan.scheduler) != ("tpe", "median"):
+        record["plan"] = plan.how()
+    return record
 
 
 def check_study_space(study: Any, record: Mapping[str, Any], setting: str) -> None:
@@ -472,108 +505,3 @@ def check_study_space(study: Any, record: Mapping[str, Any], setting: str) -> No
             f"(optuna delete-study --study-name {study.study_name} --storage <setting>/study.db) "
             "and its chosen file to search again"
         )
-
-
-# ---------------------------------------------------------------------------------- chosen
-def write_chosen(
-    study: Any, suite: Suite, setting: Setting, method: str, layout: Layout
-) -> dict[str, Any]:
-    """Write ``chosen/<method>.yaml``: the best trial's values as Hydra overrides, after the
-    method's own changes to the setting (``per_method``), so that the setting's overrides plus
-    these reproduce the method's runs."""
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    complete = [t for t in trials if t.state == TrialState.COMPLETE]
-    counted, interrupted = counted_trials(trials)
-    states = {s.name.lower(): sum(t.state == s for t in counted) for s in TrialState}
-    states["interrupted"] = len(interrupted)
-    if complete:
-        best = max(complete, key=lambda t: t.value)
-        params = dict(best.params)
-        value, number = float(best.value), best.number
-    else:  # every trial failed or was pruned: fall back to the declared defaults
-        params, value, number = {}, None, None
-    change = setting.per_method.get(method)
-    own = list(setting.own_overrides(method))
-    values = [f"{k}={format_value(v)}" for k, v in params.items()]
-    overrides = [*own, f"strategy={method}", *values]
-    chosen = {
-        "method": method,
-        "setting": setting.name,
-        "suite": suite.name,
-        "objective": OBJECTIVE,
-        "value": value,
-        "best_trial": number,
-        "budget": {"trials": suite.trials, **{k: v for k, v in states.items() if v}},
-        "space": {k: p.describe() for k, p in suite.space_for(method, setting).items()},
-        "params": {k: v for k, v in params.items()},
-        "method_overrides": own,
-        "reason": change.reason if change else "",
-        "overrides": overrides,
-    }
-    path = layout.chosen_file(setting.name, method)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    header = (
-        f"# pflower tune: the values chosen for {method} on {setting.name} (suite {suite.name}).\n"
-        "# Use them as Hydra overrides: pflower <setting overrides> $(pflower tune --overrides "
-        f"{path.name})\n"
-    )
-    path.write_text(header + yaml.safe_dump(chosen, sort_keys=False, allow_unicode=True))
-    return chosen
-
-
-def read_chosen(path: Path) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(path.read_text())
-    return data
-
-
-# ----------------------------------------------------------------------------------- finals
-def final_runs(
-    suite: Suite,
-    setting: Setting,
-    method: str,
-    layout: Layout,
-    workers: int = 1,
-    timeout_s: float | None = None,
-    log: Callable[[str], None] = print,
-    runner: Runner | None = None,
-    retry_failed: bool = False,
-) -> list[Path]:
-    """Run the chosen values with every final seed on test. Completed runs are kept, and so are
-    failed ones (a run that diverged diverges again: the leaderboard reports it) unless
-    ``retry_failed`` (a run stopped by ``timeout_s`` counts as failed); a run that never finished
-    or was interrupted (a signal: Ctrl-C, ``kill``) runs again."""
-    execute = runner or run_pflower
-    from concurrent.futures import ThreadPoolExecutor
-
-    chosen = read_chosen(layout.chosen_file(setting.name, method))
-    todo = []
-    for seed in suite.final_seeds:
-        run_dir = layout.final_dir(setting.name, method, seed)
-        summary = read_summary(run_dir) or {}
-        failed = failed_by_itself(summary)
-        if summary.get("status") == "completed" or (failed and not retry_failed):
-            if failed:
-                log(
-                    f"{setting.name} {method} final seed {seed} failed before, kept "
-                    f"(--retry-failed runs it again): {error_line(summary)}"
-                )
-            continue
-        shutil.rmtree(run_dir, ignore_errors=True)  # unfinished, interrupted or retried: rerun
-        todo.append((seed, run_dir))
-
-    def run(item: tuple[int, Path]) -> Path:
-        seed, run_dir = item
-        command = run_command(final_overrides(suite, setting, chosen["overrides"], seed), run_dir)
-        try:
-            summary = execute(command, run_dir, timeout_s=timeout_s)
-            acc = summary["final"]["L1"]["acc_local"]["mean"]
-            log(f"{setting.name} {method} final seed {seed}: L1 Acc(L) {acc:.4f}")
-        except TrialFailed as error:
-            log(f"{setting.name} {method} final seed {seed} failed: {error}")
-        return run_dir
-
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, runs_stop_together():
-        list(pool.map(run, todo))
-    return [layout.final_dir(setting.name, method, seed) for seed in suite.final_seeds]

@@ -5,12 +5,16 @@ A suite file (``conf/suite/cpu.yaml``, or any path) holds::
     name: cpu
     budget: "..."              # what it costs, in words (trials, rounds, seeds, hours)
     trials: 12                 # trials per method and setting (the same for every method)
-    tune_seed: 0               # the seed of every tuning run
+    tune_seed: 0               # the seed of the first study's tuning runs
+    studies: 3                 # independent studies per method and setting (default 1)
     final_seeds: [1, 2, 3]     # the final runs' seeds (new: none may be the tuning seed)
     val_fraction: 0.2          # each client's validation share (split.val_fraction)
     train_knobs: [lr]          # the shared train.* options searched for every method
     space: {train.lr: {low: 1e-4, high: 1e-2}}   # narrower ranges for this suite (optional)
-    pruner: {startup_trials: 4, warmup_fraction: 0.3}   # Optuna's median pruner (optional)
+    search:                    # how a study spends its budget (optional; pflower.tuning.schedule)
+      sampler: qmc             # quasi-random draws (default tpe)
+      scheduler: halving       # successive halving (default median; none)
+      budget_runs: 8           # compute per study in full runs (default: `trials` trials)
     methods: [fedavg, fedprox, ...]
     settings:
       - name: fmnist_dir01
@@ -23,6 +27,13 @@ A suite file (``conf/suite/cpu.yaml``, or any path) holds::
             overrides: [train.optimizer=sgd]
             space: {train.lr: {low: 1e-3, high: 0.3}}
             reason: "SCAFFOLD's control variates assume SGD"
+
+Each method is tuned in ``studies`` independent studies (`Suite.study_ids`): study ``k``
+draws its configurations and seeds its tuning runs with ``tune_seed + STUDY_SEED_STRIDE * k``
+(`Suite.study_seed`), chooses its own values and runs them with every final seed, so the
+leaderboard sees how much of a method's result is the search's luck (MLCommons' AlgoPerf, the
+external tuning ruleset: several studies per submission "to estimate study variance and to rule
+out lucky studies"). A suite of one study keeps the layout suites had before studies.
 
 Every run of a setting is ``pflower <overrides> strategy=<method> ...``: composed from the same
 ``conf/`` tree as any other run. ``per_method`` adds overrides (and narrower or other ranges) for a
@@ -46,6 +57,11 @@ from pflower.config import TrainConfig, conf_dir
 from pflower.core.algorithm import ALGORITHMS, get_algorithm
 from pflower.registry import ConfigError
 from pflower.searchspace import Param, declared_space
+from pflower.tuning.schedule import SearchPlan
+
+STUDY_SEED_STRIDE = 1000
+"""Study ``k``'s tuning seed is the suite's ``tune_seed`` + this x ``k``: far from the small final
+seeds, which must differ from every tuning seed."""
 
 
 @dataclass(frozen=True)
@@ -97,9 +113,23 @@ class Suite:
     val_fraction: float = 0.2
     train_knobs: tuple[str, ...] = ("lr",)
     space: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    pruner: Mapping[str, Any] = field(default_factory=dict)
+    search: SearchPlan = field(default_factory=SearchPlan)
+    studies: int = 1
     budget: str = ""
     source: str = ""
+
+    def study_ids(self) -> list[int | None]:
+        """The studies of each method and setting: ``[None]`` for a suite of one (the layout
+        of suites before studies: ``chosen/<method>.yaml``), else ``0 .. studies - 1``."""
+        return [None] if self.studies == 1 else list(range(self.studies))
+
+    def study_seed(self, study: int | None) -> int:
+        """The tuning seed of ``study``: it seeds the study's draws and its tuning runs."""
+        return self.tune_seed + STUDY_SEED_STRIDE * (study or 0)
+
+    @property
+    def tune_seeds(self) -> list[int]:
+        return [self.study_seed(study) for study in self.study_ids()]
 
     def methods_of(self, setting: Setting) -> tuple[str, ...]:
         """The methods compared in ``setting``: its own list, else the suite's."""
@@ -166,7 +196,7 @@ def load_suite(name_or_path: str) -> Suite:
     """Read and check a suite file (unknown keys, methods or shared knobs fail with the fix)."""
     path = resolve_suite_path(name_or_path)
     data = yaml.safe_load(path.read_text()) or {}
-    allowed = {f for f in Suite.__dataclass_fields__ if f != "source"}
+    allowed = {f for f in Suite.__dataclass_fields__ if f != "source"} | {"pruner"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise ConfigError(f"{path}: unknown keys {unknown}; allowed: {sorted(allowed)}")
@@ -196,7 +226,8 @@ def load_suite(name_or_path: str) -> Suite:
         val_fraction=float(data.get("val_fraction", 0.2)),
         train_knobs=tuple(str(k) for k in _tuple(data.get("train_knobs", ["lr"]), "knobs")),
         space=dict(data.get("space") or {}),
-        pruner=dict(data.get("pruner") or {}),
+        search=SearchPlan.from_suite(data.get("search") or {}, data.get("pruner") or {}),
+        studies=int(data.get("studies", 1)),
         budget=str(data.get("budget", "")),
         source=str(path),
     )
@@ -239,10 +270,12 @@ def check_suite(suite: Suite) -> None:
         raise ConfigError(
             f"suite {suite.name}: train_knobs {bad} are not tunable; tunable: {names}"
         )
-    if suite.tune_seed in suite.final_seeds:
+    if set(suite.tune_seeds) & set(suite.final_seeds):
         raise ConfigError(
             f"suite {suite.name}: final_seeds {list(suite.final_seeds)} must be new seeds, "
-            f"not the tuning seed {suite.tune_seed}"
+            f"not the tuning seeds {suite.tune_seeds}"
         )
-    if suite.trials < 1 or not 0.0 < suite.val_fraction < 1.0:
-        raise ConfigError(f"suite {suite.name}: need trials >= 1 and 0 < val_fraction < 1")
+    if suite.trials < 1 or suite.studies < 1 or not 0.0 < suite.val_fraction < 1.0:
+        raise ConfigError(
+            f"suite {suite.name}: need trials >= 1, studies >= 1 and 0 < val_fraction < 1"
+        )

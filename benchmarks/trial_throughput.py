@@ -1,0 +1,116 @@
+"""Tuning trials per hour, before and after (issue 59): a new Python process measuring every stage
+against a run forked from the tuner's fork server measuring only what the objective reads.
+
+For each method, ``--trials`` tuning runs of a suite's setting (the values of the study's
+quasi-random points 0, 1, ...), each run twice in alternation:
+
+- ``before``: ``python -m pflower`` as a new process, every stage measured (G, L1, L2, Acc(G)),
+  as ``pflower tune`` ran trials until now (``--cold`` and no ``OBJECTIVE_ONLY``);
+- ``after``: the same command plus :data:`~pflower.tuning.search.OBJECTIVE_ONLY`, forked from
+  the fork server of :func:`~pflower.tuning.runner.warm_runner` (``pflower tune``'s default).
+
+It records each run's wall time (command start to summary) and objective, checks that both give
+the same objective to the last digit, and writes ``benchmarks/results/trial_throughput.{md,json}``
+(or ``--out``). Run on a quiet machine; the pairs alternate, so a load that comes and goes falls
+on both alike::
+
+    python benchmarks/trial_throughput.py --suite cpu --setting fmnist_dir01 \\
+        --methods fedavg,ditto,fedala --trials 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pflower.provenance import code_version
+from pflower.tuning.runner import objective_of, run_pflower, warm_runner
+from pflower.tuning.schedule import quasi_random_point
+from pflower.tuning.search import OBJECTIVE_ONLY, run_command, trial_overrides
+from pflower.tuning.suite import load_suite
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--suite", default="cpu")
+    parser.add_argument("--setting", default="fmnist_dir01")
+    parser.add_argument("--methods", default="fedavg,ditto,fedala")
+    parser.add_argument("--trials", type=int, default=2, help="trials per method")
+    parser.add_argument("--extra", default="", help="overrides for every run, e.g. rounds=10")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    suite = load_suite(args.suite)
+    setting = suite.setting(args.setting)
+    extra = args.extra.split()
+    runs: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory() as scratch, warm_runner() as warm:
+        for method in args.methods.split(","):
+            space = suite.space_for(method, setting)
+            for index in range(args.trials):
+                values = quasi_random_point(space, suite.tune_seed, index)
+                overrides = [*trial_overrides(suite, setting, method, values), *extra]
+                lean = [o for o in overrides if o not in OBJECTIVE_ONLY]
+                for label, command_overrides, runner in (
+                    ("before", lean, run_pflower),
+                    ("after", overrides, warm),
+                ):
+                    run_dir = Path(scratch) / f"{method}-{index}-{label}"
+                    start = time.perf_counter()
+                    summary = runner(run_command(command_overrides, run_dir), run_dir)
+                    seconds = time.perf_counter() - start
+                    runs.append(
+                        {
+                            "method": method,
+                            "trial": index,
+                            "label": label,
+                            "seconds": round(seconds, 2),
+                            "objective": objective_of(summary),
+                        }
+                    )
+                    print(f"{method} trial {index} {label}: {seconds:.1f} s", flush=True)
+    write(args, runs)
+
+
+def write(args: argparse.Namespace, runs: list[dict[str, object]]) -> None:
+    """The results, as JSON and as a markdown table with the ratio per method and in all."""
+    pairs: dict[tuple[object, object], dict[object, dict[str, object]]] = {}
+    for run in runs:
+        pairs.setdefault((run["method"], run["trial"]), {})[run["label"]] = run
+    same = all(p["before"]["objective"] == p["after"]["objective"] for p in pairs.values())
+    machine = f"{platform.node()}, {platform.machine()}, {platform.processor() or '?'}"
+    lines = [
+        "# Tuning trial throughput, before and after",
+        "",
+        f"`python benchmarks/trial_throughput.py {' '.join(sys.argv[1:])}` at pflower "
+        f"{code_version()['fingerprint']} on {machine}; {len(pairs)} trials of each kind, "
+        "alternating. Objectives equal to the last digit: " + ("yes" if same else "NO") + ".",
+        "",
+        "| method | before s / trial | after s / trial | speed-up |",
+        "|---|---|---|---|",
+    ]
+    methods = sorted({str(m) for m, _ in pairs})
+    total = {"before": 0.0, "after": 0.0}
+    for method in methods:
+        times = {
+            label: [float(str(p[label]["seconds"])) for (m, _), p in pairs.items() if m == method]
+            for label in ("before", "after")
+        }
+        for label in total:
+            total[label] += sum(times[label])
+        before, after = statistics.mean(times["before"]), statistics.mean(times["after"])
+        lines.append(f"| {method} | {before:.1f} | {after:.1f} | {before / after:.2f}x |")
+    lines.append(f"| all | | | {total['before'] / total['after']:.2f}x |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "trial_throughput.md").write_text("\n".join(lines) + "\n")
+    (args.out / "trial_throughput.json").write_text(json.dumps(runs, indent=1) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,218 @@
+"""Ranks that show the search's luck: methods tuned in several independent studies, each study's
+choice run with the same final seeds ([`pflower.tuning`][pflower.tuning]), compared with both
+sources of variance.
+
+A method's result on a setting is a table ``accuracy[study][seed]``: study ``k``'s chosen values
+run with final seed ``s``. Two things vary that a reader must not mistake for a difference
+between methods: which configuration the search happened to find (the studies) and how a run
+happened to go (the seeds; a seed fixes the partition, the initial model and the batches for every
+method alike, so seeds are paired across methods).
+
+`rank_intervals` estimates both at once with a nested (two-level) bootstrap (Davison and Hinkley,
+*Bootstrap Methods and their Application*, 1997, Sec. 3.8): each resample draws, with replacement,
+the seeds (one draw for all methods: they stay paired) and, for each method separately, its studies
+(studies of different methods are independent searches); a method's resampled score is its mean over
+the drawn (study, seed) cells, and the methods are ranked by it. A method's **rank** is its rank by
+the mean over all its runs; its **rank interval** holds the central 95% of its resampled ranks.
+Ranking by the mean does not reward variance: a method with one diverging seed is ranked by what it
+averages, and its interval, not its rank, widens. (The paired t-test rank of
+[`pflower.reporting.leaderboard`][pflower.reporting.leaderboard], 1 + the methods significantly
+above, gives a widely spread method rank 1, since nothing can be separated from it.)
+
+The percentile interval of a bootstrap over a few studies and seeds is narrower than the truth
+(a resample cannot hold more spread than the sample), so `false_separation_rate` measures
+how often two methods with the same true mean get disjoint intervals under this procedure, with
+the setting's own numbers of studies and seeds and its own spreads; the leaderboard prints it
+beside the intervals.
+
+`detectable_difference` is the smallest difference of means that a paired t-test over the
+setting's seeds detects with 80% power at the 5% level (the usual sample-size formula with
+Student quantiles, e.g. Cohen, *Statistical Power Analysis*, 1988, ch. 2), from the median spread
+of per-seed differences between methods: a gap below it is one the seeds cannot resolve.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+Scores = Mapping[int, Mapping[int, float]]
+"""A method's final accuracy by study, then by final seed."""
+
+LEVEL = 0.95
+"""Coverage of the rank intervals."""
+RESAMPLES = 2000
+"""Bootstrap resamples (33 methods, 3 studies, 5 seeds: about 0.1 s)."""
+MIN_SEEDS = 3
+"""Fewer final seeds than this per study is too few to rank on: the leaderboard warns."""
+
+
+@dataclass(frozen=True)
+class StudyRanks:
+    """One method's standing over the studies and seeds of a setting."""
+
+    method: str
+    mean: float
+    rank: int
+    """1 + the number of methods with a higher mean over all their runs."""
+    interval: tuple[int, int]
+    """The central `LEVEL` of the method's resampled ranks."""
+    study_means: dict[int, float]
+    """The mean over the final seeds of each study's choice."""
+    study_ranks: dict[int, int]
+    """The rank of each study's mean among the other methods' same-numbered study means."""
+    seeds: int
+    """The fewest final seeds of any of its studies."""
+
+    @property
+    def between_studies(self) -> float:
+        """The spread of the study means (their range): the search's luck, in accuracy."""
+        values = list(self.study_means.values())
+        return max(values) - min(values) if values else math.nan
+
+    @property
+    def rank_moves_with_the_study(self) -> bool:
+        """Whether another study would have ranked it elsewhere (its study ranks differ)."""
+        return len(set(self.study_ranks.values())) > 1
+
+    @property
+    def too_few_seeds(self) -> bool:
+        return self.seeds < MIN_SEEDS
+
+
+def _cells(scores: Scores, seeds: Sequence[int]) -> np.ndarray:
+    """``scores`` as a (studies x seeds) array over ``seeds`` (NaN where a run is missing)."""
+    studies = sorted(scores)
+    return np.array(
+        [[scores[study].get(seed, np.nan) for seed in seeds] for study in studies], dtype=float
+    )
+
+
+def _ranks(means: np.ndarray) -> np.ndarray:
+    """Competition ranks of the rows of ``means`` (last axis: methods), higher is better: 1 +
+    the number of methods strictly above."""
+    return 1 + (means[..., None, :] > means[..., :, None]).sum(axis=-1)
+
+
+def rank_intervals(
+    results: Mapping[str, Scores], resamples: int = RESAMPLES, seed: int = 0
+) -> list[StudyRanks]:
+    """Rank the methods of a setting (``results[method][study][seed]``) by their mean over all
+    their runs, with nested-bootstrap rank intervals (see the module docstring), each study's
+    mean and rank among the others', best first. Seeds that not every method ran are left out
+    of the resamples (they would unpair the methods) but count in the means."""
+    methods = sorted(results)
+    if not methods:
+        return []
+    shared = sorted(set.intersection(*(set(s) for m in methods for s in results[m].values())))
+    rng = np.random.default_rng(seed)
+    tables = {m: _cells(results[m], shared) for m in methods}
+    means = np.array(
+        [np.nanmean([v for s in results[m].values() for v in s.values()]) for m in methods]
+    )
+    ranks = _ranks(means)
+    seed_draw = rng.integers(0, len(shared), (resamples, len(shared)))  # one for all methods
+    sampled = np.empty((resamples, len(methods)))
+    for i, method in enumerate(methods):
+        table = tables[method]
+        study_draw = rng.integers(0, table.shape[0], (resamples, table.shape[0]))
+        cells = table[study_draw[:, :, None], seed_draw[:, None, :]]  # resample x study x seed
+        with np.errstate(invalid="ignore"):
+            drawn = np.nanmean(cells.reshape(resamples, -1), axis=1) if shared else means[i]
+        sampled[:, i] = np.where(np.isfinite(drawn), drawn, means[i])
+    resampled_ranks = _ranks(sampled)
+    tail = (1.0 - LEVEL) / 2 * 100
+    low = np.percentile(resampled_ranks, tail, axis=0, method="lower")
+    high = np.percentile(resampled_ranks, 100 - tail, axis=0, method="higher")
+    study_means = {
+        m: {k: float(np.mean(list(s.values()))) for k, s in results[m].items() if s}
+        for m in methods
+    }
+    study_ranks = _study_ranks(study_means)
+    out = [
+        StudyRanks(
+            method=m,
+            mean=float(means[i]),
+            rank=int(ranks[i]),
+            interval=(int(low[i]), int(high[i])),
+            study_means=study_means[m],
+            study_ranks=study_ranks[m],
+            seeds=min((len(s) for s in results[m].values()), default=0),
+        )
+        for i, m in enumerate(methods)
+    ]
+    return sorted(out, key=lambda r: (r.rank, r.method))
+
+
+def _study_ranks(study_means: Mapping[str, Mapping[int, float]]) -> dict[str, dict[int, int]]:
+    """Each method's rank in each study number, among the methods that have that study."""
+    numbers = sorted({k for means in study_means.values() for k in means})
+    ranks: dict[str, dict[int, int]] = {m: {} for m in study_means}
+    for k in numbers:
+        present = [m for m in study_means if k in study_means[m]]
+        values = np.array([study_means[m][k] for m in present])
+        for m, rank in zip(present, _ranks(values), strict=True):
+            ranks[m][k] = int(rank)
+    return ranks
+
+
+def detectable_difference(
+    results: Mapping[str, Scores], alpha: float = 0.05, power: float = 0.8
+) -> float | None:
+    """The smallest difference of two methods' means (over the seeds of a study) that a paired
+    t-test over the setting's final seeds detects with ``power`` at level ``alpha``, from the
+    median standard deviation of the per-seed differences of all pairs of methods (study by
+    study); None with fewer than 2 shared seeds."""
+    methods = sorted(results)
+    spreads = []
+    for i, a in enumerate(methods):
+        for b in methods[i + 1 :]:
+            for study in set(results[a]) & set(results[b]):
+                seeds = sorted(set(results[a][study]) & set(results[b][study]))
+                if len(seeds) >= 2:
+                    diffs = [results[a][study][s] - results[b][study][s] for s in seeds]
+                    spreads.append((statistics.stdev(diffs), len(seeds)))
+    if not spreads:
+        return None
+    spread = statistics.median(s for s, _ in spreads)
+    n = min(n for _, n in spreads)
+    df = n - 1
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * spread / math.sqrt(n))
+
+
+def false_separation_rate(
+    studies: int,
+    seeds: int,
+    between: float,
+    within: float,
+    trials: int = 200,
+    resamples: int = 400,
+    seed: int = 0,
+) -> float:
+    """How often `rank_intervals` gives two methods of the same true mean disjoint rank
+    intervals, simulated ``trials`` times with ``studies`` studies of ``seeds`` seeds each, a
+    between-study standard deviation ``between`` and a within-study (seed) one ``within``; the
+    seeds' effect is shared by the two methods as a seed's partition is. A third method, far
+    above, keeps ranks 1 and 2 or 2 and 3 apart from rank ties."""
+    rng = np.random.default_rng(seed)
+    disjoint = 0
+    for trial in range(trials):
+        seed_effect = rng.normal(0, within, seeds)
+        results: dict[str, Scores] = {}
+        for name, level in (("a", 0.0), ("b", 0.0), ("top", 1.0)):
+            results[name] = {
+                k: {
+                    s: level + study_effect + seed_effect[s] + rng.normal(0, within)
+                    for s in range(seeds)
+                }
+                for k, study_effect in enumerate(rng.normal(0, between, studies))
+            }
+        ranked = {r.method: r.interval for r in rank_intervals(results, resamples, trial)}
+        (a_low, a_high), (b_low, b_high) = ranked["a"], ranked["b"]
+        disjoint += a_high < b_low or b_high < a_low
+    return disjoint / trials

@@ -1,0 +1,126 @@
+"""What a study's trials say: which count toward its budget, what they spent, which repeat
+another's configuration, and where the quasi-random sequence stands (`.search` asks,
+`.finals` and the leaderboard read)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pflower.tuning.schedule import SearchPlan, configuration, distinct
+
+
+def retry_callback() -> tuple[str, Any]:
+    """Optuna's callback that re-enqueues a heartbeat-stale trial, and the storage keyword that
+    takes it (renamed in Optuna 4.9)."""
+    import optuna
+
+    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
+        callback = optuna.storages.RetryHeartbeatStaleTrialCallback
+        return "heartbeat_stale_trial_callback", callback
+    return "failed_trial_callback", optuna.storages.RetryFailedTrialCallback
+
+
+def retried_numbers(trials: Sequence[Any]) -> set[int]:
+    """Trials failed for staleness (their run was interrupted) or refused before their run
+    started ([`RunRefused`][pflower.tuning.runner.RunRefused]), and re-enqueued with their
+    values."""
+    _, callback = retry_callback()
+    numbers = {callback.retried_trial_number(t) for t in trials}
+    return {n for n in numbers if n is not None}
+
+
+def counted_trials(trials: Sequence[Any]) -> tuple[list[Any], set[int]]:
+    """The trials that count toward the budget, and the numbers of those that do not: the
+    interrupted ones, retried with the same values. Repeats (a draw of a configuration the study
+    had tried, never run: `REPEAT_ATTR`) are in neither."""
+    interrupted = retried_numbers(trials)
+    counted = [t for t in trials if t.number not in interrupted and REPEAT_ATTR not in t.user_attrs]
+    return counted, interrupted
+
+
+REPEAT_LIMIT = 200
+"""A study whose sampler drew this many repeats has, for that sampler, no new configuration
+left (TPE can settle on a small finite space): it stops instead of drawing forever."""
+REPEAT_ATTR = "repeat_of"
+"""The user attribute of a trial whose draw repeated trial N's configuration: not run, no cost."""
+ROUNDS_ATTR = "rounds_run"
+"""The user attribute holding the rounds a finished trial's run completed (its compute)."""
+QMC_ATTR = "qmc_index"
+"""The user attribute holding the index of a quasi-random trial's point (`.schedule`)."""
+
+
+def rounds_run(trial: Any) -> int:
+    """The rounds ``trial``'s run completed (a trial told before pflower recorded them: its last
+    reported round)."""
+    recorded = trial.user_attrs.get(ROUNDS_ATTR)
+    if recorded is not None:
+        return int(recorded)
+    return max(trial.intermediate_values, default=0)
+
+
+@dataclass(frozen=True)
+class Spending:
+    """What a study has spent: budget units of its finished trials, trials running, distinct
+    configurations tried (running ones included), those run to the end, and repeated draws
+    (not run)."""
+
+    spent: float
+    running: int
+    distinct: int
+    to_the_end: int
+    repeats: int
+
+
+def spending(trials: Sequence[Any], plan: SearchPlan) -> Spending:
+    """What the study of ``trials`` has spent under ``plan``."""
+    from optuna.trial import TrialState
+
+    counted, _ = counted_trials(trials)
+    ended = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    return Spending(
+        spent=sum(plan.cost(rounds_run(t)) for t in counted if t.state in ended),
+        running=sum(t.state == TrialState.RUNNING for t in trials),
+        distinct=distinct(
+            [configuration(t.params) for t in counted if t.state != TrialState.WAITING]
+        ),
+        to_the_end=sum(t.state == TrialState.COMPLETE for t in counted),
+        repeats=sum(REPEAT_ATTR in t.user_attrs for t in trials),
+    )
+
+
+def repeated(trials: Sequence[Any], trial: Any) -> int | None:
+    """The number of an earlier counted trial with ``trial``'s configuration, if any."""
+    from optuna.trial import TrialState
+
+    mine = configuration(trial.params)
+    counted, _ = counted_trials(trials)
+    for other in counted:
+        if (
+            other.number != trial.number
+            and other.state != TrialState.WAITING
+            and configuration(other.params) == mine
+        ):
+            return int(other.number)
+    return None
+
+
+def next_point(trials: Sequence[Any]) -> int:
+    """The index of the next quasi-random point of a study (one past the highest drawn)."""
+    return 1 + max((int(t.user_attrs.get(QMC_ATTR, -1)) for t in trials), default=-1)
+
+
+def budget_counts(study: Any) -> tuple[int, int]:
+    """(finished trials that count toward the budget, running trials)."""
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    backend = getattr(storage, "_backend", storage)  # past Optuna's per-process trial cache
+    trials = backend.get_all_trials(study._study_id, deepcopy=False)
+    counted, _ = counted_trials(trials)
+    finished = sum(
+        t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted
+    )
+    running = sum(t.state == TrialState.RUNNING for t in trials)
+    return finished, running

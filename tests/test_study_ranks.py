@@ -1,0 +1,85 @@
+"""Ranks over several studies and paired seeds (``pflower.reporting.studies``), on hand-built
+tables of final accuracies: the rank rule does not reward variance, paired seeds separate a
+method that is better on every seed, the studies' luck is shown, and the figures that qualify a
+ranking (detectable difference, false separation rate) are what their formulas say."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from pflower.reporting.studies import (
+    detectable_difference,
+    false_separation_rate,
+    rank_intervals,
+)
+
+SEED_EFFECT = {1: -4.0, 2: 3.0, 3: -1.0, 4: 5.0, 5: -2.0}
+"""How hard each final seed's partition is, for every method alike (large: seeds are paired)."""
+
+
+def _method(level: float, studies: int = 3, jitter: float = 0.0, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    return {
+        k: {s: level + effect + rng.normal(0, jitter) for s, effect in SEED_EFFECT.items()}
+        for k in range(studies)
+    }
+
+
+def test_a_method_with_one_diverged_run_is_ranked_by_its_mean_not_rewarded() -> None:
+    """The paired t-test rank gives a widely spread method rank 1 (nothing separates from it);
+    ranked by the mean, one diverged run costs what it costs, and the interval shows the
+    spread."""
+    results = {"steady": _method(90.0), "close": _method(89.5), "wild": _method(91.0)}
+    results["wild"][0][1] = 10.0  # one diverged final run
+    ranked = {r.method: r for r in rank_intervals(results, resamples=500)}
+    assert ranked["wild"].rank == 3 and ranked["steady"].rank == 1
+    assert ranked["wild"].interval == (1, 3)  # but it might well be the best
+    assert ranked["steady"].interval[1] <= 2
+
+
+def test_paired_seeds_separate_a_method_that_is_better_on_every_seed() -> None:
+    """Seed effects of +-5 points swamp a 0.5-point gap between the means, but every seed shows
+    it: resampling the seeds jointly for all methods keeps the pairing, and the intervals are
+    disjoint."""
+    results = {"better": _method(90.5, jitter=0.05, seed=1), "worse": _method(90.0, seed=2)}
+    ranked = {r.method: r for r in rank_intervals(results, resamples=500)}
+    assert ranked["better"].interval == (1, 1) and ranked["worse"].interval == (2, 2)
+
+
+def test_the_studies_luck_is_shown_and_a_rank_that_moves_is_marked() -> None:
+    results = {"a": _method(90.0), "b": _method(90.0), "c": _method(80.0)}
+    results["a"][2] = {s: v - 2.0 for s, v in results["a"][2].items()}  # an unlucky search
+    ranked = {r.method: r for r in rank_intervals(results, resamples=500)}
+    assert ranked["a"].study_ranks == {0: 1, 1: 1, 2: 2}
+    assert ranked["a"].rank_moves_with_the_study and not ranked["c"].rank_moves_with_the_study
+    assert ranked["a"].between_studies == pytest.approx(2.0)
+    assert ranked["a"].study_means[2] == pytest.approx(
+        90.0 + np.mean(list(SEED_EFFECT.values())) - 2
+    )
+
+
+def test_too_few_seeds_are_flagged() -> None:
+    results = {"a": _method(90.0), "b": {0: {1: 80.0, 2: 81.0}}}
+    ranked = {r.method: r for r in rank_intervals(results, resamples=200)}
+    assert ranked["b"].too_few_seeds and ranked["b"].seeds == 2
+    assert not ranked["a"].too_few_seeds
+
+
+def test_the_detectable_difference_follows_the_paired_sample_size_formula() -> None:
+    rng = np.random.default_rng(3)
+    results = {m: _method(90.0, studies=1, jitter=1.0, seed=int(rng.integers(99))) for m in "ab"}
+    diffs = [results["a"][0][s] - results["b"][0][s] for s in SEED_EFFECT]
+    n = len(diffs)
+    expected = (stats.t.ppf(0.975, n - 1) + stats.t.ppf(0.8, n - 1)) * statistics.stdev(diffs)
+    assert detectable_difference(results) == pytest.approx(expected / math.sqrt(n))
+    assert detectable_difference({"a": {0: {1: 1.0}}}) is None
+
+
+def test_intervals_of_equal_methods_rarely_separate_when_seeds_dominate() -> None:
+    rate = false_separation_rate(3, 5, between=0.0, within=1.0, trials=60, resamples=200)
+    assert 0.0 <= rate <= 0.1
