@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from logging import WARNING
 from typing import ClassVar, Generic
 
 import numpy as np
@@ -48,6 +49,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
@@ -60,11 +62,17 @@ from pflower.core.ledger import StageLedger
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.policy import ClientUpdate, UpdatePolicy
 from pflower.core.roster import SIMULATION_SETTLE_S, NodeRoster
-from pflower.core.sampling import ClientSampler, Phase, round_rng, unseen_clients
+from pflower.core.sampling import (
+    ClientSampler,
+    Phase,
+    round_rng,
+    sample_size,
+    unseen_clients,
+)
 from pflower.core.store import ClientModelStore
 from pflower.provenance import CODE_FINGERPRINT, CODE_KEY
 from pflower.results.rundir import Recorder
-from pflower.robust.aggregators import robust_average
+from pflower.robust.aggregators import Idle, clip_update_norms, idle, robust_average
 from pflower.robust.attacks import malicious_set
 
 __all__ = [
@@ -167,6 +175,9 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         refuse other code, :mod:`pflower.provenance`) and, from the server loop, the run
         attempt, the last round checkpointed and, in a resumed run, the round it resumed from
         (see :mod:`pflower.core.checkpoint`)."""
+        idle_robust = self.idle_robust(settings)
+        if idle_robust is not None and not idle_robust.refused:
+            log(WARNING, "%s", idle_robust.reason)
         self.seal_configuration()  # all set above is configuration or a collaborator
         self.init_declared_state()  # the algorithm's declared server state, before round 1
 
@@ -237,8 +248,40 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     def robust_mean(self, arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
         """The ``robust`` aggregate (Multi-Krum, trimmed mean, median) of client models; Multi-Krum
         assumes f = the number of malicious clients of ``attack`` unless ``robust.num_malicious``
-        is set."""
-        return robust_average(self.settings.robust, arrays, list(weights), len(self.malicious))
+        is set. ``norm_clip`` clips each model's update from the current global model
+        (:func:`~pflower.robust.aggregators.clip_update_norms`) and takes the mean with
+        ``weights``, over the clients that sent each array where uploads may be partial."""
+        robust = self.settings.robust
+        if robust.name != RobustKind.norm_clip:
+            return robust_average(robust, arrays, list(weights), len(self.malicious))
+        clipped = clip_update_norms(arrays, self._global_weights, robust.clip_factor)
+        if self.partial_uploads:
+            return weighted_mean_partial(clipped, weights, self._global_weights)
+        return weighted_mean(clipped, weights)
+
+    @classmethod
+    def robust_inputs(cls, settings: ExperimentConfig) -> tuple[int, str]:
+        """How many client vectors :meth:`robust_mean` gets each round, as the configuration
+        fixes it (fewer when clients fail), and a phrase saying so for messages: by default the
+        round's training sample."""
+        trainable = settings.num_clients - settings.num_unseen
+        count = sample_size(trainable, settings.fraction, settings.min_clients)
+        if count == trainable:
+            return count, f"the {count} clients of every round"
+        return count, (
+            f"the {count} clients sampled per round (fraction={settings.fraction:g} of "
+            f"{trainable}, min_clients={settings.min_clients})"
+        )
+
+    @classmethod
+    def idle_robust(cls, settings: ExperimentConfig) -> Idle | None:
+        """Why ``robust`` cannot act on :meth:`robust_inputs` vectors a round (None if it can, or
+        without ``robust``): composing refuses it, or the server logs it when it starts."""
+        if settings.robust.name == RobustKind.none:
+            return None
+        count, per_round = cls.robust_inputs(settings)
+        attackers = len(malicious_set(settings.attack, settings.seed, settings.num_clients))
+        return idle(settings.robust, count, attackers, per_round)
 
     @property
     def global_weights(self) -> NDArrays:
