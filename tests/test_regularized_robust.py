@@ -132,6 +132,11 @@ def test_a_round_without_outliers_is_fedavg_under_norm_clip() -> None:
         (["num_clients=2", "robust=median"], r"robust=median over the 2 clients .* mean"),
         (["num_clients=2", "robust=norm_clip"], r"robust=norm_clip over the 2 clients"),
         (
+            ["strategy=fedamp", "robust=median"],
+            r"robust=median changes nothing with strategy=fedamp",
+        ),
+        (["strategy=fedselect", "robust=norm_clip"], r"changes nothing with strategy=fedselect"),
+        (
             ["num_clients=4", "robust=multi_krum", "robust.num_malicious=0"],
             r"f = 0 \(robust\.num_malicious=0\) keeps all n - f = 4 of the 4 clients",
         ),

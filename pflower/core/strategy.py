@@ -123,6 +123,12 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     layers). :meth:`average` then averages each array over the clients that sent it and keeps the
     current global array where none did."""
 
+    robust_aggregation: ClassVar[bool] = True
+    """Whether ``robust=<name>`` changes what the server computes: :meth:`aggregate` combines
+    client models through :meth:`average` or :meth:`robust_mean`. An algorithm that combines
+    them otherwise (per-client mixtures, prototypes, masked means) or adopts one client's model
+    sets False, and composing then refuses ``robust=`` (:meth:`idle_robust`)."""
+
     text_metrics: ClassVar[frozenset[str]] = frozenset()
     """Metrics the algorithm's clients report as text (every other metric is a number)."""
 
@@ -279,6 +285,13 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         without ``robust``): composing refuses it, or the server logs it when it starts."""
         if settings.robust.name == RobustKind.none:
             return None
+        if not cls.robust_aggregation:
+            return Idle(
+                f"robust={settings.robust.name} changes nothing with "
+                f"strategy={settings.strategy.config_name}: it does not combine client models "
+                "by a mean that a robust aggregator could replace; use robust=none",
+                refused=True,
+            )
         count, per_round = cls.robust_inputs(settings)
         attackers = len(malicious_set(settings.attack, settings.seed, settings.num_clients))
         return idle(settings.robust, count, attackers, per_round)
