@@ -18,7 +18,13 @@ from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.registry import ConfigError
-from pflower.robust.aggregators import clip_update_norms, idle, multi_krum, robust_average
+from pflower.robust.aggregators import (
+    clip_update_norms,
+    idle,
+    multi_krum,
+    robust_average,
+    robust_average_partial,
+)
 from pflower.robust.attacks import (
     malicious_ids,
     malicious_set,
@@ -67,6 +73,24 @@ def test_trimmed_mean_and_median_are_coordinatewise() -> None:
     np.testing.assert_allclose(median[0], [3.0, -3.0])
     plain = np.mean([v[0] for v in values], axis=0)
     assert abs(plain[0] - 3.0) > 10  # the outlier would dominate the plain mean
+
+
+def test_robust_aggregation_of_partial_uploads_keeps_what_no_client_sent() -> None:
+    """A body every client sends, a head none sends (kept: the current one), a layer only
+    clients 0 and 1 send (aggregated over them): the median of each over its senders."""
+    empty = np.zeros(0, np.float32)
+    current = [np.zeros(2, np.float32), np.full(3, 7, np.float32), np.full(1, 5, np.float32)]
+    uploads = [
+        [np.array([1, 2], np.float32), empty, np.array([1], np.float32)],
+        [np.array([3, 4], np.float32), empty, np.array([3], np.float32)],
+        [np.array([100, -100], np.float32), empty, empty],
+    ]
+    config = RobustConfig(RobustKind.median)
+    body, head, layer = robust_average_partial(config, uploads, [1, 1, 1], 0, current)
+    np.testing.assert_allclose(body, [3, 2])
+    np.testing.assert_array_equal(head, current[1])
+    np.testing.assert_allclose(layer, [2])
+    assert head is not current[1] and body.dtype == np.float32
 
 
 def _vector(x: float, y: float, count: int) -> list[np.ndarray]:

@@ -72,7 +72,13 @@ from pflower.core.sampling import (
 from pflower.core.store import ClientModelStore
 from pflower.provenance import CODE_FINGERPRINT, CODE_KEY
 from pflower.results.rundir import Recorder
-from pflower.robust.aggregators import Idle, clip_update_norms, idle, robust_average
+from pflower.robust.aggregators import (
+    Idle,
+    clip_update_norms,
+    idle,
+    robust_average,
+    robust_average_partial,
+)
 from pflower.robust.attacks import malicious_set
 
 __all__ = [
@@ -256,14 +262,18 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         assumes f = the number of malicious clients of ``attack`` unless ``robust.num_malicious``
         is set. ``norm_clip`` clips each model's update from the current global model
         (:func:`~pflower.robust.aggregators.clip_update_norms`) and takes the mean with
-        ``weights``, over the clients that sent each array where uploads may be partial."""
-        robust = self.settings.robust
-        if robust.name != RobustKind.norm_clip:
-            return robust_average(robust, arrays, list(weights), len(self.malicious))
-        clipped = clip_update_norms(arrays, self._global_weights, robust.clip_factor)
+        ``weights``. Where uploads may be partial, each array is aggregated over the clients that
+        sent it and the current global array kept where none did, as :meth:`average` does."""
+        robust, current = self.settings.robust, self._global_weights
+        if robust.name == RobustKind.norm_clip:
+            clipped = clip_update_norms(arrays, current, robust.clip_factor)
+            if self.partial_uploads:
+                return weighted_mean_partial(clipped, weights, current)
+            return weighted_mean(clipped, weights)
+        attackers = len(self.malicious)
         if self.partial_uploads:
-            return weighted_mean_partial(clipped, weights, self._global_weights)
-        return weighted_mean(clipped, weights)
+            return robust_average_partial(robust, arrays, list(weights), attackers, current)
+        return robust_average(robust, arrays, list(weights), attackers)
 
     @classmethod
     def robust_inputs(cls, settings: ExperimentConfig) -> tuple[int, str]:

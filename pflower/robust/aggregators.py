@@ -80,6 +80,36 @@ def robust_average(
     ]
 
 
+def robust_average_partial(
+    config: RobustConfig,
+    arrays: Sequence[NDArrays],
+    weights: Sequence[float],
+    num_malicious: int,
+    current: NDArrays,
+) -> NDArrays:
+    """:func:`robust_average` where clients may leave arrays out (an empty array in its place,
+    ``partial_uploads``): the arrays are grouped by the clients that sent them, each group is
+    aggregated over its senders as one vector, and ``current``'s array is kept where no client
+    sent one (a head or BatchNorm layer every client keeps to itself)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for index, layer in enumerate(zip(*arrays, strict=True)):
+        sent = tuple(i for i, a in enumerate(layer) if a.size > 0 or current[index].size == 0)
+        groups.setdefault(sent, []).append(index)
+    combined = [np.array(array, copy=True) for array in current]
+    for senders, indices in groups.items():
+        if not senders:
+            continue
+        part = robust_average(
+            config,
+            [[arrays[i][index] for index in indices] for i in senders],
+            [weights[i] for i in senders],
+            num_malicious,
+        )
+        for index, array in zip(indices, part, strict=True):
+            combined[index] = array
+    return combined
+
+
 def clip_update_norms(
     arrays: Sequence[NDArrays], reference: NDArrays, factor: float
 ) -> list[NDArrays]:
