@@ -47,7 +47,7 @@ from pflower.config import (
     conf_dir,
     overrides_from_run_config,
 )
-from pflower.core.algorithm import get_algorithm
+from pflower.core.algorithm import algorithm_of, get_algorithm
 from pflower.core.options import check_keys
 from pflower.quickcheck import explain_composition_error
 from pflower.registry import ConfigError
@@ -123,8 +123,11 @@ def _check_block_keys(group: str, block: Mapping[str, Any]) -> None:
 
 def check_compatible(settings: ExperimentConfig) -> None:
     """Refuse, while composing, what only fails later: a model that cannot take the dataset's
-    images, and an algorithm that cannot run with the chosen model, partition or optimizer (each
-    algorithm's [`check_experiment`][pflower.core.options.AlgorithmOptions.check_experiment]).
+    images, an algorithm that cannot run with the chosen model, partition or optimizer (each
+    algorithm's [`check_experiment`][pflower.core.options.AlgorithmOptions.check_experiment]), and a
+    robust aggregator that cannot act on the clients the algorithm aggregates per round
+    ([`idle_robust`][pflower.core.strategy.PersonalizedStrategy.idle_robust]; what it only warns
+    about, the server logs).
 
     The model is built once per (model, input shape) on PyTorch's ``meta`` device: no memory,
     no initialization cost, the same code path as the real build.
@@ -134,6 +137,9 @@ def check_compatible(settings: ExperimentConfig) -> None:
     """
     model = meta_model(settings.dataset, settings.model)
     settings.strategy.check_experiment(settings, model)
+    idle_robust = algorithm_of(settings.strategy).strategy.idle_robust(settings)
+    if idle_robust is not None and idle_robust.refused:
+        raise ConfigError(idle_robust.reason)
     base = settings.strategy.collapse_on(model)
     if base is not None:
         _warn_collapse(settings.strategy.label(), str(settings.model["name"]), base)

@@ -22,11 +22,29 @@ MODEL = {"fedmpr": ["model=resnet8", "strategy.reg_stages=[1,2,3]"]}  # FedMPR n
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_every_algorithm_holds_only_declared_server_state(tmp_path: Path, name: str) -> None:
+def test_every_algorithm_holds_only_declared_server_state(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also, with ``robust=median`` wherever the algorithm declares ``robust_aggregation``
+    (elsewhere composing refuses it), that its aggregation does reach the robust aggregator."""
+    robust_calls: list[int] = []
+    robust_mean = PersonalizedStrategy.robust_mean
+
+    def counted(self, arrays, weights):  # type: ignore[no-untyped-def]
+        robust_calls.append(len(arrays))
+        return robust_mean(self, arrays, weights)
+
+    monkeypatch.setattr(PersonalizedStrategy, "robust_mean", counted)
+    declared_robust = ALGORITHMS[name].strategy.robust_aggregation
+    robust = "robust=median" if declared_robust else "robust=none"
     strategies: list[PersonalizedStrategy] = []
     model = MODEL.get(name, ["model=small_cnn"])
-    run_inprocess([*TINY, *model, f"strategy={name}"], tmp_path, strategies=strategies)
+    run_inprocess([*TINY, *model, f"strategy={name}", robust], tmp_path, strategies=strategies)
     strategy = strategies[0]
+    assert bool(robust_calls) == declared_robust, (
+        f"{type(strategy).__name__}.robust_aggregation is {declared_robust}, but robust=median "
+        f"{'never reached' if declared_robust else 'reached'} robust_mean"
+    )
     assert strategy.undeclared_state() == set(), (
         f"{type(strategy).__name__} holds server state it does not declare: name it in the "
         "class's `checkpointed` (saved by a checkpoint) or `derived` (recomputed) tuple"

@@ -5,11 +5,16 @@ In-process (no Ray): the real ServerApp and ClientApp functions, with one client
 :data:`VICTIM`) whose replies are tampered with after it has trained. The reference run makes
 the same client fail plainly (an exception after training), so the two global models must be
 equal array for array.
+
+A finite but huge update (one entry 1e30) passes every check, so only robust aggregation can
+stop it: the plain mean breaks the next round, and every defense that claims to stop it (median,
+norm clipping, and trimmed mean / Multi-Krum configured so that they can act) keeps every loss of
+a three-round run finite; the configurations in which they cannot act are refused or logged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +32,9 @@ from flwr.common import (
 )
 
 from pflower.client.app import client_fn
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.compose import compose_config
+from pflower.core.strategy import PersonalizedStrategy, RoundFailedError
+from pflower.registry import ConfigError
 from tests.inprocess import run_inprocess
 
 VICTIM = 1
@@ -100,9 +107,14 @@ def _raise(res: FitRes) -> FitRes:
     raise RuntimeError("the client failed after training")
 
 
-def _run(tmp_path: Path, name: str, make_client: Callable[[Context], Client]):
+def _run(
+    tmp_path: Path,
+    name: str,
+    make_client: Callable[[Context], Client],
+    overrides: Sequence[str] = tuple(BASE),
+):
     strategies: list[PersonalizedStrategy] = []
-    rows, _ = run_inprocess(BASE, tmp_path / name, make_client, strategies)
+    rows, _ = run_inprocess(list(overrides), tmp_path / name, make_client, strategies)
     return rows, strategies[0], (tmp_path / name / "run.log").read_text()
 
 
@@ -129,6 +141,69 @@ def test_a_tampered_upload_is_rejected_logged_and_ignored(
     assert f"client {VICTIM}" in warning[0] and "round 1" in warning[0] and reason in warning[0]
     for got, want in zip(strategy.global_weights, reference, strict=True):
         np.testing.assert_array_equal(got, want)
+
+
+HUGE = [*BASE, "num_clients=4", "rounds=3"]
+"""Four clients, three rounds: partition :data:`VICTIM` uploads its model with one entry 1e30."""
+
+DEFENSES = {
+    "median": ["robust=median"],
+    "norm_clip": ["robust=norm_clip"],
+    "trimmed_mean cutting one": ["robust=trimmed_mean", "robust.trim_fraction=0.25"],
+    "multi_krum with f = 1": ["robust=multi_krum", "robust.num_malicious=1"],
+    "norm_clip under FLAME (its cached z_i)": ["strategy=flame", "robust=norm_clip"],
+    "norm_clip under FedPer (heads kept)": ["strategy=fedper", "robust=norm_clip"],
+}
+"""Overrides added to :data:`HUGE` (a ``strategy=`` replaces FedAvg)."""
+
+
+def _huge(res: FitRes) -> FitRes:
+    return _arrays(res, _poison(1e30))
+
+
+def test_a_huge_finite_update_breaks_the_plain_mean(tmp_path: Path) -> None:
+    """Nothing rejects the 1e30 entry; FedAvg's mean carries 2.5e29 into round 2, whose every
+    upload is then NaN: the round fails."""
+    with pytest.raises(RoundFailedError, match="Round 2: all 4 clients failed"):
+        _run(tmp_path, "run", _tampering(VICTIM, _huge), HUGE)
+
+
+@pytest.mark.parametrize("defense", sorted(DEFENSES))
+def test_a_defense_keeps_every_loss_finite_under_a_huge_update(
+    tmp_path: Path, defense: str
+) -> None:
+    overrides = DEFENSES[defense]
+    if any(o.startswith("strategy=") for o in overrides):
+        overrides = [*(o for o in HUGE if not o.startswith("strategy=")), *overrides]
+    else:
+        overrides = [*HUGE, *overrides]
+    rows, strategy, _ = _run(tmp_path, "run", _tampering(VICTIM, _huge), overrides)
+    assert not [r for r in rows if r["stage"] == "failure"]
+    losses = [r["loss"] for r in rows if r["stage"] == "G"]
+    losses += [r["loss_local"] for r in rows if r["stage"] in ("L1", "L2")]
+    assert len([r for r in rows if r["stage"] == "L1"]) == 3 * 4  # rounds 1 to 3, 4 clients
+    if strategy.has_global_model:
+        assert len([r for r in rows if r["stage"] == "G"]) == 4  # rounds 0 to 3
+    assert all(np.isfinite(loss) for loss in losses), losses
+    assert max(float(np.abs(a).max()) for a in strategy.global_weights) < 100.0
+
+
+def test_trimmed_mean_that_would_cut_nobody_is_refused_with_the_numbers() -> None:
+    """The default trim_fraction 0.2 of 4 clients cuts int(0.8) = 0 values: refused, exit 2."""
+    with pytest.raises(ConfigError, match=r"int\(0\.2 x 4\) = 0 .*trim_fraction >= 0\.25"):
+        compose_config([*HUGE, "robust=trimmed_mean"])
+
+
+def test_multi_krum_assuming_no_attacker_is_logged_with_the_numbers(tmp_path: Path) -> None:
+    """attack=none gives f = 0: Multi-Krum keeps all 4 updates. The run is allowed (the
+    attack-free point of a robustness study) but says so first; the 1e30 update then breaks
+    it as it breaks the plain mean."""
+    overrides = [*HUGE, "robust=multi_krum"]
+    with pytest.raises(RoundFailedError, match="Round 2: all 4 clients failed"):
+        _run(tmp_path, "run", _tampering(VICTIM, _huge), overrides)
+    first = (tmp_path / "run" / "run.log").read_text().splitlines()[0]
+    assert "WARNING" in first and "f = 0" in first and "keeps all n - f = 4 of the 4" in first
+    assert "robust.num_malicious" in first
 
 
 def test_out_of_range_evaluation_metrics_are_rejected_and_not_recorded(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Byzantine attacks and robust aggregation (FLAME paper, Zhu et al., Sec. VI-B3): the shared
-malicious-set function, the attack vectors, Multi-Krum / trimmed mean / median on hand-built
-updates with known outliers, and in-process runs where malicious clients are never scored.
+malicious-set function, the attack vectors, Multi-Krum / trimmed mean / median / norm clipping on
+hand-built updates with known outliers, the refusal of aggregators that cannot act, and
+in-process runs where malicious clients are never scored.
 """
 
 from __future__ import annotations
@@ -12,10 +13,18 @@ import pytest
 
 from pflower.compose import compose_config, config_from_run_config, settings_of
 from pflower.config import AttackConfig, AttackKind, RobustConfig, RobustKind
+from pflower.core.aggregation import weighted_mean
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.robust.aggregators import multi_krum, robust_average
+from pflower.registry import ConfigError
+from pflower.robust.aggregators import (
+    clip_update_norms,
+    idle,
+    multi_krum,
+    robust_average,
+    robust_average_partial,
+)
 from pflower.robust.attacks import (
     malicious_ids,
     malicious_set,
@@ -64,6 +73,137 @@ def test_trimmed_mean_and_median_are_coordinatewise() -> None:
     np.testing.assert_allclose(median[0], [3.0, -3.0])
     plain = np.mean([v[0] for v in values], axis=0)
     assert abs(plain[0] - 3.0) > 10  # the outlier would dominate the plain mean
+
+
+def test_robust_aggregation_of_partial_uploads_keeps_what_no_client_sent() -> None:
+    """A body every client sends, a head none sends (kept: the current one), a layer only
+    clients 0 and 1 send (aggregated over them): the median of each over its senders."""
+    empty = np.zeros(0, np.float32)
+    current = [np.zeros(2, np.float32), np.full(3, 7, np.float32), np.full(1, 5, np.float32)]
+    uploads = [
+        [np.array([1, 2], np.float32), empty, np.array([1], np.float32)],
+        [np.array([3, 4], np.float32), empty, np.array([3], np.float32)],
+        [np.array([100, -100], np.float32), empty, empty],
+    ]
+    config = RobustConfig(RobustKind.median)
+    body, head, layer = robust_average_partial(config, uploads, [1, 1, 1], 0, current)
+    np.testing.assert_allclose(body, [3, 2])
+    np.testing.assert_array_equal(head, current[1])
+    np.testing.assert_allclose(layer, [2])
+    assert head is not current[1] and body.dtype == np.float32
+
+
+def _vector(x: float, y: float, count: int) -> list[np.ndarray]:
+    """A model as the server sees it: two float arrays (the norm spans both), a BatchNorm-like
+    integer counter and an empty array (a personal array the client kept)."""
+    return [
+        np.array([x], np.float32),
+        np.array([y], np.float32),
+        np.array(count, np.int64),
+        np.zeros(0, np.float32),
+    ]
+
+
+def test_norm_clip_moves_updates_above_the_median_norm_back_to_it() -> None:
+    """Reference x = (1, 1); updates (3, 4), (0, 1), (1, 0), (0, 2), (1e30, 0) have norms
+    5, 1, 1, 2, 1e30, median 2. With c = 1 the bound is 2: (3, 4) becomes (1.2, 1.6) and
+    (1e30, 0) becomes (2, 0), the others stay; their uniform mean is x + (4.2, 4.6) / 5. With
+    c = 3 the bound is 6: only the 1e30 update is clipped, to (6, 0)."""
+    reference = _vector(1, 1, 7)
+    reference[3] = np.zeros(2, np.float32)  # the global array the clients kept to themselves
+    updates = [(3, 4), (0, 1), (1, 0), (0, 2), (1e30, 0)]
+    vectors = [_vector(1 + dx, 1 + dy, 9) for dx, dy in updates]
+
+    clipped = clip_update_norms(vectors, reference, 1.0)
+    expected = [(2.2, 2.6), (1, 2), (2, 1), (1, 3), (3, 1)]
+    for got, (x, y), original in zip(clipped, expected, vectors, strict=True):
+        np.testing.assert_allclose([got[0][0], got[1][0]], [x, y], rtol=1e-6)
+        assert [a.dtype for a in got] == [a.dtype for a in original]
+        assert int(got[2]) == 9 and got[3].size == 0  # counters and kept arrays untouched
+    for index in (1, 2, 3):  # within the bound: the very arrays, bit for bit
+        assert all(a is b for a, b in zip(clipped[index], vectors[index], strict=True))
+    mean = weighted_mean([v[:2] for v in clipped], np.ones(5))
+    np.testing.assert_allclose([mean[0][0], mean[1][0]], [1 + 4.2 / 5, 1 + 4.6 / 5], rtol=1e-6)
+
+    loose = clip_update_norms(vectors, reference, 3.0)
+    np.testing.assert_allclose([loose[4][0][0], loose[4][1][0]], [7, 1], rtol=1e-6)
+    np.testing.assert_allclose([loose[0][0][0], loose[0][1][0]], [4, 5])
+
+
+def test_a_round_without_outliers_is_fedavg_under_norm_clip() -> None:
+    vectors = [_vector(v, -v, 1)[:2] for v in (0.5, 1.0, 1.5)]
+    reference = _vector(1.0, -1.0, 0)[:2]
+    clipped = clip_update_norms(vectors, reference, 1.0)  # norms 0.71, 0, 0.71: median 0.71
+    for got, sent in zip(clipped, vectors, strict=True):
+        assert all(a is b for a, b in zip(got, sent, strict=True))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["num_clients=4", "robust=trimmed_mean"],
+            r"int\(0\.2 x 4\) = 0 .* the 4 clients of every round: .*trim_fraction >= 0\.25",
+        ),
+        (
+            ["num_clients=10", "fraction=0.4", "robust=trimmed_mean"],
+            r"int\(0\.2 x 4\) = 0 .* 4 clients sampled per round \(fraction=0\.4 of 10",
+        ),
+        (
+            ["num_clients=2", "robust=trimmed_mean", "robust.trim_fraction=0.45"],
+            r"int\(0\.45 x 2\) = 0 .* at least 3 clients per round",
+        ),
+        (["num_clients=2", "robust=median"], r"robust=median over the 2 clients .* mean"),
+        (["num_clients=2", "robust=norm_clip"], r"robust=norm_clip over the 2 clients"),
+        (
+            ["strategy=fedamp", "robust=median"],
+            r"robust=median changes nothing with strategy=fedamp",
+        ),
+        (["strategy=fedselect", "robust=norm_clip"], r"changes nothing with strategy=fedselect"),
+        (
+            ["num_clients=4", "robust=multi_krum", "robust.num_malicious=0"],
+            r"f = 0 \(robust\.num_malicious=0\) keeps all n - f = 4 of the 4 clients",
+        ),
+    ],
+)
+def test_a_robust_aggregator_that_cannot_act_is_refused_with_the_numbers(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        compose_config(["dataset=digits", *overrides])
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["num_clients=10", "robust=trimmed_mean"],  # cuts 2 at each end
+        ["num_clients=4", "robust=trimmed_mean", "robust.trim_fraction=0.25"],
+        ["num_clients=3", "robust=median"],
+        ["num_clients=4", "robust=multi_krum", "robust.num_malicious=1"],
+        ["num_clients=4", "robust=multi_krum", "attack=gaussian"],  # f = 1 from the attack
+        # FLAME's robust aggregate runs over all m = 10 cached z_i, not the 2 sampled.
+        ["num_clients=10", "fraction=0.2", "robust=trimmed_mean", "strategy=flame"],
+    ],
+)
+def test_a_robust_aggregator_that_can_act_composes(overrides: list[str]) -> None:
+    compose_config(["dataset=digits", *overrides])
+
+
+def test_multi_krum_with_f_from_an_attack_free_configuration_is_only_warned_about() -> None:
+    """The attack-free point of a robustness study: f = 0 is what Multi-Krum prescribes."""
+    settings = settings_of(compose_config(["dataset=digits", "num_clients=4", "robust=multi_krum"]))
+    warning = idle(settings.robust, 4, 0, "the 4 clients of every round")
+    assert warning is not None and not warning.refused
+    assert "f = 0" in warning.reason and "robust.num_malicious" in warning.reason
+    assert idle(settings.robust, 4, 1, "the 4 clients of every round") is None
+
+
+def test_norm_clip_and_its_factor_compose_and_validate() -> None:
+    settings = settings_of(compose_config(["robust=norm_clip", "robust.clip_factor=2.5"]))
+    assert settings.robust.name == RobustKind.norm_clip and settings.robust.clip_factor == 2.5
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(ConfigError, match=r"robust\.clip_factor must be a finite number > 0"):
+            settings_of(compose_config(["robust=norm_clip", f"robust.clip_factor={bad}"]))
 
 
 def test_attack_vectors() -> None:

@@ -212,23 +212,33 @@ class RobustKind(StrEnum):
     multi_krum = "multi_krum"
     trimmed_mean = "trimmed_mean"
     median = "median"
+    norm_clip = "norm_clip"
+    """Each update clipped to ``clip_factor`` times the round's median update norm, then the
+    strategy's own mean."""
 
 
 @dataclass
 class RobustConfig:
-    """The robust-aggregation group (``robust=none|multi_krum|trimmed_mean|median``).
+    """The robust-aggregation group (``robust=none|multi_krum|trimmed_mean|median|norm_clip``).
 
-    Replaces the server's (weighted) mean of client models in every algorithm that averages.
+    Replaces the server's (weighted) mean of client models in every algorithm that averages. A
+    configuration in which the chosen aggregator cannot act (it would be the plain mean) is
+    refused while composing, or for Multi-Krum's f = 0 taken from ``attack``, logged when the
+    server starts ([`pflower.robust.aggregators.idle`][pflower.robust.aggregators.idle]).
 
     Attributes:
         name: the aggregator.
         num_malicious: f of Multi-Krum (null: the number of malicious clients of ``attack``).
         trim_fraction: share cut at each end per coordinate by ``trimmed_mean``, in [0, 0.5).
+        clip_factor: ``norm_clip``'s bound on each update's L2 norm, as a multiple of the
+            round's median update norm, > 0 (1: Nguyen et al.'s median bound; larger values
+            clip only outliers).
     """
 
     name: RobustKind = RobustKind.none
     num_malicious: int | None = None
     trim_fraction: float = 0.2
+    clip_factor: float = 1.0
 
     def __post_init__(self) -> None:
         require(
@@ -238,6 +248,10 @@ class RobustConfig:
         require(
             0.0 <= self.trim_fraction < 0.5,
             f"robust.trim_fraction must be in [0, 0.5), got {self.trim_fraction}",
+        )
+        require(
+            0.0 < self.clip_factor < float("inf"),
+            f"robust.clip_factor must be a finite number > 0, got {self.clip_factor}",
         )
 
 

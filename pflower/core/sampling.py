@@ -37,12 +37,18 @@ def round_rng(seed: int, phase: Phase, server_round: int) -> np.random.Generator
     return np.random.default_rng([seed, int(phase), server_round])
 
 
+def sample_size(available: int, fraction: float, minimum: int) -> int:
+    """How many of ``available`` clients `choose` draws: a share ``fraction``, at least
+    ``minimum``, at most all of them."""
+    return min(available, max(int(available * fraction), min(minimum, available)))
+
+
 def choose(
     candidates: Sequence[T], fraction: float, minimum: int, rng: np.random.Generator
 ) -> list[T]:
     """A share ``fraction`` of ``candidates`` (at least ``minimum``), drawn from ``rng``, in the
     candidates' order; all of them when the share covers them."""
-    count = max(int(len(candidates) * fraction), min(minimum, len(candidates)))
+    count = sample_size(len(candidates), fraction, minimum)
     if count >= len(candidates):
         return list(candidates)
     chosen = rng.choice(len(candidates), size=count, replace=False)

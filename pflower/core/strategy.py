@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from logging import WARNING
 from typing import ClassVar, Generic
 
 import numpy as np
@@ -55,6 +56,7 @@ from flwr.common import (
     ndarrays_to_parameters,
     parameters_to_ndarrays,
 )
+from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
@@ -67,11 +69,23 @@ from pflower.core.ledger import StageLedger
 from pflower.core.options import Aggregation, OptionsT
 from pflower.core.policy import ClientUpdate, UpdatePolicy
 from pflower.core.roster import SIMULATION_SETTLE_S, NodeRoster
-from pflower.core.sampling import ClientSampler, Phase, round_rng, unseen_clients
+from pflower.core.sampling import (
+    ClientSampler,
+    Phase,
+    round_rng,
+    sample_size,
+    unseen_clients,
+)
 from pflower.core.store import ClientModelStore
 from pflower.provenance import CODE_FINGERPRINT, CODE_KEY
 from pflower.results.rundir import Recorder
-from pflower.robust.aggregators import robust_average
+from pflower.robust.aggregators import (
+    Idle,
+    clip_update_norms,
+    idle,
+    robust_average,
+    robust_average_partial,
+)
 from pflower.robust.attacks import malicious_set
 
 __all__ = [
@@ -126,6 +140,12 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     array over the clients that sent it and keeps the
     current global array where none did."""
 
+    robust_aggregation: ClassVar[bool] = True
+    """Whether ``robust=<name>`` changes what the server computes: `aggregate` combines
+    client models through `average` or `robust_mean`. An algorithm that combines
+    them otherwise (per-client mixtures, prototypes, masked means) or adopts one client's model
+    sets False, and composing then refuses ``robust=`` (`idle_robust`)."""
+
     text_metrics: ClassVar[frozenset[str]] = frozenset()
     """Metrics the algorithm's clients report as text (every other metric is a number)."""
 
@@ -179,6 +199,9 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         the run
         attempt, the last round checkpointed and, in a resumed run, the round it resumed from
         (see [`pflower.core.checkpoint`][pflower.core.checkpoint])."""
+        idle_robust = self.idle_robust(settings)
+        if idle_robust is not None and not idle_robust.refused:
+            log(WARNING, "%s", idle_robust.reason)
         self.seal_configuration()  # all set above is configuration or a collaborator
         self.init_declared_state()  # the algorithm's declared server state, before round 1
 
@@ -252,9 +275,52 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
 
     def robust_mean(self, arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
         """The ``robust`` aggregate (Multi-Krum, trimmed mean, median) of client models; Multi-Krum
-        assumes f = the number of malicious clients of ``attack`` unless ``robust.num_malicious``
-        is set."""
-        return robust_average(self.settings.robust, arrays, list(weights), len(self.malicious))
+        assumes f = the number of malicious clients of ``attack`` unless ``robust.num_malicious`` is
+        set. ``norm_clip`` clips each model's update from the current global model
+        ([`clip_update_norms`][pflower.robust.aggregators.clip_update_norms]) and takes the mean
+        with ``weights``. Where uploads may be partial, each array is aggregated over the clients
+        that sent it and the current global array kept where none did, as `average` does."""
+        robust, current = self.settings.robust, self._global_weights
+        if robust.name == RobustKind.norm_clip:
+            clipped = clip_update_norms(arrays, current, robust.clip_factor)
+            if self.partial_uploads:
+                return weighted_mean_partial(clipped, weights, current)
+            return weighted_mean(clipped, weights)
+        attackers = len(self.malicious)
+        if self.partial_uploads:
+            return robust_average_partial(robust, arrays, list(weights), attackers, current)
+        return robust_average(robust, arrays, list(weights), attackers)
+
+    @classmethod
+    def robust_inputs(cls, settings: ExperimentConfig) -> tuple[int, str]:
+        """How many client vectors `robust_mean` gets each round, as the configuration
+        fixes it (fewer when clients fail), and a phrase saying so for messages: by default the
+        round's training sample."""
+        trainable = settings.num_clients - settings.num_unseen
+        count = sample_size(trainable, settings.fraction, settings.min_clients)
+        if count == trainable:
+            return count, f"the {count} clients of every round"
+        return count, (
+            f"the {count} clients sampled per round (fraction={settings.fraction:g} of "
+            f"{trainable}, min_clients={settings.min_clients})"
+        )
+
+    @classmethod
+    def idle_robust(cls, settings: ExperimentConfig) -> Idle | None:
+        """Why ``robust`` cannot act on `robust_inputs` vectors a round (None if it can, or
+        without ``robust``): composing refuses it, or the server logs it when it starts."""
+        if settings.robust.name == RobustKind.none:
+            return None
+        if not cls.robust_aggregation:
+            return Idle(
+                f"robust={settings.robust.name} changes nothing with "
+                f"strategy={settings.strategy.config_name}: it does not combine client models "
+                "by a mean that a robust aggregator could replace; use robust=none",
+                refused=True,
+            )
+        count, per_round = cls.robust_inputs(settings)
+        attackers = len(malicious_set(settings.attack, settings.seed, settings.num_clients))
+        return idle(settings.robust, count, attackers, per_round)
 
     @property
     def global_weights(self) -> NDArrays:

@@ -157,6 +157,8 @@ class AppleUpload(StrEnum):
 class AppleStrategy(PersonalizedStrategy["AppleOptions"]):
     """Sends every sampled client all N stored core models."""
 
+    robust_aggregation: ClassVar[bool] = False
+
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
 

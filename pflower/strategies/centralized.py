@@ -49,6 +49,8 @@ def _input_noise(partition: str) -> bool:
 class CentralizedStrategy(PersonalizedStrategy["CentralizedOptions"]):
     """Sends the fit instruction to one client only and adopts its model."""
 
+    robust_aggregation: ClassVar[bool] = False
+
     def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:
         """One trainer: the sampled client with the lowest partition id (every client can reach
         the union of the training data, so which one trains does not matter)."""

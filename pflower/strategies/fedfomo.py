@@ -112,6 +112,8 @@ def hold_out(data: ClientData, fraction: float, seed: int) -> ClientData:
 class FedFomoStrategy(PersonalizedStrategy["FedFomoOptions"]):
     """Sends each client the M stored models it has the most affinity with; learns P."""
 
+    robust_aggregation: ClassVar[bool] = False
+
     text_metrics = frozenset({WEIGHTS_KEY})
 
     keeps_client_models: ClassVar[bool] = True

@@ -143,6 +143,8 @@ def class_prototypes(
 class FedProtoStrategy(PersonalizedStrategy["FedProtoOptions"]):
     """Averages the clients' class prototypes; sends the global prototypes to every client."""
 
+    robust_aggregation: ClassVar[bool] = False
+
     has_global_model: ClassVar[bool] = False
 
     prototypes: NDArrays | None = state()

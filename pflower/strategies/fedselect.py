@@ -110,6 +110,8 @@ def grow_shared(
 class FedSelectStrategy(PersonalizedStrategy["FedSelectOptions"]):
     """Per-scalar mean over the clients that share each entry."""
 
+    robust_aggregation: ClassVar[bool] = False
+
     has_global_model: ClassVar[bool] = False
 
     def expected_upload(self, current: NDArrays) -> NDArrays:

@@ -75,7 +75,7 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
-from pflower.config import RobustKind, require
+from pflower.config import ExperimentConfig, RobustKind, require
 from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
 from pflower.core.options import Aggregation, AlgorithmOptions
@@ -163,6 +163,12 @@ class FLAMEStrategy(PersonalizedStrategy["FLAMEOptions"]):
         """The m clients of the ADMM consensus: all but those held out of training
         (``eval.unseen_fraction``), which never upload a z_i."""
         return [pid for pid in range(self.settings.num_clients) if pid not in self.unseen]
+
+    @classmethod
+    def robust_inputs(cls, settings: ExperimentConfig) -> tuple[int, str]:
+        """The robust aggregate runs over the m cached z_i, sampled this round or not."""
+        m = settings.num_clients - settings.num_unseen
+        return m, f"the m = {m} cached z_i of every round"
 
     def aggregate(
         self, server_round: int, updates: list[ClientUpdate], current: NDArrays

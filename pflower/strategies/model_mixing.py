@@ -141,6 +141,7 @@ class ModelMixingStrategy(PersonalizedStrategy[MixingOptionsT]):
 
     keeps_client_models: ClassVar[bool] = True
     global_model_label: ClassVar[str | None] = MEAN_OF_CLIENT_MODELS
+    robust_aggregation: ClassVar[bool] = False
 
     initial_weights: NDArrays = state(factory=lambda strategy: strategy.global_weights)
     """Θ^0, the stored model of a client never sampled."""
