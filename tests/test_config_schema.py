@@ -144,8 +144,13 @@ def test_group_yaml_files_are_presets_of_stored_nodes() -> None:
 
 
 def test_help_lists_every_option_of_every_group() -> None:
+    """Hydra's help (``pflower --help-config``; ``--help`` lists the commands) names every option
+    of every configuration group."""
     result = subprocess.run(
-        [sys.executable, "-m", "pflower", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "pflower", "--help-config"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     for group in ("dataset", "partition", "model", "split", "backend", "strategy", "tracking"):
         options = group_options(group)
