@@ -5,13 +5,17 @@ ranking (detectable difference, false separation rate) are what their formulas s
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from scipy import stats
 
+from pflower.reporting.leaderboard import render
 from pflower.reporting.studies import (
     detectable_difference,
     false_separation_rate,
@@ -83,3 +87,52 @@ def test_the_detectable_difference_follows_the_paired_sample_size_formula() -> N
 def test_intervals_of_equal_methods_rarely_separate_when_seeds_dominate() -> None:
     rate = false_separation_rate(3, 5, between=0.0, within=1.0, trials=60, resamples=200)
     assert 0.0 <= rate <= 0.1
+
+
+def _study_run(run_dir: Path, final: float) -> None:
+    run_dir.mkdir(parents=True)
+    summary = {
+        "status": "completed",
+        "rounds": 2,
+        "wall_time_s": 4.0,
+        "final": {"L1": {"acc_local": {"mean": final}}},
+        "last10": {"L1": {"acc_local": {"mean": final}}},
+        "code": {"fingerprint": "abc123"},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+
+
+def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
+    """Final runs under ``final/<method>/study_<k>/seed_<s>`` are ranked by their mean with
+    intervals; the table shows each study's rank and what each study searched; the notes give
+    the false separation rate, the detectable difference and the ranks that move."""
+    root = tmp_path / "suite"
+    setting = root / "digits"
+    levels = {"fedavg": 0.80, "fedprox": 0.78, "local": 0.70}
+    luck = {("fedprox", 1): 0.03}  # one lucky study: fedprox's rank moves with the study
+    for method, level in levels.items():
+        for study in (0, 1):
+            for seed, effect in ((1, -0.02), (2, 0.01), (3, 0.03)):
+                value = level + effect + luck.get((method, study), 0.0)
+                _study_run(setting / "final" / method / f"study_{study}" / f"seed_{seed}", value)
+            chosen = {
+                "params": {"train.lr": 0.01 * (study + 1)},
+                "search": {"configurations": 7, "to_the_end": 2, "study": study},
+            }
+            path = setting / "chosen" / method / f"study_{study}.yaml"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(yaml.safe_dump(chosen))
+    (root / "suite.yaml").write_text(yaml.safe_dump({"name": "tiny", "final_seeds": [1, 2, 3]}))
+    text, rows = render(root)
+    header = rows[0]
+    assert header[:3] == ["setting", "rank", "95% rank interval"]
+    by_method = {row[3]: dict(zip(header, row, strict=True)) for row in rows[1:]}
+    assert [row[3] for row in rows[1:]] == ["FedAvg", "FedProx", "Local"]  # by the mean
+    assert by_method["FedProx"]["rank by study"] == "2/1 (moves)"
+    assert by_method["Local"]["rank by study"] == "3/3"
+    assert by_method["FedAvg"]["runs"] == "2 x 3"
+    assert by_method["FedAvg"]["configurations (to the end)"] == "14 (4)"
+    assert by_method["FedAvg"]["chosen per study"] == "0: lr=0.01; 1: lr=0.02"
+    assert by_method["Local"]["95% rank interval"] == "3-3"
+    assert "disjoint intervals in" in text and "Smallest difference" in text
+    assert "another study would have changed ('moves'): fedavg, fedprox." in text

@@ -83,7 +83,7 @@ from pflower.compose import meta_model
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import collapse_of
 from pflower.provenance import code_version
-from pflower.reporting import figures
+from pflower.reporting import figures, studies
 from pflower.results.rundir import (
     REJECTION_NOTE,
     Rejected,
@@ -137,6 +137,10 @@ class Entry:
     collapse: tuple[str, str] = ("", "")
     """``("= FedAvg", why)`` or ``("≈ Local", why)`` where the method is another method
     (`collapse`); empty strings where it is itself."""
+    studies: dict[int, dict[int, float]] = field(default_factory=dict)
+    """A suite of several studies: final accuracy by study, then seed (empty: one study)."""
+    study_chosen: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    """A suite of several studies: each study's chosen file."""
 
     @property
     def by_seed(self) -> dict[int, float]:
@@ -184,6 +188,27 @@ def _final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
             yield int(suffix), run_dir, summary
 
 
+def _study_files(folder: Path, suffix: str) -> list[tuple[int, Path]]:
+    """``(k, path)`` of every ``study_<k>`` entry of ``folder`` (``.<suffix>`` files, or
+    folders for ``suffix=""``), by ``k``."""
+    found = []
+    for path in folder.glob(f"study_*{'.' + suffix if suffix else ''}"):
+        number = path.name.removeprefix("study_").removesuffix(f".{suffix}" if suffix else "")
+        if number.isdigit() and (path.is_dir() != bool(suffix)):
+            found.append((int(number), path))
+    return sorted(found)
+
+
+def _study_runs(method_dir: Path) -> Iterator[tuple[int | None, int, Path, dict[str, Any]]]:
+    """``(study, seed, run folder, summary)`` of a method's final runs: ``final/<method>/
+    study_<k>/seed_<n>`` for a suite of several studies, ``final/<method>/seed_<n>`` (study
+    None) for one."""
+    folders: list[tuple[int | None, Path]] = [*_study_files(method_dir, "")]
+    for study, folder in folders or [(None, method_dir)]:
+        for seed, run_dir, summary in _final_runs(folder):
+            yield study, seed, run_dir, summary
+
+
 def collapse(method: str, config: Mapping[str, Any], chosen: Mapping[str, Any]) -> tuple[str, str]:
     """Whether the final runs' resolved ``config`` makes ``method`` another method: ``("= <base>",
     why)`` at a declared neutral point of its options or on a model that leaves it nothing of
@@ -224,8 +249,13 @@ def load_setting(setting_dir: Path) -> list[Entry]:
         chosen_path = setting_dir / "chosen" / f"{method}.yaml"
         if chosen_path.exists():
             entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
+        for number, path in _study_files(setting_dir / "chosen" / method, "yaml"):
+            entry.study_chosen[number] = yaml.safe_load(path.read_text()) or {}
+        entry.chosen = entry.chosen or entry.study_chosen.get(
+            min(entry.study_chosen, default=0), {}
+        )
         entry.profiles, entry.stale_profiles = current_profiles(setting_dir, method, entry.chosen)
-        for seed, run_dir, summary in _final_runs(final_root / method):
+        for study, seed, run_dir, summary in _study_runs(final_root / method):
             if failed_by_itself(summary):  # an interrupted run has not run yet
                 entry.failed[seed] = error_line(summary)
             if summary.get("status") != "completed":
@@ -237,6 +267,8 @@ def load_setting(setting_dir: Path) -> list[Entry]:
                 entry.rejected[seed] = rejected
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
             entry.seeds.append(seed)
+            if study is not None:
+                entry.studies.setdefault(study, {})[seed] = entry.final[-1]
             entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
             entry.seconds_per_round.append(seconds_per_round(cost, summary))
             entry.mb_per_client_round.append(mb_per_client_round(cost))
@@ -535,6 +567,18 @@ def table(entries: Sequence[Entry]) -> list[list[str]]:
     return body
 
 
+def _method_row(entry: Entry) -> studies.MethodRow:
+    """What the table of a suite of several studies shows of ``entry`` beside its scores."""
+    return studies.MethodRow(
+        label=entry.label,
+        collapse=entry.collapse[0],
+        chosen={k: _chosen(c) for k, c in entry.study_chosen.items()},
+        searched={k: c.get("search") or {} for k, c in entry.study_chosen.items()},
+        seconds_per_round=_number(entry.seconds_per_round, 2),
+        mb_per_client_round=_number(entry.mb_per_client_round, 3),
+    )
+
+
 def _markdown_table(rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += [
@@ -645,7 +689,16 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         knobs = shared_knobs(entries)
         if knobs:
             lines += [f"Shared knobs searched for every method: {', '.join(knobs)}.", ""]
-        rows = table(entries)
+        results = {e.method: e.studies for e in entries if e.studies}
+        ranked = studies.rank_intervals(results) if results else []
+        if ranked:  # a suite of several studies: ranked by the mean, with intervals
+            by_method = {e.method: e for e in entries}
+            for r in ranked:
+                by_method[r.method].rank = r.rank
+            entries = [by_method[r.method] for r in ranked]
+            rows = studies.table(ranked, {e.method: _method_row(e) for e in entries})
+        else:
+            rows = table(entries)
         if entries:
             figure = figures.leaderboard(
                 [(e.label, e.final, e.rank) for e in entries],
@@ -654,7 +707,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
-        lines += _inversion_notes(entries)
+        lines += studies.notes(results, ranked) if ranked else _inversion_notes(entries)
         lines += _collapse_notes(entries)
         lines += _failure_notes(entries)
         lines += _rejection_notes(entries)
@@ -662,7 +715,8 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         lines += _exceptions(setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {}))
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
         lines += _pending(setting_dir, compared or suite.get("methods") or [], entries)
-        csv_rows += [["setting", *rows[0]]] if not csv_rows else []
+        if not csv_rows or csv_rows[0][1:] != rows[0]:  # a header wherever the columns change
+            csv_rows += [["setting", *rows[0]]]
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:
             codes |= entry.codes

@@ -37,6 +37,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -216,3 +217,120 @@ def false_separation_rate(
         (a_low, a_high), (b_low, b_high) = ranked["a"], ranked["b"]
         disjoint += a_high < b_low or b_high < a_low
     return disjoint / trials
+
+
+# ------------------------------------------------------------------------------ the leaderboard
+@dataclass(frozen=True)
+class MethodRow:
+    """What the leaderboard knows of one method beyond its scores (:func:`table`)."""
+
+    label: str
+    collapse: str
+    chosen: Mapping[int, str]
+    """Each study's chosen values, in words."""
+    searched: Mapping[int, Mapping[str, Any]]
+    """Each study's ``search`` record (its chosen file's: configurations, run to the end)."""
+    seconds_per_round: str
+    mb_per_client_round: str
+
+
+def _percent(value: float) -> str:
+    return f"{100 * value:.2f}"
+
+
+def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[list[str]]:
+    """The leaderboard table of a setting tuned in several studies, best first."""
+    header = [
+        "rank",
+        f"{LEVEL:.0%} rank interval",
+        "method",
+        "final Acc(L) %",
+        "between studies (pts)",
+        "rank by study",
+        "runs",
+        "configurations (to the end)",
+        "chosen per study",
+        "s / round",
+        "MB / client-round",
+        "collapse",
+    ]
+    body = [header]
+    for r in ranked:
+        row = rows[r.method]
+        tried = sum(int(s.get("configurations", 0)) for s in row.searched.values())
+        ended = sum(int(s.get("to_the_end", 0)) for s in row.searched.values())
+        body.append(
+            [
+                str(r.rank),
+                f"{r.interval[0]}-{r.interval[1]}",
+                row.label + (" (!)" if r.too_few_seeds else ""),
+                f"{_percent(r.mean)}",
+                f"{100 * r.between_studies:.2f}",
+                "/".join(str(r.study_ranks[k]) for k in sorted(r.study_ranks))
+                + (" (moves)" if r.rank_moves_with_the_study else ""),
+                f"{len(r.study_means)} x {r.seeds}",
+                f"{tried} ({ended})" if row.searched else "-",
+                "; ".join(f"{k}: {row.chosen[k]}" for k in sorted(row.chosen)) or "-",
+                row.seconds_per_round,
+                row.mb_per_client_round,
+                row.collapse,
+            ]
+        )
+    return body
+
+
+def spreads(results: Mapping[str, Scores]) -> tuple[float, float]:
+    """The setting's typical between-study and within-study (seed) standard deviations: the
+    medians over methods of the spread of its study means and of its seeds within a study."""
+    between, within = [], []
+    for scores in results.values():
+        means = [statistics.fmean(s.values()) for s in scores.values() if s]
+        if len(means) > 1:
+            between.append(statistics.stdev(means))
+        within += [statistics.stdev(s.values()) for s in scores.values() if len(s) > 1]
+    return (
+        statistics.median(between) if between else 0.0,
+        statistics.median(within) if within else 0.0,
+    )
+
+
+def notes(results: Mapping[str, Scores], ranked: Sequence[StudyRanks]) -> list[str]:
+    """What qualifies a setting's ranks: the procedure with its simulated false separation rate
+    at the setting's own spreads, the smallest difference its seeds detect, the methods whose
+    rank moves with the study, and those ranked on too few seeds."""
+    if not ranked:
+        return []
+    studies = max(len(r.study_means) for r in ranked)
+    seeds = min(r.seeds for r in ranked)
+    between, within = spreads(results)
+    rate = false_separation_rate(studies, max(seeds, 2), between, within)
+    lines = [
+        f"Ranks are by the mean over every study's final runs; the {LEVEL:.0%} rank interval "
+        f"comes from a nested bootstrap over the studies and the paired seeds ({RESAMPLES} "
+        f"resamples). With {studies} studies of {seeds} seeds and this setting's spreads "
+        f"(between studies {100 * between:.2f} points, between seeds {100 * within:.2f}), two "
+        f"methods of equal mean get disjoint intervals in {rate:.0%} of simulated settings: "
+        "read a disjoint pair as separated at about that error rate.",
+        "",
+    ]
+    smallest = detectable_difference(results)
+    if smallest is not None:
+        lines += [
+            f"Smallest difference the final seeds detect (paired t-test, 80% power, 5% level): "
+            f"{100 * smallest:.2f} points.",
+            "",
+        ]
+    moving = [r.method for r in ranked if r.rank_moves_with_the_study]
+    if moving:
+        lines += [
+            f"Ranks that another study would have changed ('moves'): {', '.join(moving)}.",
+            "",
+        ]
+    few = [r.method for r in ranked if r.too_few_seeds]
+    if few:
+        lines += [
+            f"(!) Ranked on fewer than {MIN_SEEDS} final seeds per study, too few to rank on: "
+            f"{', '.join(few)}.",
+            "",
+        ]
+    return lines
