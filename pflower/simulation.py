@@ -19,7 +19,7 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +34,20 @@ QUIET_RAY_ENVIRONMENT = {
 
 
 def ray_backend_config(settings: ExperimentConfig) -> dict[str, Any]:
-    """Flower's Ray backend settings from the ``backend`` config group."""
+    """Flower's Ray backend settings from the ``backend`` config group: a local Ray of the
+    run's own, or the cluster asked for once it answers
+    ([`pflower.runtime.raycluster.ray_address`][pflower.runtime.raycluster.ray_address]; only for
+    ``backend=ray``).
+
+    Raises:
+        RayClusterUnreachable: the cluster asked for does not answer.
+    """
     backend = settings.backend
     init_args: dict[str, Any] = {"logging_level": logging.WARNING, "log_to_driver": True}
-    if backend.address:
-        init_args["address"] = backend.address
+    if backend.name == "ray":
+        from pflower.runtime.raycluster import ray_address
+
+        init_args["address"] = ray_address(backend.address)
     return {
         "client_resources": {
             "num_cpus": backend.num_cpus_per_client,
@@ -48,16 +57,23 @@ def ray_backend_config(settings: ExperimentConfig) -> dict[str, Any]:
     }
 
 
+@contextlib.contextmanager
+def _ray_workers() -> Iterator[None]:
+    """Flower's Ray backend, its head lean and pflower's signal handlers kept."""
+    from pflower.runtime.engine import lean_ray_head, ray_keeps_signal_handlers
+
+    with lean_ray_head(), ray_keeps_signal_handlers():
+        yield
+
+
 def _backend_workers(
     settings: ExperimentConfig, client_app: Any, run_config: dict[str, Any]
 ) -> contextlib.AbstractContextManager[None]:
     """What runs the engine's ClientApps: forked workers for ``backend=fork``, else Ray (with a
-    lean head)."""
+    lean head, leaving pflower's signal handlers in place)."""
     backend = settings.backend
     if backend.name != "fork":
-        from pflower.runtime.engine import lean_ray_head
-
-        return lean_ray_head()
+        return _ray_workers()
     from pflower.client.app import prepare_ahead
     from pflower.compose import overrides_from_run_config
     from pflower.runtime.forkbackend import default_worker_count, forked_workers

@@ -4,9 +4,10 @@ and 8), with real processes:
 - every wait on a ``flwr`` command is a setting (``--flwr-timeout``, default
   :data:`~pflower.deploy.local.FLWR_TIMEOUT_S`); one that expires ends the command with a message
   naming the setting and exit code 1, never a traceback;
-- ``pflower deploy down`` while ``pflower deploy run`` follows the run ends the follower with a
-  message, and the ServerApp records the run as failed (``interrupted by SIGTERM``) in
-  ``summary.json``.
+- ``pflower deploy down`` while ``pflower deploy run`` follows the run stops the ServerApp before
+  the nodes (issue 61, item 4): it records the run as failed, ``interrupted by SIGTERM``, in
+  ``summary.json`` (not "only 0 client(s) reachable"), and the follower ends with one line;
+- a restarted SuperNode's pid is in ``deployment.json`` (issue 61, item 6).
 
 Timeouts are generous: these run beside other work on a loaded 2-core machine.
 """
@@ -136,15 +137,38 @@ def test_deploy_down_while_following_a_run(tmp_path: Path) -> None:
             main(["down", "--dir", str(directory)])
     output = log.read_text()
     assert code == 1, output[-3000:]
-    # The follower ends with its message, not a traceback of its own (the streamed ServerApp log
-    # may hold the server's: with its nodes gone, the round fails before SIGTERM arrives).
-    assert "KeyError" not in output, output[-3000:]
-    assert not re.search(r'File "[^"]*pflower/(deploy|cli)', output), output[-3000:]
-    assert "stopped following run" in output and "pflower deploy down" in output
+    # The ServerApp stops first, while its nodes are there: no round fails, no traceback, and the
+    # follower ends with one line of its own, not Flower's "SuperLink unavailable" box.
+    assert "Traceback" not in output, output[-3000:]
+    assert "Connection to the SuperLink is unavailable" not in output, output[-3000:]
+    assert output.rstrip().splitlines()[-1].startswith("stopped following run"), output[-3000:]
+    assert "interrupted by SIGTERM" in output and "pflower deploy down" in output
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "failed", summary["error"]
-    # Why depends on which `deploy down` reached first: SIGTERM to the ServerApp ("interrupted by
-    # SIGTERM"), or the SuperNodes, whose absence fails the round ("all 1 clients failed", "only 0
-    # client(s) reachable"). Either way the run is recorded as failed, with its reason.
-    assert summary["error"], summary
+    assert (summary["status"], summary["error"]) == ("failed", "interrupted by SIGTERM")
     assert not tagged_pids(tag)
+
+
+@pytest.mark.deployment
+def test_a_restarted_supernode_is_recorded_in_the_process_table(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``deploy status|down`` read ``deployment.json``: a SuperNode restarted by
+    :meth:`Deployment.start_supernode` must be found there under its new pid. No SuperLink is
+    needed: the node only retries it."""
+    endpoints = Endpoints(free_port(), free_port(), free_port())
+    deployment = Deployment(tmp_path / "deploy", 1, endpoints, fast_rounds=False)
+    try:
+        deployment.start_supernode(0, runtime_port=free_port())
+        first = deployment.processes["supernode-0"].pid
+        deployment.stop("supernode-0")
+        deployment.start_supernode(0, runtime_port=free_port())
+        second = deployment.processes["supernode-0"].pid
+        loaded = Deployment.load(str(tmp_path / "deploy"))  # a str, as a script passes it
+        assert first != second
+        assert loaded.processes["supernode-0"].pid == second
+        assert loaded.alive("supernode-0")
+        assert main(["status", "--dir", str(tmp_path / "deploy")]) == 0
+        assert re.search(rf"supernode-0 +pid {second} +running", capsys.readouterr().out)
+    finally:
+        deployment.stop_all()
+    assert not Deployment.load(tmp_path / "deploy").alive("supernode-0")

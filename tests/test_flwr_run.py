@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -179,16 +181,22 @@ busy 2-core machine take 1-2 minutes."""
 
 
 class LocalFlower:
-    """The Flower CLI with a private ``FLWR_HOME`` and local-SuperLink ports of its own."""
+    """The Flower CLI with a private ``FLWR_HOME`` and local-SuperLink ports of its own, and a
+    Ray temp folder of its own holding the record of a dead cluster: the Ray of ``flwr run .``
+    must be a local one all the same (issue 61, item 7: that record hung ``flwr-simulation``)."""
 
     def __init__(self, home: Path) -> None:
         self.home = home
+        self.ray_tmp = Path(tempfile.mkdtemp(prefix="pfray", dir="/tmp"))  # Ray's sockets: short
+        (self.ray_tmp / "ray").mkdir()
+        (self.ray_tmp / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")
         self.env = dict(
             os.environ,
             FLWR_HOME=str(home),
             FLWR_LOCAL_SUPERLINK_HTTP_API_PORT=str(free_port()),
             FLWR_LOCAL_CONTROL_API_PORT=str(free_port()),
             FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1",
+            RAY_TMPDIR=str(self.ray_tmp),
         )
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
@@ -216,6 +224,7 @@ class LocalFlower:
                     process.wait(timeout=20)
                 except psutil.TimeoutExpired:
                     os.kill(process.info["pid"], signal.SIGKILL)
+        shutil.rmtree(self.ray_tmp, ignore_errors=True)
 
 
 @pytest.fixture

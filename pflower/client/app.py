@@ -21,6 +21,7 @@ from pflower.core.training import import_first_step_modules
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
 from pflower.runtime.packing import packed_arrays_mod
+from pflower.runtime.raycluster import local_ray_under_flwr_simulation
 
 
 class _QuietActorShutdown(logging.Filter):
@@ -34,6 +35,7 @@ class _QuietActorShutdown(logging.Filter):
 
 logging.getLogger("flwr").addFilter(_QuietActorShutdown())
 plain_flower_console_unless_tty()
+local_ray_under_flwr_simulation()  # `flwr run .`: Flower's engine imports this before ray.init
 
 
 def client_fn(context: Context) -> Client:

@@ -307,8 +307,10 @@ class BackendConfig:
             starts as many workers as the machine has CPUs for this many each).
         num_gpus_per_client: Ray GPUs (fractional allowed) per ClientApp actor (``ray`` only;
             ``fork`` needs 0: its workers all train on ``train.device``).
-        address: Ray cluster to attach to (``auto``, ``host:6379``), null for a local Ray
-            (``ray`` only).
+        address: Ray cluster to attach to (``auto``: ``RAY_ADDRESS``, else Ray's record of the
+            last ``ray start``; or ``host:6379``), null for a local Ray of the run's own unless
+            ``RAY_ADDRESS`` names a cluster (``ray`` only;
+            [`pflower.runtime.raycluster`][pflower.runtime.raycluster]).
         workers: how many workers ``fork`` starts; null: from ``num_cpus_per_client``.
     """
 

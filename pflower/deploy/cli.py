@@ -8,6 +8,7 @@ experiment to it; ``compose`` writes the docker-compose files.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import time
 from pathlib import Path
@@ -51,7 +52,6 @@ def _up(args: argparse.Namespace) -> int:
             deployment.register_nodes()
         for index in range(args.num_clients):
             deployment.start_supernode(index)
-        deployment.save()
         deployment.wait_for_nodes(args.num_clients, args.timeout)
     except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as error:
         deployment.stop_all()
@@ -192,11 +192,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
     except (SuperLinkGoneError, DeployTimeoutError) as error:
-        print(
-            f"\nstopped following run {run_id}: {error}. The deployment was stopped "
-            f"(`pflower deploy down`?) or cannot be reached; the run's results so far, and "
-            f"summary.json saying how it ended, are in {run_dir}"
-        )
+        print(f"\n{_interrupted(run_id, Path(run_dir)) or _gone(run_id, run_dir, error)}")
         return 1
     except KeyboardInterrupt:
         print(
@@ -204,8 +200,44 @@ def _run(args: argparse.Namespace) -> int:
             f"FLWR_HOME={deployment.cli_home} flwr stop {run_id} {CONNECTION}"
         )
         return 130
+    if status != "finished:completed" and (line := _interrupted(run_id, Path(run_dir))):
+        print(f"\n{line}")
+        return 1
     print(f"run {run_id}: {status}")
     return 0 if status == "finished:completed" else 1
+
+
+def _interrupted(run_id: str, run_dir: Path) -> str | None:
+    """The follower's one line for a run whose ServerApp recorded an interruption (``pflower
+    deploy down`` while it ran), None for any other run."""
+    from pflower.results.rundir import was_interrupted
+
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not was_interrupted(summary):
+        return None
+    from pflower.core.checkpoint import CHECKPOINT_FILE
+
+    resume = (
+        f", resume it with `pflower deploy run --resume {run_dir}`"
+        if (run_dir / CHECKPOINT_FILE).exists()
+        else ""
+    )
+    return (
+        f"stopped following run {run_id}: {summary['error']} (the deployment was stopped: "
+        f"`pflower deploy down`?); its results so far are in {run_dir}{resume}"
+    )
+
+
+def _gone(run_id: str, run_dir: str, error: Exception) -> str:
+    """The follower's line for a run it lost sight of without its ServerApp saying why."""
+    return (
+        f"stopped following run {run_id}: {error}. The deployment was stopped "
+        f"(`pflower deploy down`?) or cannot be reached; the run's results so far, and "
+        f"summary.json saying how it ended, are in {run_dir}"
+    )
 
 
 def _compose(args: argparse.Namespace) -> int:

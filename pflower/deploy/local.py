@@ -46,6 +46,10 @@ IN_MEMORY_STATE = SUPERLINK_IN_MEMORY_DB
 CONNECTION = "pflower-local"
 """Name of the SuperLink connection written to the deployment's Flower configuration."""
 
+SERVERAPP_PROGRAM = "flwr-serverapp"
+"""The program of the process that runs a run's ServerApp (started by the SuperLink's
+SuperExec), stopped first by `Deployment.stop_all`."""
+
 STATE_FILE = "deployment.json"
 """The process table in the deployment directory, written by
 [`Deployment.save`][pflower.deploy.local.Deployment.save]."""
@@ -140,6 +144,7 @@ class Deployment:
         )
         self.processes[name] = process
         self._popens[name] = popen
+        self.save()  # a restarted process's new pid is what `deploy status|down` must find
 
     def start_superlink(self, timeout: float = START_TIMEOUT_S) -> None:
         """Start the SuperLink and wait until its Fleet and Control APIs accept connections."""
@@ -188,7 +193,14 @@ class Deployment:
             popen.wait(timeout=grace + 5)
 
     def stop_all(self, grace: float = 10.0) -> None:
-        """End the SuperNodes, then the SuperLink, then anything else carrying the tag."""
+        """End the runs' ServerApps, then the SuperNodes, then the SuperLink, then anything else
+        carrying the tag.
+
+        A ServerApp goes first, while its nodes are still there: on SIGTERM it records its run
+        as interrupted (``interrupted by SIGTERM`` in ``summary.json``), which ``pflower
+        report`` counts apart from failures. Stopped after its nodes, it saw them vanish and
+        failed the round ("only 0 client(s) reachable") before the signal came."""
+        terminate(self.tag, grace=grace, program=SERVERAPP_PROGRAM)
         for name in sorted(self.processes, key=lambda n: n == "superlink"):
             self.stop(name, grace=grace)
         terminate(self.tag, [p.pid for p in self.processes.values()], grace)
@@ -340,7 +352,8 @@ class Deployment:
 
     # ------------------------------------------------------------------ state file
     def save(self) -> None:
-        """Write the process table so that a later ``status``/``down`` finds the processes."""
+        """Write the process table so that a later ``status``/``down`` finds the processes
+        (every start of a process does, so it also holds a restarted node's new pid)."""
         state = {
             "tag": self.tag,
             "num_clients": self.num_clients,
@@ -352,11 +365,13 @@ class Deployment:
             "fast_rounds": self.fast_rounds,
             "state_database": self.state_database,
         }
+        self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / STATE_FILE).write_text(json.dumps(state, indent=2))
 
     @classmethod
-    def load(cls, directory: Path) -> Deployment:
+    def load(cls, directory: str | os.PathLike[str]) -> Deployment:
         """The deployment whose process table ``directory`` holds."""
+        directory = Path(directory)
         state = json.loads((directory / STATE_FILE).read_text())
         security = Security(
             **{k: None if v is None else Path(v) for k, v in state["security"].items()}

@@ -120,11 +120,23 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def _targets(tag: str, leaders: Sequence[int]) -> list[int]:
-    """The processes to signal: tagged ones, or without ``/proc`` the live session leaders."""
+def runs_program(pid: int, program: str) -> bool:
+    """Whether process ``pid`` runs ``program``: the name of its executable or, for a Python
+    entry point (``python /venv/bin/flwr-serverapp ...``), of its script (Linux's ``/proc``)."""
+    try:
+        words = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")[:2]
+    except OSError:
+        return False
+    return any(Path(word.decode(errors="replace")).name == program for word in words)
+
+
+def _targets(tag: str, leaders: Sequence[int], program: str | None = None) -> list[int]:
+    """The processes to signal: tagged ones (only those running ``program``, if given), or
+    without ``/proc`` the live session leaders (none, for a ``program``)."""
     if _PROC.is_dir():
-        return tagged_pids(tag)
-    return [pid for pid in leaders if pid_alive(pid)]
+        pids = tagged_pids(tag)
+        return pids if program is None else [pid for pid in pids if runs_program(pid, program)]
+    return [] if program is not None else [pid for pid in leaders if pid_alive(pid)]
 
 
 def any_running(tag: str, leaders: Sequence[int] = ()) -> bool:
@@ -144,20 +156,22 @@ def terminate(
     leaders: Sequence[int] = (),
     grace: float = 10.0,
     sig: signal.Signals = signal.SIGTERM,
+    program: str | None = None,
 ) -> None:
-    """End every process carrying ``tag``: ``sig`` first, SIGKILL after ``grace`` seconds.
+    """End every process carrying ``tag`` (that runs ``program``, if given: see
+    `runs_program`): ``sig`` first, SIGKILL after ``grace`` seconds.
 
     Flower's processes start their own sessions, so process groups do not reach them all;
     the tag does, also after a parent died and its children were re-parented. Where there is
     no ``/proc`` (macOS), the process groups of ``leaders`` (the processes we started, each a
     session leader) are signalled instead; Flower's child processes follow their parents.
     """
-    _signal_all(_targets(tag, leaders), sig)
+    _signal_all(_targets(tag, leaders, program), sig)
     deadline = time.monotonic() + grace
-    while (remaining := _targets(tag, leaders)) and time.monotonic() < deadline:
+    while (remaining := _targets(tag, leaders, program)) and time.monotonic() < deadline:
         time.sleep(0.2)
     _signal_all(remaining, signal.SIGKILL)
-    while _targets(tag, leaders) and time.monotonic() < deadline + 5:
+    while _targets(tag, leaders, program) and time.monotonic() < deadline + 5:
         time.sleep(0.1)
 
 

@@ -222,7 +222,7 @@ def false_separation_rate(
 # ------------------------------------------------------------------------------ the leaderboard
 @dataclass(frozen=True)
 class MethodRow:
-    """What the leaderboard knows of one method beyond its scores (:func:`table`)."""
+    """What the leaderboard knows of one method beyond its scores (`table`)."""
 
     label: str
     collapse: str

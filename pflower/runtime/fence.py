@@ -212,6 +212,22 @@ RAY_START_API_SERVER = Internal(
     "it starts Ray's API server, which with include_dashboard=False serves only usage "
     "statistics, and ray.init waits for it (Ray has no public switch)",
 )
+RAY_INIT = Internal(
+    "flwr.server.superlink.fleet.vce.backend.raybackend",
+    "RayBackend.init_ray",
+    "(self, backend_config)",
+    "its ray.init replaces the driver's SIGTERM handler by Ray's sys.exit, so a Ray run stopped "
+    "by `kill` recorded nothing and hung; pflower puts its handler back after it "
+    "(pflower.runtime.engine.ray_keeps_signal_handlers)",
+)
+RAY_ADDRESS_FILE = Internal(
+    "ray._common.utils",
+    "get_ray_address_file",
+    "(temp_dir)",
+    "it names Ray's record of the last `ray start` cluster, which ray.init() attaches to; a "
+    "dead cluster's record hung every Ray-backed run, so pflower reads it first "
+    "(pflower.runtime.raycluster)",
+)
 IN_MEMORY_GRID = Internal(
     "flwr.superlink.grid.inmemory_grid",
     "InMemoryGrid",
@@ -327,6 +343,8 @@ INTERNALS: tuple[Internal, ...] = (
     EMPTY_RUN,
     RAY_START_MONITOR,
     RAY_START_API_SERVER,
+    RAY_INIT,
+    RAY_ADDRESS_FILE,
     IN_MEMORY_GRID,
     HTTP_GRID_SEND_AND_RECEIVE,
     GRID_CLIENT_PROXY,
