@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from pflower.config import ExperimentConfig, conf_dir
+from pflower.plugins import PluginError
 from pflower.quickcheck import check_before_imports, write_schema_cache
 from pflower.registry import ConfigError
 from pflower.runtime.logs import plain_flower_console_unless_tty
@@ -303,14 +304,26 @@ def resume(argv: Sequence[str]) -> int:
     return 0
 
 
+def _load_plugins() -> None:
+    """Register pflower's algorithms and the plugins (:mod:`pflower.plugins`); a plugin that
+    fails to load ends the command with its one-line message and exit code 2."""
+    try:
+        import pflower.strategies  # noqa: F401  (loads the plugins after pflower's own)
+    except PluginError as error:
+        console.print(f"[red]plugin error:[/] {escape(str(error))}")
+        sys.exit(2)
+
+
 def main() -> None:
     """Console entry point: dispatch subcommands, else run an experiment."""
     if len(sys.argv) > 1 and sys.argv[1] == "report":
+        _load_plugins()
         from pflower.reporting.report import main as report_main
 
         sys.exit(report_main(sys.argv[2:]))
     if len(sys.argv) < 2 or sys.argv[1] not in ("tune", "resume", "deploy"):
         _check_before_imports(sys.argv[1:])
+    _load_plugins()
     plain_flower_console_unless_tty()
     if len(sys.argv) > 1 and sys.argv[1] == "tune":
         from pflower.tuning.cli import main as tune_main

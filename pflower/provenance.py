@@ -11,7 +11,11 @@ SuperLink's ServerApp is the same mix.
 imported, which ``import pflower`` does: it names the code the process started with. The server
 puts it into every message it sends (:data:`CODE_KEY`); every client compares it with its own
 (:func:`check_same_code`) and refuses to work for a server running other code.
-``summary.json`` records it with the git commit (:func:`code_version`).
+``summary.json`` records it with the git commit (:func:`code_version`), and beside it one
+fingerprint per part of the code that decides a run's numbers (:data:`COMPONENTS`: data,
+partition, split, model, training and evaluation, configuration, tuning; and the method's own
+modules, :func:`record_method_files`), so that a stored result can be checked against the code
+installed now part by part (:mod:`pflower.tuning.baselines`).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +54,75 @@ def source_fingerprint(package_dir: Path = PACKAGE_DIR) -> str:
 
 CODE_FINGERPRINT = source_fingerprint()
 
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "split": ("datasets/split.py",),
+    "partition": ("datasets/partitioners/", "blocks/partitions.py"),
+    "data": ("datasets/", "blocks/datasets.py"),
+    "model": ("models/", "blocks/models.py"),
+    "training and evaluation": (
+        "core/",
+        "server/",
+        "client/",
+        "robust/",
+        "results/statistics.py",
+        "results/rundir.py",
+    ),
+    "configuration": ("config/", "blocks/", "compose.py", "conf/"),
+    "tuning": ("tuning/", "searchspace.py"),
+}
+"""The parts of the code that decide a run's numbers, by the paths (relative to the package;
+``conf/`` is the Hydra config tree) of their files. A file belongs to the first part whose
+prefix it has; pflower's other files (command line, reports, deployment, the runtime's
+transport) do not change what a run computes, and the algorithms count per method
+(:func:`record_method_files`)."""
+
+_METHOD_FILES: dict[str, tuple[Path, ...]] = {}
+
+
+def files_fingerprint(files: Iterable[tuple[str, Path]]) -> str:
+    """A short SHA-256 over ``(name, path)`` pairs: each name and the bytes of its file."""
+    digest = hashlib.sha256()
+    for name, path in sorted(files):
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _conf_dir() -> Path:
+    """The Hydra config tree beside the package (a checkout) or in its ``_app`` copy (a wheel)."""
+    for candidate in (PACKAGE_DIR.parent / "conf", PACKAGE_DIR / "_app" / "conf"):
+        if candidate.is_dir():
+            return candidate
+    return PACKAGE_DIR.parent / "conf"
+
+
+@functools.cache
+def component_fingerprints() -> dict[str, str]:
+    """One fingerprint per part of :data:`COMPONENTS`, over its files as they are now."""
+    files = [(p.relative_to(PACKAGE_DIR).as_posix(), p) for p in PACKAGE_DIR.rglob("*.py")]
+    conf = _conf_dir()
+    files += [(f"conf/{p.relative_to(conf).as_posix()}", p) for p in conf.rglob("*.yaml")]
+    members: dict[str, list[tuple[str, Path]]] = {part: [] for part in COMPONENTS}
+    for name, path in files:
+        part = next((k for k, v in COMPONENTS.items() if name.startswith(v)), None)
+        if part is not None:
+            members[part].append((name, path))
+    return {part: files_fingerprint(found) for part, found in members.items()}
+
+
+def record_method_files(method: str, files: Iterable[Path]) -> None:
+    """Record the source files of algorithm ``method`` (its module and the modules of pflower's
+    algorithms it builds on; :func:`pflower.core.algorithm.register_algorithm` calls this)."""
+    _METHOD_FILES[method] = tuple(sorted(set(files)))
+
+
+def method_fingerprint(method: str) -> str | None:
+    """The fingerprint of ``method``'s source files as they are now; None for a method this
+    process has not registered."""
+    files = _METHOD_FILES.get(method)
+    if files is None:
+        return None
+    return files_fingerprint((path.name, path) for path in files)
+
 
 class CodeMismatchError(ConfigError):
     """A client received a message from a server that runs other pflower code."""
@@ -75,17 +148,22 @@ def check_same_code(config: Mapping[str, Any]) -> None:
 
 
 @functools.cache
-def code_version() -> dict[str, Any]:
-    """The code a run was made with, for ``summary.json``: ``fingerprint`` (this process's
-    :data:`CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was imported
-    from, None outside a git checkout) and ``dirty`` (whether pflower's files differ from that
-    commit; None when unknown)."""
+def code_version(method: str | None = None) -> dict[str, Any]:
+    """The code a run of ``method`` was made with, for ``summary.json``: ``fingerprint`` (this
+    process's :data:`CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was
+    imported from, None outside a git checkout), ``dirty`` (whether pflower's files differ from
+    that commit; None when unknown) and ``components`` (:func:`component_fingerprints`, with
+    ``method``: :func:`method_fingerprint` where the method is registered)."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--", ".") if commit is not None else None
+    components = dict(component_fingerprints())
+    if method is not None and (own := method_fingerprint(method)) is not None:
+        components["method"] = own
     return {
         "fingerprint": CODE_FINGERPRINT,
         "commit": commit,
         "dirty": None if status is None else bool(status),
+        "components": components,
     }
 
 

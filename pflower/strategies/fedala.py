@@ -48,10 +48,8 @@ from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
-from pflower.core.algorithm import register_algorithm
+from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
 from pflower.core.client import server_round
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.models import split
 from pflower.strategies.ala import ALAClientMixin, ALAFields
 from pflower.strategies.ditto import DittoClient, DittoOptions
