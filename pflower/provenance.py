@@ -87,19 +87,19 @@ def files_fingerprint(files: Iterable[tuple[str, Path]]) -> str:
     return digest.hexdigest()[:16]
 
 
-def _conf_dir() -> Path:
+def _conf_dir(package_dir: Path) -> Path:
     """The Hydra config tree beside the package (a checkout) or in its ``_app`` copy (a wheel)."""
-    for candidate in (PACKAGE_DIR.parent / "conf", PACKAGE_DIR / "_app" / "conf"):
+    for candidate in (package_dir.parent / "conf", package_dir / "_app" / "conf"):
         if candidate.is_dir():
             return candidate
-    return PACKAGE_DIR.parent / "conf"
+    return package_dir.parent / "conf"
 
 
 @functools.cache
-def component_fingerprints() -> dict[str, str]:
+def component_fingerprints(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
     """One fingerprint per part of :data:`COMPONENTS`, over its files as they are now."""
-    files = [(p.relative_to(PACKAGE_DIR).as_posix(), p) for p in PACKAGE_DIR.rglob("*.py")]
-    conf = _conf_dir()
+    files = [(p.relative_to(package_dir).as_posix(), p) for p in package_dir.rglob("*.py")]
+    conf = _conf_dir(package_dir)
     files += [(f"conf/{p.relative_to(conf).as_posix()}", p) for p in conf.rglob("*.yaml")]
     members: dict[str, list[tuple[str, Path]]] = {part: [] for part in COMPONENTS}
     for name, path in files:

@@ -32,7 +32,7 @@ import yaml
 
 from pflower.provenance import CODE_FINGERPRINT, component_fingerprints, method_fingerprint
 from pflower.registry import ConfigError
-from pflower.results.rundir import read_summary
+from pflower.tuning.runner import read_summary
 from pflower.tuning.suite import Setting, Suite
 
 
@@ -50,19 +50,6 @@ class StoredMethod:
     """Parts of the code whose fingerprint differs from the installed code's."""
     unchecked: dict[int, str] = field(default_factory=dict)
     """Seed -> the whole-code fingerprint of a run recorded without per-part fingerprints."""
-
-    def describe(self) -> str:
-        parts = []
-        if self.changed:
-            parts.append(f"{', '.join(sorted(self.changed))} changed")
-        if self.unchecked:
-            codes = ", ".join(sorted(set(self.unchecked.values())))
-            parts.append(f"seeds {_seeds(self.unchecked)} cannot be checked (code {codes})")
-        return f"{self.method}: {'; '.join(parts)}"
-
-
-def _seeds(runs: Mapping[int, Any]) -> str:
-    return ",".join(map(str, sorted(runs)))
 
 
 def compare_code(method: str, code: Mapping[str, Any]) -> tuple[set[str], bool]:
@@ -134,46 +121,75 @@ def check_stored_runs(
     out: Path,
     suite: Suite,
     suite_arg: str,
-    setting: Setting,
+    settings: Sequence[Setting],
     methods: Sequence[str],
     trust_unchecked: bool = False,
 ) -> None:
-    """Refuse to add ``methods`` to ``setting``'s stored runs in ``out`` unless the stored runs of
-    the other methods are what the installed code would make under the suite's protocol (see the
-    module docstring).
+    """Refuse to add ``methods`` to the stored runs of ``settings`` in ``out`` unless the stored
+    runs of the other methods are what the installed code would make under the suite's protocol
+    (see the module docstring).
 
     Raises:
-        StoredRunsChanged: naming the methods, what changed, and the command that refreshes them.
+        StoredRunsChanged: naming, per setting, the methods, what changed, and the command that
+            refreshes them.
     """
+    problems = [
+        found
+        for setting in settings
+        if (found := _setting_problems(out, suite, suite_arg, setting, methods, trust_unchecked))
+    ]
+    if problems:
+        raise StoredRunsChanged(
+            f"{', '.join(methods)} cannot be ranked against the stored runs in {out}, which are "
+            f"not what this code (pflower {CODE_FINGERPRINT}) makes under this suite: "
+            + " ".join(problems)
+        )
+
+
+def _methods(some: Sequence[StoredMethod], stored: Sequence[StoredMethod]) -> str:
+    """The names of ``some``, or "all N stored methods" where they are all of ``stored``."""
+    if len(some) == len(stored) > 3:
+        return f"all {len(stored)} stored methods"
+    return ", ".join(s.method for s in some)
+
+
+def _setting_problems(
+    out: Path,
+    suite: Suite,
+    suite_arg: str,
+    setting: Setting,
+    methods: Sequence[str],
+    trust_unchecked: bool,
+) -> str:
+    """What is wrong with one setting's stored runs, and the command that refreshes them ('' if
+    nothing is)."""
     stored = stored_methods(out / setting.name, methods)
     protocol = protocol_changes(out, suite, setting) if stored else []
-    stale = [s for s in stored if s.changed or (s.unchecked and not trust_unchecked)]
-    if not stale and not protocol:
-        return
-    where = f"{out / setting.name}"
-    problems = [s.describe() for s in stale]
-    if protocol:
-        problems.append(
-            f"the suite's protocol differs from {out / 'suite.yaml'}: " + "; ".join(protocol)
+    changed = [s for s in stored if s.changed]
+    unchecked = [s for s in stored if s.unchecked and not s.changed and not trust_unchecked]
+    if not changed and not unchecked and not protocol:
+        return ""
+    lines = []
+    if changed:
+        lines.append(
+            "changed code: "
+            + ", ".join(f"{s.method} ({', '.join(sorted(s.changed))})" for s in changed)
         )
-    names = [s.method for s in stale] or [s.method for s in stored]
-    finals = " ".join(shlex.quote(str(out / setting.name / "final" / m)) for m in names)
+    if unchecked:
+        codes = sorted({code for s in unchecked for code in s.unchecked.values()})
+        lines.append(
+            f"runs recorded before pflower kept per-part code fingerprints, by other code "
+            f"({', '.join(codes)}), so what changed cannot be checked: "
+            f"{_methods(unchecked, stored)} (--trust-unchecked ranks against them)"
+        )
+    if protocol:
+        lines.append(f"another protocol than {out / 'suite.yaml'}'s: {'; '.join(protocol)}")
+    stale = [s.method for s in (changed + unchecked)] or [s.method for s in stored]
+    named = "" if set(stale) >= set(suite.methods_of(setting)) else " ".join(stale) + " "
+    finals = shlex.quote(str(out / setting.name / "final"))
+    every = len(stale) == len(stored)
     refresh = (
-        f"rm -r {finals} && pflower tune {' '.join(names)} --suite {shlex.quote(suite_arg)} "
-        f"--setting {setting.name} --out {shlex.quote(str(out))}"
+        f"rm -r {finals}{'' if every else '/{' + ','.join(stale) + '}'} && pflower tune {named}"
+        f"--suite {shlex.quote(suite_arg)} --setting {setting.name} --out {shlex.quote(str(out))}"
     )
-    unchecked = any(s.unchecked for s in stale)
-    note = (
-        " Runs recorded before pflower kept per-part code fingerprints (data, partition, split, "
-        "model, training and evaluation, configuration, tuning, the method's module) have only "
-        f"one fingerprint of all of pflower's code, which differs from this code's "
-        f"({CODE_FINGERPRINT}): which part changed cannot be checked; --trust-unchecked ranks "
-        "against them anyway."
-        if unchecked
-        else ""
-    )
-    raise StoredRunsChanged(
-        f"the stored runs in {where} are not what this code makes under this protocol, so "
-        f"{', '.join(methods)} cannot be ranked against them: {'; '.join(problems)}.{note} "
-        f"Refresh them with: {refresh}"
-    )
+    return f"[{setting.name}] {'; '.join(lines)}. Refresh them with: {refresh}"

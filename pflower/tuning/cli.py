@@ -324,8 +324,7 @@ def main(argv: Sequence[str]) -> int:
         profile_values = _profile_values(args.profile, args.profile_values)
         out = args.out or Path("tuning") / suite.name
         if methods is not None and not args.profile:
-            for setting in settings:
-                check_stored_runs(out, suite, args.suite, setting, methods, args.trust_unchecked)
+            check_stored_runs(out, suite, args.suite, settings, methods, args.trust_unchecked)
     except ConfigError as error:
         return _exit_with(error)
     _record_invocation(out, argv)
