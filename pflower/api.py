@@ -25,7 +25,8 @@ dataclass, the same shape as every algorithm in :mod:`pflower.strategies`)::
         display_name: ClassVar[str] = "ShrinkAvg"
         factor: float = tunable(1.0, low=0.1, high=1.0, source="my paper, Sec. 3")
 
-A dataset, model or partition scheme is a factory (a loader returning an :class:`ImageDataset`,
+A dataset, model or partition scheme is a factory (a loader returning an :class:`ImageDataset`
+of two :class:`ImageSplit`,
 a function returning a ``torch.nn.Module``, a function returning a Flower Datasets
 ``Partitioner``, typically an :class:`IndexPartitioner`) and the config block that declares its
 options (a dataclass subclass of :class:`DatasetBlock`, :class:`ModelBlock` or
@@ -65,7 +66,7 @@ from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions
 from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer
-from pflower.datasets.base import ImageDataset
+from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.registry import ConfigError, Registry
 from pflower.searchspace import tunable
 
@@ -77,6 +78,7 @@ __all__ = [
     "ConfigError",
     "DatasetBlock",
     "ImageDataset",
+    "ImageSplit",
     "IndexPartitioner",
     "ModelBlock",
     "PartitionBlock",

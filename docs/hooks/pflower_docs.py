@@ -360,6 +360,8 @@ def partition_gallery() -> dict[str, tuple[str, str]]:
 
 
 API_PACKAGES = (
+    "pflower.api",
+    "pflower.plugins",
     "pflower.config",
     "pflower.registry",
     "pflower.core",
