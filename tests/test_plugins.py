@@ -157,10 +157,16 @@ def test_an_entry_point_plugin_loads_in_a_new_process(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "module,source,cause",
+    "command,module,source,cause",
     [
-        ("fedavg_stepp", "", "ModuleNotFoundError: No module named 'fedavg_stepp'"),
         (
+            ["report", "--leaderboard", "."],
+            "fedavg_stepp",
+            "",
+            "ModuleNotFoundError: No module named 'fedavg_stepp'",
+        ),
+        (
+            ["dataset=digits", "rounds=1"],
             "twice",
             "from pflower.api import register_algorithm\n"
             "from fedavg_step import FedAvgStepClient, FedAvgStepOptions, FedAvgStepStrategy\n"
@@ -171,18 +177,17 @@ def test_an_entry_point_plugin_loads_in_a_new_process(tmp_path: Path) -> None:
     ],
 )
 def test_a_plugin_that_fails_stops_the_command_with_one_line(
-    tmp_path: Path, module: str, source: str, cause: str
+    tmp_path: Path, command: list[str], module: str, source: str, cause: str
 ) -> None:
     _tutorial_files(tmp_path)
     if source:
         (tmp_path / "my-method" / f"{module}.py").write_text(source)
     env = _env(tmp_path, tmp_path / "my-method", plugins=f"fedavg_step,{module}")
-    for command in (["report", "--leaderboard", str(tmp_path)], ["dataset=digits", "rounds=1"]):
-        done = _run(["pflower", *command], env, tmp_path)
-        assert done.returncode == 2, done.stdout + done.stderr
-        assert done.stdout.strip() == (
-            f"plugin error: plugin '{module}' (from {PLUGINS_ENV}) failed to load: {cause}"
-        )
+    done = _run(["pflower", *command], env, tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stdout.strip() == (
+        f"plugin error: plugin '{module}' (from {PLUGINS_ENV}) failed to load: {cause}"
+    )
 
 
 def test_the_check_before_imports_knows_a_plugins_options(tmp_path: Path) -> None:
