@@ -343,6 +343,7 @@ def _deploy_ports(command: str) -> str:
 
 @pytest.mark.slow
 @pytest.mark.deployment
+@pytest.mark.timeout(2400)  # 10 pflower processes; about 15 minutes on a loaded 2-core machine
 def test_the_tutorial_ranks_a_plugin_method_against_stored_runs(tmp_path: Path) -> None:
     _tutorial_files(tmp_path)
     blocks = BLOCK.findall(TUTORIAL.read_text())
@@ -371,8 +372,8 @@ def test_the_tutorial_ranks_a_plugin_method_against_stored_runs(tmp_path: Path) 
     assert sorted(p.name for p in (tuned / "final").iterdir()) == ["fedavg", "fedavg_step"]
     log = [json.loads(line)["command"] for line in (tuned.parent / "commands.log").open()]
     assert [command[command.index("pflower tune") :] for command in log] == [
-        "pflower tune --suite my-suite.yaml --out tuning/mine",
-        "pflower tune fedavg_step --suite my-suite.yaml --out tuning/mine",
+        "pflower tune --suite my-suite.yaml --out tuning/mine --workers 2",
+        "pflower tune fedavg_step --suite my-suite.yaml --out tuning/mine --workers 2",
     ]
     board = (tuned.parent / "leaderboard.md").read_text()
     rows = [line for line in board.splitlines() if line.startswith("| 1 |")]

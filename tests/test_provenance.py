@@ -19,8 +19,8 @@ from pflower.core.strategy import RoundFailedError
 from pflower.provenance import (
     ALLOW_MISMATCH_ENV,
     CODE_FINGERPRINT,
-    COMPONENTS,
     CODE_KEY,
+    COMPONENTS,
     KERNEL_CAPS,
     CodeMismatchError,
     check_same_code,
