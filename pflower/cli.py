@@ -366,6 +366,18 @@ def resume(argv: Sequence[str]) -> int:
     return 0
 
 
+def _load_plugins() -> None:
+    """Register pflower's algorithms and the plugins ([`pflower.plugins`][pflower.plugins]); a
+    plugin that fails to load ends the command with its one-line message and exit code 2."""
+    from pflower.plugins import PluginError
+
+    try:
+        import pflower.strategies  # noqa: F401  (loads the plugins after pflower's own)
+    except PluginError as error:
+        console.print(f"[red]plugin error:[/] {escape(str(error))}")
+        sys.exit(2)
+
+
 def main() -> None:
     """Console entry point: answer a question about the command line (help, version, a
     mistyped command: [`pflower.commands`][pflower.commands]), run a subcommand
@@ -377,6 +389,7 @@ def main() -> None:
     hold_numerics_of(sys.argv[1:])
     command = subcommand(sys.argv[1]) if len(sys.argv) > 1 else None
     if command is not None and not command.hydra_task:
+        _load_plugins()
         if command.runs_flower:
             plain_flower_console_unless_tty()
         sys.exit(resolve(command.main)(sys.argv[2:]))
@@ -386,6 +399,7 @@ def main() -> None:
         del sys.argv[1]
     sys.argv = ["--help" if argument == "--help-config" else argument for argument in sys.argv]
     _check_before_imports(sys.argv[1:])
+    _load_plugins()
     plain_flower_console_unless_tty()
     _check_overrides(sys.argv[1:])
     _hydra_entry(task)()

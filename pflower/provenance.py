@@ -11,7 +11,11 @@ SuperLink's ServerApp is the same mix.
 imported, which ``import pflower`` does: it names the code the process started with. The server
 puts it into every message it sends (`CODE_KEY`); every client compares it with its own
 (`check_same_code`) and refuses to work for a server running other code.
-``summary.json`` records it with the git commit (`code_version`).
+``summary.json`` records it with the git commit (`code_version`), and beside it one
+fingerprint per part of the code that decides a run's numbers (`COMPONENTS`: data,
+partition, split, model, training and evaluation, configuration, tuning; and the method's own
+modules, `record_method_files`), so that a stored result can be checked against the code
+installed now part by part ([`pflower.tuning.baselines`][pflower.tuning.baselines]).
 
 The same record names the process's numerics (`numerics`): ``import pflower`` holds
 torch's CPU kernels to AVX2 (`hold_kernels`) before anything imports torch, so that one
@@ -26,7 +30,7 @@ import os
 import platform
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +59,77 @@ def source_fingerprint(package_dir: Path = PACKAGE_DIR) -> str:
 
 CODE_FINGERPRINT = source_fingerprint()
 
+COMPONENTS: dict[str, tuple[str, ...]] = {
+    "split": ("datasets/split.py",),
+    "partition": ("datasets/partitioners/", "blocks/partitions.py"),
+    "data": ("datasets/", "blocks/datasets.py"),
+    "model": ("models/", "blocks/models.py"),
+    "training and evaluation": (
+        "core/",
+        "server/",
+        "client/",
+        "robust/",
+        "results/statistics.py",
+        "results/rundir.py",
+    ),
+    "configuration": ("config/", "blocks/", "compose.py", "conf/"),
+    "tuning": ("tuning/", "searchspace.py"),
+}
+"""The parts of the code that decide a run's numbers, by the paths (relative to the package;
+``conf/`` is the Hydra config tree) of their files. A file belongs to the first part whose
+prefix it has; pflower's other files (command line, reports, deployment, the runtime's
+transport) do not change what a run computes, and the algorithms count per method
+(`record_method_files`)."""
+
+_METHOD_FILES: dict[str, tuple[Path, ...]] = {}
+
+
+def files_fingerprint(files: Iterable[tuple[str, Path]]) -> str:
+    """A short SHA-256 over ``(name, path)`` pairs: each name and the bytes of its file."""
+    digest = hashlib.sha256()
+    for name, path in sorted(files):
+        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _conf_dir(package_dir: Path) -> Path:
+    """The Hydra config tree beside the package (a checkout) or in its ``_app`` copy (a wheel)."""
+    for candidate in (package_dir.parent / "conf", package_dir / "_app" / "conf"):
+        if candidate.is_dir():
+            return candidate
+    return package_dir.parent / "conf"
+
+
+@functools.cache
+def component_fingerprints(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """One fingerprint per part of `COMPONENTS`, over its files as they are now."""
+    files = [(p.relative_to(package_dir).as_posix(), p) for p in package_dir.rglob("*.py")]
+    conf = _conf_dir(package_dir)
+    files += [(f"conf/{p.relative_to(conf).as_posix()}", p) for p in conf.rglob("*.yaml")]
+    members: dict[str, list[tuple[str, Path]]] = {part: [] for part in COMPONENTS}
+    for name, path in files:
+        part = next((k for k, v in COMPONENTS.items() if name.startswith(v)), None)
+        if part is not None:
+            members[part].append((name, path))
+    return {part: files_fingerprint(found) for part, found in members.items()}
+
+
+def record_method_files(method: str, files: Iterable[Path]) -> None:
+    """Record the source files of algorithm ``method`` (its module and the modules of pflower's
+    algorithms it builds on;
+    [`pflower.core.algorithm.register_algorithm`][pflower.core.algorithm.register_algorithm] calls
+    this)."""
+    _METHOD_FILES[method] = tuple(sorted(set(files)))
+
+
+def method_fingerprint(method: str) -> str | None:
+    """The fingerprint of ``method``'s source files as they are now; None for a method this
+    process has not registered."""
+    files = _METHOD_FILES.get(method)
+    if files is None:
+        return None
+    return files_fingerprint((path.name, path) for path in files)
+
 
 class CodeMismatchError(ConfigError):
     """A client received a message from a server that runs other pflower code."""
@@ -82,17 +157,22 @@ def check_same_code(config: Mapping[str, Any]) -> None:
 
 
 @functools.cache
-def code_version() -> dict[str, Any]:
-    """The code a run was made with, for ``summary.json``: ``fingerprint`` (this process's
-    `CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was imported
-    from, None outside a git checkout) and ``dirty`` (whether pflower's files differ from that
-    commit; None when unknown)."""
+def code_version(method: str | None = None) -> dict[str, Any]:
+    """The code a run of ``method`` was made with, for ``summary.json``: ``fingerprint`` (this
+    process's `CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was
+    imported from, None outside a git checkout), ``dirty`` (whether pflower's files differ from
+    that commit; None when unknown) and ``components`` (`component_fingerprints`, with
+    ``method``: `method_fingerprint` where the method is registered)."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--", ".") if commit is not None else None
+    components = dict(component_fingerprints())
+    if method is not None and (own := method_fingerprint(method)) is not None:
+        components["method"] = own
     return {
         "fingerprint": CODE_FINGERPRINT,
         "commit": commit,
         "dirty": None if status is None else bool(status),
+        "components": components,
     }
 
 

@@ -3,12 +3,15 @@
 ``pflower <overrides>`` needs torch, Flower and Ray to run, but not to tell a user that
 ``strategy.gama`` is no key, ``rounds=ten`` no integer or ``strategy=nope`` no algorithm. Every
 schema but one is light: the run-level dataclasses ([`pflower.config`][pflower.config]) and the
-blocks
-([`pflower.blocks`][pflower.blocks]) import nothing heavy. The algorithms' options dataclasses live
-in their
-algorithm modules, which import torch; their *shape* (field names, types, defaults, enum members)
-is cached here, keyed by `pflower.provenance.CODE_FINGERPRINT` (a hash of every source file
-of pflower), so a cache never describes other code than the code that runs.
+blocks ([`pflower.blocks`][pflower.blocks]) import nothing heavy. The algorithms' options
+dataclasses live in their algorithm modules, which import torch; their *shape* (field names, types,
+defaults, enum members) is cached here, keyed by
+[`pflower.provenance.CODE_FINGERPRINT`][pflower.provenance.CODE_FINGERPRINT] (a hash of every source
+file of pflower) and by [`pflower.plugins.fingerprint`][pflower.plugins.fingerprint] (the plugins
+named and the bytes of their source files, read without importing them), so a cache never describes
+other code than the code that runs. The cache also holds the shapes of the plugins' dataset, model
+and partition blocks, so that a plugin's names and options are checked here too
+([`pflower.plugins`][pflower.plugins]).
 
 [`check_before_imports`][pflower.quickcheck.check_before_imports] composes the overrides with Hydra
 against the light schemas and the
@@ -40,16 +43,18 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from pflower.registry import ConfigError, did_you_mean
 
-_FORMAT = 1
+_FORMAT = 2
 _SCALARS: dict[str, Any] = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def cache_file() -> Path:
-    """The cache of the option shapes of this code (by its fingerprint)."""
+    """The cache of the option shapes of this code and these plugins (by their fingerprints)."""
+    from pflower.plugins import fingerprint
     from pflower.provenance import CODE_FINGERPRINT
 
     root = os.environ.get("PFLOWER_SCHEMA_CACHE") or Path.home() / ".cache" / "pflower" / "schema"
-    return Path(root) / f"options-{CODE_FINGERPRINT[:32]}.json"
+    plugins = fingerprint()
+    return Path(root) / f"options-{CODE_FINGERPRINT}{'-' + plugins if plugins else ''}.json"
 
 
 def _describe(annotation: Any) -> Any:
@@ -126,36 +131,49 @@ def light_options(name: str, shape: dict[str, Any]) -> type:
 
 
 def write_schema_cache() -> None:
-    """Cache the option shapes of every algorithm, once per code fingerprint (imports the
-    algorithms); never fails."""
+    """Cache the option shapes of every algorithm and of the plugins' blocks, once per code and
+    plugin fingerprint (imports the algorithms and the plugins); never fails."""
     try:
         path = cache_file()
         if path.exists():
             return
         import pflower.strategies  # noqa: F401  (registers every algorithm)
+        from pflower.blocks import BLOCK_GROUPS, blocks
         from pflower.core.algorithm import ALGORITHMS
 
         shapes = {
             name: describe_options(algorithm.options, name)
             for name, algorithm in ALGORITHMS.items()
         }
+        plugin_blocks = {
+            group: {
+                name: describe_options(block, name)
+                for name, block in blocks(group).items()
+                if not block.__module__.startswith("pflower.")
+            }
+            for group in BLOCK_GROUPS
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps({"format": _FORMAT, "options": shapes}))
+        payload = {"format": _FORMAT, "options": shapes, "blocks": plugin_blocks}
+        partial.write_text(json.dumps(payload))
         os.replace(partial, path)
     except Exception:
         return
 
 
 def _cached_shapes() -> dict[str, Any] | None:
+    """The cached payload: ``options`` (algorithm name -> shape) and ``blocks`` (group -> the
+    plugins' block name -> shape); None without a usable cache."""
     try:
         payload = json.loads(cache_file().read_text())
     except (OSError, ValueError):
         return None
     if payload.get("format") != _FORMAT:
         return None
-    shapes = payload.get("options")
-    return shapes if isinstance(shapes, dict) else None
+    if not isinstance(payload.get("options"), dict) or not isinstance(payload.get("blocks"), dict):
+        return None
+    return dict(payload)
 
 
 def check_before_imports(overrides: list[str]) -> None:
@@ -167,8 +185,8 @@ def check_before_imports(overrides: list[str]) -> None:
         ConfigError: Hydra's refusal of a wrong key, type or option name, in one line
             (`explain_composition_error`).
     """
-    shapes = _cached_shapes()
-    if shapes is None:
+    cached = _cached_shapes()
+    if cached is None:
         return
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
@@ -181,12 +199,16 @@ def check_before_imports(overrides: list[str]) -> None:
     store = ConfigStore.instance()
     if "strategy" not in store.repo:
         store_blocks()
-        for name, shape in shapes.items():
+        shapes = [("strategy", name, shape) for name, shape in cached["options"].items()]
+        shapes += [
+            (g, n, shape) for g, found in cached["blocks"].items() for n, shape in found.items()
+        ]
+        for group, name, shape in shapes:
             try:
                 node = light_options(name, shape)(name=name)
             except (KeyError, TypeError, ValueError):
                 return  # a shape this code cannot rebuild: leave it to the full check
-            store.store(group="strategy", name=name, node=node)
+            store.store(group=group, name=name, node=node)
     if GlobalHydra.instance().is_initialized():
         return
     try:

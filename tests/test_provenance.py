@@ -20,11 +20,14 @@ from pflower.provenance import (
     ALLOW_MISMATCH_ENV,
     CODE_FINGERPRINT,
     CODE_KEY,
+    COMPONENTS,
     KERNEL_CAPS,
     NUMERICS_ENV,
     CodeMismatchError,
     check_same_code,
     code_version,
+    component_fingerprints,
+    method_fingerprint,
     numerics,
     source_fingerprint,
 )
@@ -95,11 +98,39 @@ def test_a_run_whose_server_runs_other_code_stops_with_the_reason(
     assert all("runs pflower code 0123456789abcdef" in error for error in refusals)
 
 
+def test_a_part_fingerprint_changes_with_its_own_files_only(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    files = {
+        "datasets/split.py": "split",
+        "datasets/partitioners/iid.py": "partition",
+        "datasets/loaders.py": "data",
+        "core/training.py": "training and evaluation",
+        "tuning/search.py": "tuning",
+        "cli.py": None,  # decides no number
+        "../conf/experiment/x.yaml": "configuration",
+    }
+    for name in files:
+        (package / name).parent.mkdir(parents=True, exist_ok=True)
+        (package / name).write_text("a = 1\n")
+    fingerprints = component_fingerprints.__wrapped__  # uncached: the files change below
+    before = fingerprints(package)
+    assert set(before) == set(COMPONENTS)
+    for name, part in files.items():
+        (package / name).write_text("a = 2\n")
+        after = fingerprints(package)
+        assert {k for k in after if after[k] != before[k]} == ({part} if part else set()), name
+        before = after
+
+
 def test_a_completed_run_records_its_code(tmp_path: Path) -> None:
     run_inprocess(["dataset=digits", "num_clients=2", "rounds=1"], tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "completed"
-    assert summary["code"] == code_version()
+    method = summary["config"]["strategy"]["name"]
+    assert summary["code"] == code_version(method)
+    parts = summary["code"]["components"]
+    assert set(parts) == {*COMPONENTS, "method"}
+    assert parts["method"] == method_fingerprint(method) != method_fingerprint("fedavg")
     assert summary["numerics"] == numerics()
     assert summary["numerics"]["torch"] == torch.__version__
     assert summary["config"]["numerics"] == "avx2"

@@ -20,8 +20,11 @@ and the nodes build from those options.
 
 from __future__ import annotations
 
+import inspect
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -30,6 +33,7 @@ from omegaconf import OmegaConf
 from pflower.core.client import PersonalClient
 from pflower.core.options import AlgorithmOptions, OptionsT, check_keys
 from pflower.core.strategy import PersonalizedStrategy
+from pflower.provenance import record_method_files
 from pflower.registry import ConfigError
 
 
@@ -70,11 +74,39 @@ def register_algorithm(
         if name in ALGORITHMS:
             raise ValueError(f"strategy '{name}' is registered twice")
         ALGORITHMS[name] = Algorithm(name, options, strategy, client)
+        record_method_files(name, _source_files(options, strategy, client))
         options.config_name = name
         ConfigStore.instance().store(group="strategy", name=name, node=options(name=name))
         return options
 
     return decorator
+
+
+def _source_files(*classes: type) -> list[Path]:
+    """The files of the modules an algorithm's code comes from: its own module (where the
+    options are declared) and the modules of [`pflower.strategies`][pflower.strategies] its classes
+    derive from or its modules import from (a family module such as FedProx's proximal term),
+    transitively. pflower's shared machinery counts apart
+    ([`pflower.provenance.COMPONENTS`][pflower.provenance.COMPONENTS])."""
+    own = classes[0].__module__
+    family = {c.__module__ for cls in classes for c in cls.__mro__}
+    found = {own} | {m for m in family if m.startswith("pflower.strategies.")}
+    todo = list(found)
+    while todo:
+        for value in vars(sys.modules[todo.pop()]).values():
+            name = value.__name__ if inspect.ismodule(value) else getattr(value, "__module__", "")
+            if (
+                isinstance(name, str)
+                and name.startswith("pflower.strategies.")
+                and name not in found
+            ):
+                found.add(name)
+                todo.append(name)
+    return [
+        Path(file)
+        for module in sorted(found)
+        if (file := getattr(sys.modules.get(module), "__file__", None))
+    ]
 
 
 def algorithm_of(options: AlgorithmOptions) -> Algorithm:

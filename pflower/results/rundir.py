@@ -230,7 +230,7 @@ def write_summary(
         "wall_time_s": wall_time_s,
         "cost": run_cost(rows),
         "config": config,
-        "code": code_version(),
+        "code": code_version(str((config.get("strategy") or {}).get("name") or "") or None),
         "numerics": numerics(),
     }
     path = run_dir / "summary.json"

@@ -65,8 +65,9 @@ import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import PersonalClient
 from pflower.config import require
-from pflower.core.client import PersonalClient, server_round
+from pflower.core.client import server_round
 from pflower.core.training import Prepare, set_weights
 from pflower.datasets.base import ImageSplit
 from pflower.searchspace import tunable

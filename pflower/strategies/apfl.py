@@ -50,10 +50,8 @@ from flwr.common import NDArrays, Scalar
 from torch import nn
 from torch.func import functional_call
 
+from pflower.api import AlgorithmOptions, Collapse, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.options import AlgorithmOptions, Collapse
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, model_device
 from pflower.searchspace import tunable
 from pflower.strategies.batches import train_batches

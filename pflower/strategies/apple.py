@@ -69,13 +69,11 @@ from flwr.common import NDArrays, Scalar
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.augment import augmenter
-from pflower.core.client import PersonalClient
 from pflower.core.declared import state
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import (
     Regularizer,
     TrainSettings,

@@ -20,8 +20,9 @@ import torch
 from flwr.common import Scalar
 from torch import nn
 
+from pflower.api import PersonalClient
 from pflower.core.augment import augmenter
-from pflower.core.client import PersonalClient, server_round
+from pflower.core.client import server_round
 from pflower.core.training import (
     Regularizer,
     TrainSettings,

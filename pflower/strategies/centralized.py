@@ -29,12 +29,9 @@ from flwr.common import Scalar
 from flwr.server.client_proxy import ClientProxy
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.blocks import PartitionBlock, blocks
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Prepare, Regularizer, TrainSettings
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError

@@ -33,10 +33,9 @@ import torch
 from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters, parameters_to_ndarrays
 from torch import nn
 
-from pflower.core.client import PersonalClient
+from pflower.api import PersonalClient, PersonalizedStrategy
 from pflower.core.declared import cache, state
 from pflower.core.options import OptionsT
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, model_device, trainable_mask
 from pflower.registry import ConfigError
 

@@ -35,10 +35,8 @@ from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import TrainSettings, get_weights, set_weights
 from pflower.searchspace import tunable
 from pflower.strategies.moreau import PersonalAndGlobalClient

@@ -71,9 +71,8 @@ from typing import ClassVar
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import Collapse, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.options import Collapse
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import (

@@ -49,10 +49,8 @@ from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
-from pflower.core.algorithm import register_algorithm
+from pflower.api import AlgorithmOptions, Collapse, PersonalizedStrategy, register_algorithm
 from pflower.core.client import server_round
-from pflower.core.options import AlgorithmOptions, Collapse
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.models import split
 from pflower.strategies.ala import ALAClientMixin, ALAFields
 from pflower.strategies.ditto import DittoClient, DittoOptions

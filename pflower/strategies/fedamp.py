@@ -43,8 +43,8 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 from flwr.common.logger import log
 
+from pflower.api import register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
 from pflower.core.options import Collapse
 from pflower.core.training import Regularizer

@@ -9,10 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 
 
 class FedAvgStrategy(PersonalizedStrategy["FedAvgOptions"]):

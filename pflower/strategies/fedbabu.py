@@ -24,11 +24,8 @@ from typing import ClassVar
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer, TrainSettings, get_weights, set_weights
 from pflower.models import split
 from pflower.searchspace import tunable

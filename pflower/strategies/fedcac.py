@@ -35,13 +35,11 @@ from typing import ClassVar
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.config import require
 from pflower.core.aggregation import weighted_mean
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.declared import state
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import trainable_mask
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import parameter_mask

@@ -57,12 +57,17 @@ from typing import ClassVar
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import (
+    AlgorithmOptions,
+    Collapse,
+    PersonalClient,
+    PersonalizedStrategy,
+    register_algorithm,
+)
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, AlgorithmOptions, Collapse
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.options import Aggregation
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
 from pflower.searchspace import tunable
 from pflower.strategies.control_variates import (

@@ -39,13 +39,12 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
 from pflower.core.experiment import ClientData, Experiment
-from pflower.core.options import AlgorithmOptions
 from pflower.core.state import ClientState
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.searchspace import tunable
 from pflower.strategies.model_mixing import MEAN_OF_CLIENT_MODELS, OwnModelClient, mean_of_stored

@@ -56,11 +56,15 @@ import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import (
+    AlgorithmOptions,
+    Collapse,
+    PersonalClient,
+    PersonalizedStrategy,
+    register_algorithm,
+)
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import AlgorithmOptions, Collapse
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.core.client import server_round
 from pflower.core.training import Regularizer, TrainSettings, trainable_mask
 from pflower.models.regularization import Regularization
 from pflower.models.resnet import ResNet, apply_regularization

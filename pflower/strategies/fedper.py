@@ -26,8 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pflower.core.algorithm import register_algorithm
-from pflower.core.options import AlgorithmOptions
+from pflower.api import AlgorithmOptions, register_algorithm
 from pflower.strategies.split import SplitClient, SplitStrategy
 
 

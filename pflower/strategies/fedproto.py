@@ -41,12 +41,11 @@ import torch
 from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.augment import augmenter
 from pflower.core.declared import state
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import (
     Regularizer,
     TrainSettings,

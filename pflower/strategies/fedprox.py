@@ -18,11 +18,14 @@ from typing import ClassVar, TypeVar
 
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import (
+    AlgorithmOptions,
+    Collapse,
+    PersonalClient,
+    PersonalizedStrategy,
+    register_algorithm,
+)
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions, Collapse
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import Regularizer
 from pflower.searchspace import tunable
 from pflower.strategies.proximal import proximal_to

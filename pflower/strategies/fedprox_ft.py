@@ -30,11 +30,9 @@ from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import Collapse, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.client import server_round
-from pflower.core.options import Collapse
-from pflower.core.strategy import PersonalizedStrategy
 from pflower.core.training import get_weights, set_weights
 from pflower.searchspace import tunable
 from pflower.strategies.fedprox import FedProxClient, FedProxOptions

@@ -37,9 +37,8 @@ from typing import ClassVar
 from flwr.common import Scalar
 from torch import nn
 
+from pflower.api import AlgorithmOptions, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.options import AlgorithmOptions
 from pflower.core.training import Regularizer, TrainSettings, train
 from pflower.models import split
 from pflower.searchspace import tunable

@@ -34,10 +34,8 @@ import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
+from pflower.core.client import server_round
 from pflower.core.training import (
     Regularizer,
     TrainSettings,

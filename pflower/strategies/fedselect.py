@@ -51,11 +51,11 @@ import torch
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import Aggregation, AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.client import server_round
+from pflower.core.options import Aggregation
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import (
     Regularizer,
     TrainSettings,

@@ -75,11 +75,11 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
 from pflower.config import ExperimentConfig, RobustKind, require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.options import Aggregation
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, get_weights
 from pflower.searchspace import tunable
 from pflower.strategies.moreau import PersonalAndGlobalClient, float_or, steps_per_epoch

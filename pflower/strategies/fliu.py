@@ -36,11 +36,16 @@ from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import (
+    AlgorithmOptions,
+    Collapse,
+    PersonalClient,
+    PersonalizedStrategy,
+    register_algorithm,
+)
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient, server_round
-from pflower.core.options import Aggregation, AlgorithmOptions, Collapse
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.core.client import server_round
+from pflower.core.options import Aggregation
 
 LOCAL_MODEL = "fliu_local"
 META = "fliu_meta"

@@ -13,10 +13,7 @@ from typing import ClassVar
 
 from flwr.common import NDArrays, Scalar
 
-from pflower.core.algorithm import register_algorithm
-from pflower.core.client import PersonalClient
-from pflower.core.options import AlgorithmOptions
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 
 LOCAL_MODEL = "local_model"
 

@@ -29,11 +29,11 @@ import numpy as np
 import torch
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy
 from pflower.core.aggregation import weighted_mean
-from pflower.core.client import PersonalClient
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, AlgorithmOptions, OptionsT
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.options import Aggregation, OptionsT
+from pflower.core.strategy import ClientUpdate
 
 MEAN_OF_CLIENT_MODELS = "mean_of_client_models"
 """Stage G's ``model`` label when it scores

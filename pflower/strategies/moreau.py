@@ -24,8 +24,8 @@ from typing import ClassVar
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import PersonalClient
 from pflower.config import SelectionSplit
-from pflower.core.client import PersonalClient
 from pflower.core.options import OptionsT
 from pflower.core.training import evaluate, set_weights
 

@@ -48,10 +48,10 @@ import numpy as np
 from flwr.common import NDArrays, Scalar
 from torch import nn
 
+from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
-from pflower.core.options import Aggregation, AlgorithmOptions
-from pflower.core.strategy import ClientUpdate, PersonalizedStrategy
+from pflower.core.options import Aggregation
+from pflower.core.strategy import ClientUpdate
 from pflower.core.training import (
     Regularizer,
     TrainSettings,

@@ -78,10 +78,10 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
+from pflower.api import AlgorithmOptions, register_algorithm
 from pflower.config import require
-from pflower.core.algorithm import register_algorithm
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, AlgorithmOptions
+from pflower.core.options import Aggregation
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import Regularizer, trainable_mask
 from pflower.strategies.control_variates import (

@@ -30,8 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from flwr.common import NDArrays, Scalar
 
-from pflower.core.client import PersonalClient
-from pflower.core.strategy import PersonalizedStrategy
+from pflower.api import PersonalClient, PersonalizedStrategy
 from pflower.models import split
 
 PERSONAL = "split_personal"

@@ -10,15 +10,17 @@
     pflower tune fedala --suite cpu --setting mnist_path --profile strategy.eta --workers 2
     pflower tune --suite cpu --profile ends            # every value chosen at a range's end
     pflower tune --suite cpu --ray auto --workers 16     # one Ray task per run on a cluster
+    pflower tune my_method --suite cpu --out results/tuning/cpu   # one more method, ranked
     pflower report --leaderboard tuning/cpu
 
 For each setting and method it runs (or resumes) the Optuna study
 ([`.search`][pflower.tuning.search]), writes the
 chosen values to ``<out>/<setting>/chosen/<method>.yaml`` and runs them with the suite's final
 seeds on test (``--no-final`` skips that). With ``--profile KEY`` it tunes nothing: it runs the
-chosen values with KEY varied over a grid, on validation ([`.profile`][pflower.tuning.profile]).
-Every invocation is
-appended to ``<out>/commands.log``, which the leaderboard shows.
+chosen values with KEY varied over a grid, on validation (`.profile`). Every invocation is
+appended to ``<out>/commands.log``, which the leaderboard shows. Named methods are added to the
+folder's stored runs of the other methods only where those are what the installed code makes
+under the suite's protocol (`.baselines`).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import kernel_caps
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value, number_or_text
+from pflower.tuning.baselines import check_stored_runs
 from pflower.tuning.runner import RunRefused
 from pflower.tuning.search import Layout, Runner
 from pflower.tuning.suite import Setting, Suite, check_suite, load_suite
@@ -79,6 +82,12 @@ def _parser() -> argparse.ArgumentParser:
         "imported torch and pflower once; the same numbers, seconds sooner)",
     )
     parser.add_argument("--no-final", action="store_true", help="tune only; no final runs")
+    parser.add_argument(
+        "--trust-unchecked",
+        action="store_true",
+        help="rank the named methods against stored final runs recorded before pflower kept "
+        "per-part code fingerprints (never against runs whose recorded parts differ)",
+    )
     parser.add_argument(
         "--retry-failed",
         action="store_true",
@@ -350,9 +359,11 @@ def main(argv: Sequence[str]) -> int:
         settings = [suite.setting(n) for n in args.setting] if args.setting else suite.settings
         settings = [replace(s, extra=extra) for s in settings]
         profile_values = _profile_values(args.profile, args.profile_values)
+        out = args.out or Path("tuning") / suite.name
+        if methods is not None and not args.profile:
+            check_stored_runs(out, suite, args.suite, settings, methods, args.trust_unchecked)
     except ConfigError as error:
         return _exit_with(error)
-    out = args.out or Path("tuning") / suite.name
     _record_invocation(out, argv)
     with contextlib.ExitStack() as stack:
         runner = _runner(args, stack)

@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from pflower.plugins import PLUGINS_ENV
 from pflower.registry import ConfigError
 from pflower.results.rundir import read_rows, write_atomic
 from pflower.runtime.forkserver import ForkServerProcess
@@ -343,10 +344,12 @@ class RayRunner:
     """Runs every trial (and final run) as one Ray task on a running Ray cluster.
 
     The driver (``pflower tune --ray auto``) keeps the study and the heartbeats; each task runs
-    ``python -m pflower ...`` on whichever node Ray picks, reserving ``num_cpus``. Run folders
-    must be on a filesystem every node and the driver see (the driver reads ``metrics.jsonl``
-    for the pruner and ``summary.json`` for the objective). A pruned run's task is cancelled,
-    which stops its process group.
+    ``python -m pflower ...`` on whichever node Ray picks, reserving ``num_cpus``, with the driver's
+    ``PFLOWER_PLUGINS`` and ``PYTHONPATH`` where set ([`pflower.plugins`][pflower.plugins]: the
+    plugin must be importable from that path on every node). Run folders must be on a filesystem
+    every node and the driver see (the driver reads ``metrics.jsonl`` for the pruner and
+    ``summary.json`` for the objective). A pruned run's task is cancelled, which stops its process
+    group.
     """
 
     num_cpus: float = 1.0
@@ -361,7 +364,11 @@ class RayRunner:
     ) -> dict[str, Any]:
         import ray
 
-        task = ray.remote(num_cpus=self.num_cpus, max_retries=0)(_run_on_worker)
+        options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_retries": 0}
+        env = {k: os.environ[k] for k in (PLUGINS_ENV, "PYTHONPATH") if os.environ.get(k)}
+        if env:
+            options["runtime_env"] = {"env_vars": env}
+        task = ray.remote(**options)(_run_on_worker)
         ref = task.remote(list(command), str(run_dir), timeout_s)
         reported: set[int] = set()
         try:

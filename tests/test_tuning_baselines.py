@@ -1,0 +1,131 @@
+"""Before ``pflower tune <method>`` adds a method to stored runs, it checks that they are what the
+installed code makes under the suite's protocol (:mod:`pflower.tuning.baselines`).
+
+Stored runs are hand-written ``summary.json`` files here: the check reads only their ``code``
+records and the folder's ``suite.yaml``, so nothing trains.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pflower.provenance import CODE_FINGERPRINT, code_version
+from pflower.tuning.baselines import StoredRunsChanged, check_stored_runs, compare_code
+from pflower.tuning.cli import main as tune_main
+from pflower.tuning.suite import Suite, load_suite
+
+SUITE = """\
+name: tiny
+trials: 2
+tune_seed: 0
+final_seeds: [1, 2]
+val_fraction: 0.25
+train_knobs: [lr]
+methods: [fedavg, fedprox]
+settings:
+  - name: digits
+    overrides: [dataset=digits, num_clients=2, rounds=2]
+"""
+
+
+def _suite(tmp_path: Path) -> Suite:
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE)
+    return load_suite(str(path))
+
+
+def _store(out: Path, suite: Suite, runs: dict[str, dict[str, Any]]) -> None:
+    """A folder as ``pflower tune`` leaves it: the suite's record and, per method, completed final
+    runs (seeds 1 and 2) whose ``summary.json`` holds ``code``."""
+    out.mkdir(parents=True, exist_ok=True)
+    settings = {s.name: list(s.overrides) for s in suite.settings}
+    record = {
+        "name": suite.name,
+        "trials": suite.trials,
+        "tune_seed": suite.tune_seed,
+        "final_seeds": list(suite.final_seeds),
+        "val_fraction": suite.val_fraction,
+        "train_knobs": list(suite.train_knobs),
+        "settings": settings,
+    }
+    (out / "suite.yaml").write_text(yaml.safe_dump(record))
+    for method, code in runs.items():
+        for seed in suite.final_seeds:
+            run_dir = out / "digits" / "final" / method / f"seed_{seed}"
+            run_dir.mkdir(parents=True)
+            (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "code": code}))
+
+
+def test_runs_of_the_installed_code_are_accepted_and_a_changed_part_is_named(
+    tmp_path: Path,
+) -> None:
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    changed = code_version("fedprox")
+    changed = {**changed, "components": {**changed["components"], "partition": "0" * 16}}
+    _store(out, suite, {"fedavg": code_version("fedavg")})
+    check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])
+    # a method's own module counts for that method alone
+    assert compare_code("fedprox", code_version("fedavg")) == ({"method"}, True)
+
+    _store(out, suite, {"fedprox": changed})
+    with pytest.raises(StoredRunsChanged) as refusal:
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fliu"], True)
+    message = str(refusal.value)
+    assert "fliu cannot be ranked against the stored runs" in message
+    assert "[digits] changed code: fedprox (partition)" in message
+    assert "fedavg" not in message.split("Refresh")[0]  # its runs are this code's
+    assert message.endswith(
+        f"Refresh them with: rm -r {out}/digits/final/{{fedprox}} && pflower tune fedprox "
+        f"--suite suite.yaml --setting digits --out {out}"
+    )
+
+
+def test_old_records_are_checked_whole_and_refused_unless_trusted(tmp_path: Path) -> None:
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    same = {"fingerprint": CODE_FINGERPRINT, "commit": None, "dirty": None}
+    other = {"fingerprint": "0123456789abcdef", "commit": None, "dirty": None}
+    _store(out, suite, {"fedavg": same, "fedprox": other})
+    with pytest.raises(StoredRunsChanged) as refusal:
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fliu"])
+    message = str(refusal.value)
+    assert "before pflower kept per-part code fingerprints, by other code (0123456789abcdef)" in (
+        message
+    )
+    assert "cannot be checked: fedprox (--trust-unchecked ranks against them)" in message
+    check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fliu"], trust_unchecked=True)
+
+
+def test_another_protocol_is_refused(tmp_path: Path) -> None:
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    _store(out, suite, {"fedavg": code_version("fedavg")})
+    record = yaml.safe_load((out / "suite.yaml").read_text())
+    record["trials"] = 8
+    record["settings"]["digits"] = ["dataset=digits", "num_clients=4"]
+    (out / "suite.yaml").write_text(yaml.safe_dump(record))
+    with pytest.raises(StoredRunsChanged) as refusal:
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])
+    message = str(refusal.value)
+    assert "trials 8 -> 2" in message
+    assert "the setting's overrides ['dataset=digits', 'num_clients=4'] -> " in message
+
+
+def test_pflower_tune_refuses_before_anything_runs_or_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    other = {"fingerprint": "0123456789abcdef", "commit": None, "dirty": None}
+    _store(out, suite, {"fedavg": other})
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    argv = ["fedprox", "--suite", str(tmp_path / "suite.yaml"), "--out", str(out)]
+    assert tune_main(argv) == 2
+    assert "fedprox cannot be ranked against the stored runs" in capsys.readouterr().err
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # no commands.log
