@@ -18,6 +18,10 @@ cifar10        cifar-10-batches-py pickles                    :func:`load_cifar1
 cifar100       cifar-100-python pickles (fine labels)         :func:`load_cifar100`
 svhn           train_32x32.mat / test_32x32.mat               :func:`load_svhn`
 celeba_gender  img_align_celeba + attribute/partition lists   :func:`load_celeba_gender`
+leaf           LEAF JSON (FEMNIST), users as groups           :func:`load_leaf`
+image_folder   image files, one folder per class (and client) :func:`load_image_folder`
+table          CSV or Parquet rows with a label column        :func:`load_table`
+hf             Hugging Face data via Flower Datasets          :func:`load_hf`
 ============== ============================================== =====================
 
 The file-backed datasets are decoded once per machine into the dataset cache and memory-mapped
@@ -35,9 +39,13 @@ from pflower.datasets.base import ImageDataset, resolve_data_root
 from pflower.datasets.celeba import load_celeba_gender
 from pflower.datasets.cifar import load_cifar10, load_cifar100
 from pflower.datasets.digits import load_digits
+from pflower.datasets.folders import load_image_folder
+from pflower.datasets.hf import load_hf
 from pflower.datasets.idx import load_fmnist, load_mnist
+from pflower.datasets.leaf import load_leaf
 from pflower.datasets.svhn import load_svhn
 from pflower.datasets.synthetic import load_synthetic
+from pflower.datasets.table import load_table
 from pflower.registry import ConfigError, Registry
 
 DATASETS: Registry[ImageDataset] = Registry("dataset")
@@ -49,6 +57,10 @@ DATASETS.register("cifar10")(load_cifar10)
 DATASETS.register("cifar100")(load_cifar100)
 DATASETS.register("svhn")(load_svhn)
 DATASETS.register("celeba_gender")(load_celeba_gender)
+DATASETS.register("leaf")(load_leaf)
+DATASETS.register("image_folder")(load_image_folder)
+DATASETS.register("table")(load_table)
+DATASETS.register("hf")(load_hf)
 
 _CACHE_SIZE = 4
 """Datasets kept per process; a run uses one, sweeps in one process rarely more than a few."""
