@@ -15,15 +15,14 @@ from collections.abc import Sequence
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.datasets.sources import Stats, resolve_stats
 from pflower.registry import ConfigError
 
 
-def split_of(
-    samples: np.ndarray, labels: np.ndarray, groups: np.ndarray | None = None
-) -> ImageSplit:
+def split_of(samples: ArrayLike, labels: ArrayLike, groups: ArrayLike | None = None) -> ImageSplit:
     """An :class:`ImageSplit` of float32 ``samples`` ``(N, C, H, W)``, labels and group ids."""
     return ImageSplit(
         torch.from_numpy(np.ascontiguousarray(samples, dtype=np.float32)),

@@ -68,11 +68,14 @@ def load_image_folder(
 
 
 def class_names(path: str, per_client: bool) -> list[str]:
-    """The sorted class folder names under ``path`` (the number of classes, before decoding)."""
+    """The sorted class folder names under ``path`` (the number of classes, read without listing
+    the images)."""
     root = Path(path).expanduser()
     parts = [root / "train", root / "test"] if (root / "train").is_dir() else [root]
-    names = {label for part in parts for _, label, _ in _entries(part, per_client)}
-    return sorted(names)
+    owners = [d for part in parts if part.is_dir() for d in part.iterdir() if d.is_dir()]
+    if not per_client:
+        return sorted({owner.name for owner in owners})
+    return sorted({d.name for owner in owners for d in owner.iterdir() if d.is_dir()})
 
 
 def _entries(folder: Path, per_client: bool) -> list[Entry]:
@@ -95,7 +98,7 @@ def _mapped(entries: list[Entry], root: Path, client_map: Path) -> list[Entry]:
         raise ConfigError(f"dataset.client_map {client_map} does not exist")
     with client_map.open(newline="") as stream:
         owner = {str(Path(row[0])): row[1] for row in csv.reader(stream) if len(row) >= 2}
-    tagged = []
+    tagged: list[Entry] = []
     for file, label, _ in entries:
         key = str(file.relative_to(root))
         if key not in owner:

@@ -137,7 +137,9 @@ def _decode(
     size: int,
     channels: int,
 ) -> ImageSplit:
-    images = np.stack([to_pixels(image, channels, size) for image in split[image_column]])
+    images = np.zeros((len(split), channels, size, size), np.float32)
+    for row, image in enumerate(split[image_column]):
+        images[row] = to_pixels(image, channels, size)
     groups = None
     if client_column is not None and clients is not None:
         groups = [clients[value] for value in split[client_column]]
