@@ -332,7 +332,10 @@ def partition_import(argv: Sequence[str]) -> int:
     parser.add_argument("path", type=Path, help="the dataset folder")
     parser.add_argument("overrides", nargs="*", help="the dataset (pflib: e.g. dataset=mnist)")
     parser.add_argument(
-        "--out", type=Path, default=Path("partition_indices.json"), help="the file to write"
+        "--out",
+        type=Path,
+        default=Path("partition_indices.json"),
+        help="the file to write (default: partition_indices.json in this folder)",
     )
     args = parser.parse_args(list(argv))
     from pflower.datasets.base import DatasetNotFoundError
