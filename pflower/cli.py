@@ -172,7 +172,12 @@ def _partition(cfg: DictConfig) -> None:
     title = f"{cfg.dataset.name}, partition={cfg.partition.name}, {cfg.num_clients} clients"
     written = report_partition(federation, out_dir, console, title=title)
     console.print(f"partition report written to {written}")
-    indices = write_federation(out_dir / "partition_indices.json", federation, cfg.split.pool)
+    indices = write_federation(
+        out_dir / "partition_indices.json",
+        federation,
+        cfg.split.pool,
+        own_tests=cfg.split.client_test == "file",
+    )
     console.print(f"client index lists (partition=from_file) written to {indices}")
 
 

@@ -169,6 +169,8 @@ def test_an_imported_pflib_partition_keeps_every_clients_own_test_set(
         np.testing.assert_array_equal(np.sort(labels[got.test]), np.sort(labels[test]))
         assert content(got.test) == content(test)
         assert content(got.train) == content(train)
+    again = write_federation(tmp_path / "again.json", imported, "all", own_tests=True)
+    assert json.loads(again.read_text()) == json.loads(out.read_text())  # `pflower partition`'s
     if not run:
         return
     rows, _ = run_inprocess(

@@ -71,12 +71,19 @@ def write_index_lists(
     return path
 
 
-def write_federation(path: str | Path, federation: Any, pool: str) -> Path:
+def write_federation(path: str | Path, federation: Any, pool: str, own_tests: bool = False) -> Path:
     """Write every client's samples (train, test and validation shares) of a federation built
-    with ``split.pool=pool`` as a ``from_file`` file."""
-    shares = [np.concatenate([c.train, c.test, c.val]) for c in federation.clients]
+    with ``split.pool=pool`` as a ``from_file`` file; with ``own_tests`` (a federation built with
+    ``split.client_test=file``), its test shares apart, as ``tests``, so the file reads back as
+    the same federation under ``split=file``."""
+    labels = federation.pool.labels.numpy()
     size = len(federation.pool) if pool == "all" else len(federation.dataset.train)
-    return write_index_lists(path, shares, federation.pool.labels.numpy(), size)
+    if own_tests:
+        shares = [np.concatenate([c.train, c.val]) for c in federation.clients]
+        tests = [c.test for c in federation.clients]
+        return write_index_lists(path, shares, labels, size, tests)
+    shares = [np.concatenate([c.train, c.test, c.val]) for c in federation.clients]
+    return write_index_lists(path, shares, labels, size)
 
 
 def read_index_lists(path: str | Path) -> dict:
