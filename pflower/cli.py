@@ -4,6 +4,9 @@
   ``pflower -m <sweep overrides>`` runs a Hydra multirun sweep, one run directory per job.
 - ``pflower partition <hydra overrides>``: print the partition's per-client sizes and class
   histograms and write a heatmap PNG, without training.
+- ``pflower partition import pflib|leaf <path> [overrides]``: turn a PFLlib or LEAF dataset
+  folder into a ``partition=from_file`` file that keeps each client's own train/test split
+  (see `IMPORT_HELP`).
 - ``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds
   ([`pflower.reporting.report`][pflower.reporting.report]); it takes paths, not Hydra overrides.
 - ``pflower tune [methods] --suite cpu``: tune methods on validation with the same Optuna budget
@@ -209,7 +212,12 @@ def _partition(cfg: DictConfig) -> None:
     title = f"{cfg.dataset.name}, partition={cfg.partition.name}, {cfg.num_clients} clients"
     written = report_partition(federation, out_dir, console, title=title)
     console.print(f"partition report written to {written}")
-    indices = write_federation(out_dir / "partition_indices.json", federation, cfg.split.pool)
+    indices = write_federation(
+        out_dir / "partition_indices.json",
+        federation,
+        cfg.split.pool,
+        own_tests=cfg.split.client_test == "file",
+    )
     console.print(f"client index lists (partition=from_file) written to {indices}")
 
 
@@ -224,7 +232,12 @@ def partition_parser() -> argparse.ArgumentParser:
     """The parser that describes ``pflower partition`` (its arguments are Hydra overrides,
     parsed by Hydra)."""
     parser = argparse.ArgumentParser(
-        prog="pflower partition", description=PARTITION_HELP, formatter_class=HelpFormatter
+        prog="pflower partition",
+        description=PARTITION_HELP,
+        epilog="pflower partition import pflib|leaf <folder> [overrides] turns a PFLlib or LEAF "
+        "folder into a partition file that keeps each client's own test set (pflower partition "
+        "import --help).",
+        formatter_class=HelpFormatter,
     )
     parser.add_argument(
         "overrides",
@@ -366,6 +379,64 @@ def resume(argv: Sequence[str]) -> int:
     return 0
 
 
+IMPORT_HELP = """\
+Write a partition=from_file file from a PFLlib or LEAF dataset folder, keeping each client's own
+train and test samples (run it with split=file, which uses those tests instead of redrawing them).
+
+  pflib <folder> dataset=<name>: PFLlib's train/<i>.npz and test/<i>.npz of the dataset named
+        (e.g. dataset=mnist); every image is matched to its sample of that dataset.
+  leaf  <folder> [dataset.*=...]: LEAF's train/*.json and test/*.json (dataset=leaf, FEMNIST
+        by default); each user becomes a client with its own train and test samples.
+
+It prints the run's overrides (partition=from_file partition.path=<out> split=file
+num_clients=<K> and the dataset)."""
+
+
+def partition_import(argv: Sequence[str]) -> int:
+    """``pflower partition import <format> <path> [overrides]``: write a from_file partition."""
+    parser = argparse.ArgumentParser(
+        prog="pflower partition import", description=IMPORT_HELP, formatter_class=HelpFormatter
+    )
+    parser.add_argument("format", choices=("pflib", "leaf"), help="the folder's format")
+    parser.add_argument("path", type=Path, help="the dataset folder")
+    parser.add_argument("overrides", nargs="*", help="the dataset (pflib: e.g. dataset=mnist)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("partition_indices.json"),
+        help="the file to write (default: partition_indices.json in this folder)",
+    )
+    args = parser.parse_args(list(argv))
+    from pflower.datasets.base import DatasetNotFoundError
+    from pflower.datasets.partitioners.from_file import import_folder
+    from pflower.datasets.sources import CorruptDatasetError
+
+    folder: Path = args.path.resolve()
+    overrides = list(args.overrides)
+    if args.format == "leaf":
+        overrides = ["dataset=leaf", f"dataset.path={folder}", *overrides]
+    try:
+        from pflower.compose import compose_config
+        from pflower.datasets.loaders import load_dataset
+        from pflower.registry import name_and_options
+
+        cfg = compose_config(overrides, check_scheme=False)
+        dataset = load_dataset(*name_and_options(cfg.dataset))
+        imported = import_folder(args.format, folder, dataset, args.out)
+    except (ConfigError, DatasetNotFoundError, CorruptDatasetError) as error:
+        console.print(f"[red]cannot import:[/] {escape(str(error))}")
+        return 2
+    out = args.out.resolve()
+    trained = sum(len(share) for share in imported.trains)
+    tested = sum(len(share) for share in imported.tests)
+    console.print(
+        f"{len(imported.trains)} clients, {trained} train and {tested} test samples -> {out}\n"
+        f"run with: pflower {' '.join(overrides)} partition=from_file partition.path={out} "
+        f"split=file num_clients={len(imported.trains)}"
+    )
+    return 0
+
+
 def _load_plugins() -> None:
     """Register pflower's algorithms and the plugins ([`pflower.plugins`][pflower.plugins]); a
     plugin that fails to load ends the command with its one-line message and exit code 2."""
@@ -383,6 +454,10 @@ def main() -> None:
     mistyped command: [`pflower.commands`][pflower.commands]), run a subcommand
     (`SUBCOMMANDS`), else run an experiment.
     ``--help-config`` is Hydra's ``--help``: every configuration group and key."""
+    if sys.argv[1:3] == ["partition", "import"]:  # its own arguments, help included
+        hold_numerics_of(sys.argv[3:])
+        _load_plugins()
+        sys.exit(partition_import(sys.argv[3:]))
     code = answer(sys.argv[1:])
     if code is not None:
         sys.exit(code)

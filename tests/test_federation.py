@@ -310,7 +310,7 @@ def test_same_arguments_same_federation_other_seed_another(
 
 def test_split_presets_are_valid() -> None:
     names = set(group_options("split"))
-    assert names == {"default", "fliu", "flame", "fedala", "fedmpr", "diversifed"}
+    assert names == {"default", "fliu", "flame", "fedala", "fedmpr", "diversifed", "file"}
     for name in names:
         SplitConfig.from_mapping(group_block("split", name))
     assert SplitConfig.from_mapping(group_block("split", "default")) == SplitConfig()
@@ -327,6 +327,8 @@ def test_split_presets_are_valid() -> None:
         ({"subsample_fraction": 0.0}, r"subsample_fraction must be in \(0, 1\]"),
         ({"stratify": "yes"}, "stratify must be true or false"),
         ({"client_test": "partitioner"}, "'iid' does not: use client_test=holdout or mirror"),
+        ({"client_test": "file"}, r"client_test=file .* set split\.pool=all"),
+        ({"pool": "all", "client_test": "file"}, "use partition=from_file partition.path"),
         ({"evaluate_on": "val"}, r"evaluate_on=val .* set split\.val_fraction > 0"),
         ({"evaluate_on": "train"}, "split.evaluate_on must be one of test, val"),
     ],

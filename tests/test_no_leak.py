@@ -42,7 +42,7 @@ from pflower.datasets.federation import ClientSplit, Federation, build_federatio
 from pflower.datasets.idx import idx_source
 from pflower.datasets.loaders import load_dataset
 from pflower.datasets.partitioners import PARTITIONERS, TestAwarePartitioner, build_partitioner
-from pflower.datasets.partitioners.from_file import write_federation
+from pflower.datasets.partitioners.from_file import write_federation, write_index_lists
 from pflower.datasets.sources import locate
 from pflower.datasets.synthetic import load_synthetic
 from pflower.registry import ConfigError
@@ -117,9 +117,11 @@ def _dataset(scheme: str) -> ImageDataset:
     """The tagged dataset for ``scheme`` (with groups where the scheme splits by them)."""
     train_labels, test_labels = _synthetic_labels()
     rng = np.random.default_rng(1)
-    if scheme == "feature_skew":  # writer ids on both splits, as in per-writer FEMNIST
-        writers = [torch.from_numpy(rng.integers(0, 50, len(s))) for s in _synthetic_labels()]
-        return _tagged("synthetic_writers", train_labels, test_labels, (writers[0], writers[1]))
+    if scheme in ("feature_skew", "natural"):  # writer ids on both splits, as in FEMNIST
+        count = NUM_CLIENTS if scheme == "natural" else 50  # natural: one client per writer
+        writers = [torch.from_numpy(rng.integers(0, count, len(s))) for s in _synthetic_labels()]
+        name = f"synthetic_writers_{count}"
+        return _tagged(name, train_labels, test_labels, (writers[0], writers[1]))
     if scheme == "attribute_groups":
         return _celeba_like(rng)
     return _tagged("synthetic", train_labels, test_labels)
@@ -196,6 +198,8 @@ def _refusal(scheme: str, preset: dict[str, Any]) -> str | None:
         return r"draws its own client test shares; set split\.client_test=partitioner"
     if scheme not in DRAWS_OWN_TESTS and wants_scheme_tests:
         return "needs a scheme that draws client test shares"
+    if preset["client_test"] == "file" and scheme != "from_file":
+        return "takes each client's test share from a partition file"
     return None
 
 
@@ -204,14 +208,23 @@ _FILES = tempfile.TemporaryDirectory(prefix="pflower-no-leak-")
 
 
 @functools.cache
-def _partition_file(pool: str) -> str:
+def _partition_file(pool: str, tests: bool = False) -> str:
     """A ``from_file`` partition of the pool ``pool`` (``train`` or ``all``): the clients'
-    whole sample sets of an IID federation, as ``pflower partition`` writes them."""
+    whole sample sets of an IID federation, as ``pflower partition`` writes them; with
+    ``tests``, their train and validation samples and, apart, their test samples (as
+    ``pflower partition import`` writes them, for ``split=file``)."""
     default = group_block("split", "default")
     source = build_federation(
         _dataset("iid"), NUM_CLIENTS, SEED, _block("iid"), {**default, "pool": pool}
     )
-    return str(write_federation(Path(_FILES.name) / f"{pool}.json", source, pool))
+    path = Path(_FILES.name) / f"{pool}{'_tests' if tests else ''}.json"
+    if not tests:
+        return str(write_federation(path, source, pool))
+    trains = [np.concatenate([c.train, c.val]) for c in source.clients]
+    labels = source.pool.labels.numpy()
+    return str(
+        write_index_lists(path, trains, labels, len(labels), [c.test for c in source.clients])
+    )
 
 
 def _build(scheme: str, disjoint: bool | None, split: dict[str, Any]) -> Federation:
@@ -219,7 +232,7 @@ def _build(scheme: str, disjoint: bool | None, split: dict[str, Any]) -> Federat
     if disjoint is not None:
         block["disjoint"] = disjoint
     if scheme == "from_file":
-        block["path"] = _partition_file(split["pool"])
+        block["path"] = _partition_file(split["pool"], split["client_test"] == "file")
     clients = CLIENTS_OF.get(scheme, NUM_CLIENTS)
     return build_federation(_dataset(scheme), clients, SEED, block, split)
 
@@ -255,7 +268,7 @@ def test_validation_shares_of_sharing_schemes_are_not_trained_on(scheme: str, pr
 
 def test_the_matrix_covers_every_scheme_preset_and_refusal_rule() -> None:
     assert {name for name, _ in VARIANTS} == set(PARTITIONERS.names)
-    assert PRESETS == ["default", "diversifed", "fedala", "fedmpr", "flame", "fliu"]
+    assert PRESETS == ["default", "diversifed", "fedala", "fedmpr", "file", "flame", "fliu"]
     for name in PARTITIONERS.names:
         block = _block(name)
         if name == "from_file":

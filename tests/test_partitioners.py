@@ -56,6 +56,7 @@ SCHEMES = {
     "feature_skew",
     "hybrid_skew",
     "attribute_groups",
+    "natural",
     "pflib_pathological",
     "pflib_practical",
     "diversifed_pathological",
@@ -75,7 +76,13 @@ SMALL_OPTIONS: dict[str, dict[str, Any]] = {
     "diversifed_practical": {"train_size": 6, "test_size": 2, "num_groups": 2},
 }
 """Options that make each scheme feasible on the small random data of these tests."""
-RANDOM_SCHEMES = SCHEMES - {"quality_skew", "feature_skew", "class_groups", "attribute_groups"}
+RANDOM_SCHEMES = SCHEMES - {
+    "quality_skew",
+    "feature_skew",
+    "class_groups",
+    "attribute_groups",
+    "natural",
+}
 """Schemes whose partition changes with the seed (the others are deterministic by design)."""
 
 
@@ -273,7 +280,7 @@ def test_same_seed_same_partition_and_other_seed_another(name: str) -> None:
     labels = random_labels(1200, 6, 1)
     options = {
         **SMALL_OPTIONS.get(name, {}),
-        "groups": np.arange(1200) % 12,
+        "groups": np.arange(1200) % (6 if name == "natural" else 12),  # natural: one per client
         "test_labels": random_labels(600, 6, 2),
     }
     first = run(name, labels, 6, 7, **dict(options))
@@ -753,3 +760,20 @@ def test_lsqs_on_real_mnist_labels() -> None:
     check_shares(shares, len(labels), 10, disjoint=True, complete=True)
     assert min(len(share) for share in shares) >= 10
     assert elapsed < 10.0
+
+
+@SETTINGS
+@given(problems(max_clients=8))
+def test_natural_gives_each_client_exactly_its_own_group(
+    problem: tuple[np.ndarray, int, int],
+) -> None:
+    labels, clients, seed = problem
+    ids = np.random.default_rng(seed).permutation(np.arange(clients) * 3 + 5)  # any distinct ids
+    groups = np.where(np.arange(len(labels)) % 7 == 0, -1, ids[np.arange(len(labels)) % clients])
+    assume(len(np.unique(groups[groups >= 0])) == clients)
+    shares = run("natural", labels, clients, seed, groups=groups).train
+    check_shares(shares, len(labels), clients, disjoint=True, complete=False)
+    for client, share in enumerate(shares):  # ids in ascending order, every sample of the id
+        np.testing.assert_array_equal(share, np.flatnonzero(groups == np.sort(ids)[client]))
+    with pytest.raises(ConfigError, match=f"set num_clients={clients}"):
+        run("natural", labels, clients + 1, seed, groups=groups)

@@ -324,7 +324,11 @@ def algorithm_pages() -> dict[str, tuple[str, str]]:
 
 GALLERY = Path("images") / "partitions"
 """The partition heatmaps under ``docs/`` (drawn by ``tools/partition_gallery.py``)."""
-NO_HEATMAP = {"from_file": "it replays client index lists written by `pflower partition`."}
+NO_HEATMAP = {
+    "from_file": "it replays client index lists written by `pflower partition`.",
+    "natural": "its clients are the ids the data names (LEAF users, a table's client column, "
+    "one image folder per client); MNIST names none.",
+}
 
 
 def partition_gallery() -> dict[str, tuple[str, str]]:

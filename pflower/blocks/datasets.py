@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, ClassVar
+
+from omegaconf import MISSING
 
 from pflower.blocks.base import Block
 from pflower.config import (
@@ -194,3 +198,165 @@ class CelebaGenderDataset(FileDataset):
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         return (3, self.image_size, self.image_size), 2
+
+
+# ----------------------------------------------------------------------------------------------
+# data a user brings: decoded in memory, shape and class count from the options or the files
+
+
+def _channels(channels: int) -> None:
+    require(channels in (1, 3), f"dataset.channels must be 1 (grey) or 3 (RGB), got {channels}")
+
+
+@dataclass
+class LeafDataset(DatasetBlock):
+    """LEAF JSON data (FEMNIST by default; ``pflower partition import leaf`` keeps each user's
+    train/test split).
+
+    Attributes:
+        path: the folder with LEAF's ``train/*.json`` and ``test/*.json`` (required).
+        image_shape: [C, H, W] each flat sample is laid out as (FEMNIST: [1, 28, 28]; n
+            features: [n, 1, 1]).
+        num_classes: number of classes (FEMNIST: 62).
+    """
+
+    config_name: ClassVar[str] = "leaf"
+    path: str = MISSING
+    image_shape: list[int] = field(default_factory=lambda: [1, 28, 28])
+    num_classes: int = 62
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(
+            len(self.image_shape) == 3 and min(self.image_shape) >= 1,
+            f"dataset.image_shape must be [C, H, W], got {list(self.image_shape)}",
+        )
+        require(self.num_classes >= 2, f"dataset.num_classes must be >= 2, got {self.num_classes}")
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        channels, height, width = (int(size) for size in self.image_shape)
+        return (channels, height, width), self.num_classes
+
+
+@dataclass
+class ImageFolderDataset(DatasetBlock):
+    """Image files, one folder per class (optionally inside one folder per client).
+
+    Attributes:
+        path: the folder (required); ``train/`` and ``test/`` inside it give the official split.
+        per_client: the layout is ``<client>/<class>/<image>`` (each client's own images).
+        client_map: a CSV of ``file,client`` rows tagging the images with their clients.
+        image_size: side the images are resized to.
+        channels: 1 (grey) or 3 (RGB).
+    """
+
+    config_name: ClassVar[str] = "image_folder"
+    path: str = MISSING
+    per_client: bool = False
+    client_map: str | None = None
+    image_size: int = 28
+    channels: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
+        _channels(self.channels)
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        from pflower.datasets.folders import class_names
+
+        classes = len(class_names(self.path, self.per_client))
+        return (self.channels, self.image_size, self.image_size), max(classes, 2)
+
+
+@dataclass
+class TableDataset(DatasetBlock):
+    """A CSV or Parquet table, one row per sample, numeric features (for ``model=mlp``).
+
+    Attributes:
+        path: the file of training rows (required).
+        label: the label column (numbers or strings).
+        test_path: a file of test rows with the same columns (null: no official test split).
+        client_column: a column naming each row's client (silo), for ``partition=natural``.
+    """
+
+    config_name: ClassVar[str] = "table"
+    path: str = MISSING
+    label: str = "label"
+    test_path: str | None = None
+    client_column: str | None = None
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        from pflower.datasets.table import read_columns
+
+        if not Path(self.path).expanduser().is_file():
+            return (1, 1, 1), 2  # the loader reports the missing file
+        columns = read_columns(self.path)
+        features = [c for c in columns if c not in (self.label, self.client_column)]
+        classes = set(columns.get(self.label, []))
+        if self.test_path:
+            classes |= set(read_columns(self.test_path).get(self.label, []))
+        return (len(features), 1, 1), max(len(classes), 2)
+
+
+@dataclass
+class HfDataset(DatasetBlock):
+    """A Hugging Face image dataset through Flower Datasets' ``FederatedDataset``, or a folder
+    written by ``datasets``' ``save_to_disk``.
+
+    Attributes:
+        dataset: a Hub id or packaged builder (``imagefolder``), as
+            ``FederatedDataset(dataset=...)`` takes it.
+        path: instead of ``dataset``: a folder written by ``save_to_disk``.
+        subset: the Hub dataset's configuration (``FederatedDataset(subset=...)``).
+        data_dir: ``data_dir`` for a packaged builder (``name=imagefolder``).
+        train_split: the split shared among clients.
+        test_split: the official test split (null: none).
+        image_column: the column of images.
+        label_column: the column of int labels.
+        client_column: a column naming each sample's client, for ``partition=natural``.
+        num_classes: number of classes (null: from a saved folder's ``ClassLabel`` feature).
+        image_size: side the images are resized to.
+        channels: 1 (grey) or 3 (RGB).
+    """
+
+    config_name: ClassVar[str] = "hf"
+    dataset: str | None = None
+    path: str | None = None
+    subset: str | None = None
+    data_dir: str | None = None
+    train_split: str = "train"
+    test_split: str | None = "test"
+    image_column: str = "image"
+    label_column: str = "label"
+    client_column: str | None = None
+    num_classes: int | None = None
+    image_size: int = 28
+    channels: int = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
+        _channels(self.channels)
+
+    def data_shape(self) -> tuple[tuple[int, int, int], int]:
+        classes = self.num_classes or self._saved_num_classes()
+        require(
+            classes is not None,
+            "dataset=hf cannot tell the number of classes before downloading: set "
+            "dataset.num_classes",
+        )
+        assert classes is not None
+        return (self.channels, self.image_size, self.image_size), classes
+
+    def _saved_num_classes(self) -> int | None:
+        """The ``ClassLabel`` size recorded in a ``save_to_disk`` folder, if any."""
+        if not self.path:
+            return None
+        folder = Path(self.path).expanduser()
+        for info in (folder / self.train_split / "dataset_info.json", folder / "dataset_info.json"):
+            if info.is_file():
+                feature = json.loads(info.read_text()).get("features", {}).get(self.label_column)
+                if isinstance(feature, dict) and feature.get("names"):
+                    return len(feature["names"])
+        return None

@@ -435,6 +435,15 @@ class AttributeGroupsPartition(PartitionBlock):
 
 
 @dataclass
+class NaturalPartition(PartitionBlock):
+    """One client per client id the data names (LEAF users, a table's client column, an image
+    folder per client, a Hugging Face ``client_column``), as Flower Datasets'
+    ``NaturalIdPartitioner``; ``num_clients`` must equal the number of ids."""
+
+    config_name: ClassVar[str] = "natural"
+
+
+@dataclass
 class FromFilePartition(PartitionBlock):
     """Client shares read from a JSON file of per-client pool indices (``pflower partition``
     writes one).

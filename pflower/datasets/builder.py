@@ -28,6 +28,7 @@ from pflower.datasets.partitioners.allocation import (
     round_matrix,
     stratified_choice,
 )
+from pflower.datasets.partitioners.from_file import file_tests
 from pflower.datasets.split import ClientSplit, Shares, SplitConfig, check_no_leak
 from pflower.registry import ConfigError
 
@@ -83,6 +84,8 @@ def share_out(
         trains, tests = _carve(trains, labels, config.test_fraction, config, test_rng, "test")
     elif config.client_test == "mirror":
         tests = _mirror(trains, official_test, labels, test_rng)
+    elif config.client_test == "file":
+        tests = file_tests(partition, labels)
     else:
         assert result.test is not None
         tests = [official_test[share] for share in result.test]

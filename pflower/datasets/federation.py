@@ -19,8 +19,9 @@ How a federation is built (``split`` keys in brackets, see
    samples among ``num_clients`` clients.
 3. Each client's test share (``client_test``) is ``holdout`` (cut from its own share,
    ``test_fraction``, ``stratify``), ``mirror`` (drawn from the official test split with the class
-   proportions of its train share, disjoint across clients: FLIU, FedMPR) or ``partitioner`` (drawn
-   by the scheme itself: DiversiFed).
+   proportions of its train share, disjoint across clients: FLIU, FedMPR), ``partitioner`` (drawn
+   by the scheme itself: DiversiFed) or ``file`` (each client's own test samples as a
+   ``partition=from_file`` file lists them: PFLlib's and LEAF's per-client test files).
 4. ``val_fraction`` carves a validation share out of each client's train share.
 5. The global test set (``global_test``) is the union of the client test shares (pflower's
    default, as in FLIU, Sec. IV-B: "an aggregate data set, constructed from the individual client

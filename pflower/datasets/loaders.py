@@ -12,22 +12,18 @@ normalization (overridable with ``mean``/``std``).
 ============== ============================================== =====================
 name           source                                         loader
 ============== ============================================== =====================
-digits         scikit-learn's bundled 8x8 digits
-[`load_digits`][pflower.datasets.digits.load_digits]
-synthetic      seeded class prototypes plus noise
-[`load_synthetic`][pflower.datasets.loaders.load_synthetic]
-mnist          original IDX .gz files
-[`load_mnist`][pflower.datasets.idx.load_mnist]
-fmnist         original IDX .gz files
-[`load_fmnist`][pflower.datasets.idx.load_fmnist]
-cifar10        cifar-10-batches-py pickles
-[`load_cifar10`][pflower.datasets.cifar.load_cifar10]
-cifar100       cifar-100-python pickles (fine labels)
-[`load_cifar100`][pflower.datasets.cifar.load_cifar100]
-svhn           train_32x32.mat / test_32x32.mat
-[`load_svhn`][pflower.datasets.loaders.load_svhn]
-celeba_gender  img_align_celeba + attribute/partition lists
-[`load_celeba_gender`][pflower.datasets.celeba.load_celeba_gender]
+digits         scikit-learn's bundled 8x8 digits              `load_digits`
+synthetic      seeded class prototypes plus noise             `load_synthetic`
+mnist          original IDX .gz files                         `load_mnist`
+fmnist         original IDX .gz files                         `load_fmnist`
+cifar10        cifar-10-batches-py pickles                    `load_cifar10`
+cifar100       cifar-100-python pickles (fine labels)         `load_cifar100`
+svhn           train_32x32.mat / test_32x32.mat               `load_svhn`
+celeba_gender  img_align_celeba + attribute/partition lists   `load_celeba_gender`
+leaf           LEAF JSON (FEMNIST), users as groups           `load_leaf`
+image_folder   image files, one folder per class (and client) `load_image_folder`
+table          CSV or Parquet rows with a label column        `load_table`
+hf             Hugging Face data via Flower Datasets          `load_hf`
 ============== ============================================== =====================
 
 The file-backed datasets are decoded once per machine into the dataset cache and memory-mapped
@@ -46,9 +42,13 @@ from pflower.datasets.base import ImageDataset, resolve_data_root
 from pflower.datasets.celeba import load_celeba_gender
 from pflower.datasets.cifar import load_cifar10, load_cifar100
 from pflower.datasets.digits import load_digits
+from pflower.datasets.folders import load_image_folder
+from pflower.datasets.hf import load_hf
 from pflower.datasets.idx import load_fmnist, load_mnist
+from pflower.datasets.leaf import load_leaf
 from pflower.datasets.svhn import load_svhn
 from pflower.datasets.synthetic import load_synthetic
+from pflower.datasets.table import load_table
 from pflower.registry import ConfigError, Registry
 
 DATASETS: Registry[ImageDataset] = Registry("dataset")
@@ -60,6 +60,10 @@ DATASETS.register("cifar10")(load_cifar10)
 DATASETS.register("cifar100")(load_cifar100)
 DATASETS.register("svhn")(load_svhn)
 DATASETS.register("celeba_gender")(load_celeba_gender)
+DATASETS.register("leaf")(load_leaf)
+DATASETS.register("image_folder")(load_image_folder)
+DATASETS.register("table")(load_table)
+DATASETS.register("hf")(load_hf)
 
 _CACHE_SIZE = 4
 """Datasets kept per process; a run uses one, sweeps in one process rarely more than a few."""

@@ -115,7 +115,7 @@ def check_no_leak(clients: tuple[ClientSplit, ...], global_test: np.ndarray) -> 
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "pool": ("train", "all"),
-    "client_test": ("holdout", "mirror", "partitioner"),
+    "client_test": ("holdout", "mirror", "partitioner", "file"),
     "global_test": ("union", "official"),
     "evaluate_on": ("test", "val"),
 }
@@ -130,7 +130,9 @@ class SplitConfig:
         pool: ``train`` shares the official train split; ``all`` shares train and test merged.
         subsample_fraction: stratified fraction of the shared samples (and of the official test
             split where it is used) kept before partitioning, for quick runs; 1.0 keeps all.
-        client_test: ``holdout``, ``mirror`` or ``partitioner`` (see the module docstring).
+        client_test: ``holdout``, ``mirror``, ``partitioner`` or ``file`` (each client's own test
+            share listed in the ``partition=from_file`` file: ``tests``), see
+            [`pflower.datasets.federation`][pflower.datasets.federation].
         test_fraction: ``holdout`` only: share of each client's samples held out for its test.
         stratify: ``holdout`` and validation: keep the client's class proportions in both parts.
         val_fraction: share of each client's train share carved out for validation (0 = none).
@@ -188,9 +190,16 @@ class SplitConfig:
             )
         if self.client_test == "holdout" and self.test_fraction == 0.0:
             raise ConfigError("split.test_fraction must be > 0 with client_test=holdout")
-        if self.pool == "all" and (self.client_test != "holdout" or self.global_test == "official"):
+        if self.pool == "all" and (
+            self.client_test not in ("holdout", "file") or self.global_test == "official"
+        ):
             raise ConfigError(
                 "split.pool=all shares the official test split among clients, so it cannot also "
                 "supply client tests (client_test=mirror|partitioner) or the global test "
                 "(global_test=official); use pool=train or client_test=holdout, global_test=union"
+            )
+        if self.client_test == "file" and self.pool != "all":
+            raise ConfigError(
+                "split.client_test=file reads client test shares as indices into the whole pool "
+                "(official train followed by official test): set split.pool=all (split=file)"
             )

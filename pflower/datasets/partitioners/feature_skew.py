@@ -8,10 +8,14 @@ name                  scheme (source)
 ``feature_skew``      FLAME "#writers": consecutive writers per client (FLAME, Sec. VI-A)
 ``attribute_groups``  FedMPR CelebA high shift: attribute ``i`` to client ``i mod K``
                       (FedMPR, Sec. V-B; the mapping is pflower's choice)
+``natural``           one client per group id (writer, user, silo), as Flower Datasets'
+                      ``NaturalIdPartitioner``: the natural partition of LEAF, image-folder,
+                      table and Hugging Face data that name each sample's client
 ===================== ===========================================================================
 
-``feature_skew`` and ``attribute_groups`` read the per-sample ``group`` column (writer ids,
-attribute indices). A negative group id means "no group": such samples are not assigned.
+``feature_skew``, ``attribute_groups`` and ``natural`` read the per-sample ``group`` column
+(writer ids, attribute indices, client ids). A negative group id means "no group": such samples
+are not assigned.
 """
 
 from __future__ import annotations
@@ -139,3 +143,22 @@ class AttributeGroupsPartitioner(IndexPartitioner):
             return shares
         size = min(len(share) for share in shares)
         return [share[stratified_choice(labels[share], size, rng)] for share in shares]
+
+
+@PARTITIONERS.register("natural")
+class NaturalPartitioner(IndexPartitioner):
+    """One client per distinct group id, in ascending id order: each writer, user or silo keeps
+    exactly its own samples (Flower Datasets' ``NaturalIdPartitioner`` on the ``group`` column;
+    here the client count is checked against the number of ids instead of following it)."""
+
+    def _partition(
+        self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
+    ) -> Sequence[np.ndarray]:
+        groups = _require_groups(groups, "natural", "client (writer, user or silo) id")
+        ids = np.unique(groups[groups >= 0])
+        if len(ids) != self.num_partitions:
+            raise ValueError(
+                f"the data names {len(ids)} clients but num_clients={self.num_partitions}: "
+                f"set num_clients={len(ids)}"
+            )
+        return [np.flatnonzero(groups == group) for group in ids]

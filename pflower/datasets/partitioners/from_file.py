@@ -9,8 +9,15 @@ with one list per client of indices into the dataset's *pool* (the official trai
 by the official test split, ``split.pool=all``; the train split alone for ``split.pool=train``).
 ``num_samples`` is the pool size the indices refer to and ``labels`` (optional) each sample's
 label; both are checked, so a file made for another dataset, pool or subsample fails with a
-message instead of silently picking other samples. The file holds every sample a client owns;
-the split config then carves each client's test (and validation) share as for any other scheme.
+message instead of silently picking other samples. Without ``tests``, the file holds every
+sample a client owns and the split config carves each client's test (and validation) share as
+for any other scheme.
+
+A file may also fix each client's *test* share: ``"tests": [[i, ...], ...]`` (with optional
+``"test_labels"``), indices into the same pool, disjoint from every client's ``clients`` list.
+``split.client_test=file`` (``split=file``) then uses them as they are instead of redrawing a
+holdout, so a paper's exact client test sets are evaluated; validation shares, if any, are still
+carved from the ``clients`` lists. The importers write such files:
 
 - [`write_index_lists`][pflower.datasets.partitioners.from_file.write_index_lists] writes a
   federation's client shares in this format
@@ -18,44 +25,67 @@ the split config then carves each client's test (and validation) share as for an
 - [`import_pflib`][pflower.datasets.partitioners.from_file.import_pflib] maps a PFLlib-generated
   dataset folder (``train/<i>.npz``, ``test/<i>.npz``
   holding the normalized images ``x`` and labels ``y`` of client i) back to pool indices by
-  matching every image's pixels to the pool.
+  matching every image's pixels to the pool, keeping which samples were client i's test set;
+- `natural_shares` gives each group (writer, user) of a dataset whose official train and
+  test splits are both tagged with groups its train and test samples (LEAF's layout,
+  [`pflower.datasets.leaf`][pflower.datasets.leaf]).
+
+``pflower partition import <format> <path>`` runs the importers and writes the file.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pflower.datasets.base import ImageDataset
 from pflower.datasets.partitioners.base import PARTITIONERS, IndexPartitioner, require
 
 
 def write_index_lists(
-    path: str | Path, shares: Sequence[np.ndarray], labels: np.ndarray, num_samples: int
+    path: str | Path,
+    shares: Sequence[np.ndarray],
+    labels: np.ndarray,
+    num_samples: int,
+    tests: Sequence[np.ndarray] | None = None,
 ) -> Path:
-    """Write per-client pool indices ``shares`` (with their ``labels``) as a ``from_file`` file."""
+    """Write per-client pool indices ``shares`` (with their ``labels``) as a ``from_file`` file;
+    ``tests``, if given, are the clients' own test shares (for ``split.client_test=file``)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     clients = [sorted(int(i) for i in share) for share in shares]
-    payload = {
+    payload: dict[str, Any] = {
         "num_samples": int(num_samples),
         "clients": clients,
         "labels": [[int(labels[i]) for i in client] for client in clients],
     }
+    if tests is not None:
+        payload["tests"] = [sorted(int(i) for i in share) for share in tests]
+        payload["test_labels"] = [[int(labels[i]) for i in test] for test in payload["tests"]]
     path.write_text(json.dumps(payload) + "\n")
     return path
 
 
-def write_federation(path: str | Path, federation: Any, pool: str) -> Path:
+def write_federation(path: str | Path, federation: Any, pool: str, own_tests: bool = False) -> Path:
     """Write every client's samples (train, test and validation shares) of a federation built
-    with ``split.pool=pool`` as a ``from_file`` file."""
-    shares = [np.concatenate([c.train, c.test, c.val]) for c in federation.clients]
+    with ``split.pool=pool`` as a ``from_file`` file; with ``own_tests`` (a federation built with
+    ``split.client_test=file``), its test shares apart, as ``tests``, so the file reads back as
+    the same federation under ``split=file``."""
+    labels = federation.pool.labels.numpy()
     size = len(federation.pool) if pool == "all" else len(federation.dataset.train)
-    return write_index_lists(path, shares, federation.pool.labels.numpy(), size)
+    if own_tests:
+        shares = [np.concatenate([c.train, c.val]) for c in federation.clients]
+        tests = [c.test for c in federation.clients]
+        return write_index_lists(path, shares, labels, size, tests)
+    shares = [np.concatenate([c.train, c.test, c.val]) for c in federation.clients]
+    return write_index_lists(path, shares, labels, size)
 
 
 def read_index_lists(path: str | Path) -> dict:
@@ -121,40 +151,150 @@ class FromFilePartitioner(IndexPartitioner):
         return shares
 
 
+@dataclass(frozen=True)
+class Imported:
+    """Client shares imported from another tool's files: per client, its train and its test pool
+    indices (``split.pool=all``), as `write_index_lists` writes them."""
+
+    trains: list[np.ndarray]
+    tests: list[np.ndarray]
+
+
+def file_tests(partition: Mapping[str, Any], labels: np.ndarray) -> list[np.ndarray]:
+    """The client test shares a ``from_file`` file fixes (``split.client_test=file``), checked
+    against the pool's ``labels``.
+
+    Raises:
+        ConfigError: the partition is not ``from_file``, or its file lists no ``tests``, or they
+            do not fit this pool (count, range, labels, overlap with the train lists).
+    """
+    require(
+        partition.get("name") == "from_file",
+        "split.client_test=file takes each client's test share from a partition file: use "
+        "partition=from_file partition.path=<file> (written by `pflower partition import`)",
+    )
+    path = str(partition.get("path"))
+    payload = read_index_lists(path)
+    require(
+        isinstance(payload.get("tests"), list),
+        f"partition file {path} lists no client test shares ('tests'): use "
+        "split.client_test=holdout, or write the file with `pflower partition import`",
+    )
+    tests = [np.asarray(test, dtype=np.int64) for test in payload["tests"]]
+    require(
+        len(tests) == len(payload["clients"]),
+        f"partition file {path} lists {len(tests)} test shares for {len(payload['clients'])} "
+        "clients",
+    )
+    held = np.concatenate(tests) if tests else np.zeros(0, np.int64)
+    require(
+        held.size == 0 or (held.min() >= 0 and held.max() < len(labels)),
+        f"partition file {path} has test indices outside 0..{len(labels) - 1} (its tests index "
+        "the pool of split.pool=all: set it)",
+    )
+    trained = np.concatenate([np.asarray(c, dtype=np.int64) for c in payload["clients"]])
+    require(
+        not np.intersect1d(held, trained).size,
+        f"partition file {path} lists a sample both in a client's tests and in a train list",
+    )
+    listed = payload.get("test_labels") or [None] * len(tests)
+    for client, (test, expected) in enumerate(zip(tests, listed, strict=True)):
+        require(
+            expected is None or np.array_equal(labels[test], np.asarray(expected)),
+            f"partition file {path}: client {client}'s test labels differ from the dataset's at "
+            "those indices (a file for another dataset or pool?)",
+        )
+    return tests
+
+
+def natural_shares(train_groups: np.ndarray, test_groups: np.ndarray) -> Imported:
+    """Every group's train samples (official train split) and test samples (official test split,
+    as pool indices after the train split), groups in ascending id order.
+
+    For datasets split by their authors per writer or user, each with its own train and test
+    samples (LEAF: ``train/*.json`` and ``test/*.json`` list the same users). Samples with a
+    negative group (none) are left out.
+    """
+    ids = np.unique(train_groups[train_groups >= 0])
+    offset = len(train_groups)
+    trains = [np.flatnonzero(train_groups == group) for group in ids]
+    tests = [offset + np.flatnonzero(test_groups == group) for group in ids]
+    return Imported(trains, tests)
+
+
 def import_pflib(
     folder: str | Path, pool_images: np.ndarray, pool_labels: np.ndarray, pixel_max: float = 255.0
-) -> list[np.ndarray]:
-    """Pool indices of every client of a PFLlib dataset folder.
+) -> Imported:
+    """Pool indices of every client's train and test samples in a PFLlib dataset folder.
 
     PFLlib stores client i's samples in ``train/<i>.npz`` and ``test/<i>.npz`` (a pickled dict
     ``data`` with ``x``: images normalized as (p/pixel_max − 0.5)/0.5, and ``y``). Each image is
     mapped back to the pool sample with the same pixels (``round((x·0.5 + 0.5)·pixel_max)``) and
-    label; identical duplicates in the pool are assigned in order, each once.
+    label; identical duplicates in the pool are assigned in order, each once. PFLlib draws its
+    clients from the official train and test splits merged, so the indices are into the pool of
+    ``split.pool=all``.
     """
     folder = Path(folder)
     lookup: dict[tuple[bytes, int], list[int]] = defaultdict(list)
-    quantized = np.rint(np.asarray(pool_images, dtype=np.float64)).astype(np.int64)
-    for index in range(len(pool_labels)):
-        lookup[(quantized[index].tobytes(), int(pool_labels[index]))].append(index)
+    shape = pool_images.shape[1:]
+    for index, image in enumerate(pool_images):
+        lookup[(_digest(_quantized(image)), int(pool_labels[index]))].append(index)
     clients = sorted(int(p.stem) for p in (folder / "train").glob("*.npz") if p.stem.isdigit())
     require(bool(clients), f"{folder}/train holds no <client>.npz files (not a PFLlib dataset?)")
-    shares = []
+    config = folder / "config.json"
+    if config.is_file():
+        listed = json.loads(config.read_text()).get("num_clients")
+        require(
+            listed in (None, len(clients)),
+            f"{config} says num_clients={listed} but {folder}/train holds {len(clients)} files",
+        )
+    shares: dict[str, list[np.ndarray]] = {"train": [], "test": []}
     for client in clients:
-        indices = []
         for part in ("train", "test"):
+            indices = []
             file = folder / part / f"{client}.npz"
-            if not file.is_file():
-                continue
+            require(file.is_file(), f"{file} is missing (client {client} has {part} data?)")
             data = np.load(file, allow_pickle=True)["data"].tolist()
-            pixels = np.rint((np.asarray(data["x"], np.float64) * 0.5 + 0.5) * pixel_max)
-            pixels = pixels.astype(np.int64).reshape((len(data["y"]), *quantized.shape[1:]))
+            pixels = (np.asarray(data["x"], np.float64) * 0.5 + 0.5) * pixel_max
+            pixels = pixels.reshape((len(data["y"]), *shape))
             for image, label in zip(pixels, np.asarray(data["y"]), strict=True):
-                candidates = lookup.get((image.tobytes(), int(label)))
+                candidates = lookup.get((_digest(_quantized(image)), int(label)))
                 require(
                     bool(candidates),
                     f"{file}: a sample of label {int(label)} matches no unused pool image",
                 )
                 assert candidates is not None
                 indices.append(candidates.pop(0))
-        shares.append(np.sort(np.asarray(indices, dtype=np.int64)))
-    return shares
+            shares[part].append(np.sort(np.asarray(indices, dtype=np.int64)))
+    return Imported(shares["train"], shares["test"])
+
+
+def _quantized(images: np.ndarray) -> np.ndarray:
+    """Pixel values rounded to integers (PFLlib's float images back to the stored values)."""
+    return np.rint(np.asarray(images, dtype=np.float64)).astype(np.int64)
+
+
+def _digest(image: np.ndarray) -> bytes:
+    """A short key of one image's integer pixels (the pool's images are not kept as keys)."""
+    return hashlib.blake2b(image.tobytes(), digest_size=16).digest()
+
+
+def import_folder(
+    kind: str, folder: str | Path, dataset: ImageDataset, out: str | Path
+) -> Imported:
+    """Import a ``pflib`` or ``leaf`` dataset folder made from ``dataset`` and write its clients'
+    train and test shares to ``out`` (``pflower partition import``)."""
+    pool_labels = np.concatenate([dataset.train.labels.numpy(), dataset.test.labels.numpy()])
+    if kind == "pflib":
+        images = np.concatenate([dataset.train.images.numpy(), dataset.test.images.numpy()])
+        imported = import_pflib(folder, images, pool_labels, pixel_max=dataset.scale)
+    else:
+        train, test = dataset.train.groups, dataset.test.groups
+        require(
+            train is not None and test is not None,
+            f"dataset '{dataset.name}' does not tag its samples with users",
+        )
+        assert train is not None and test is not None
+        imported = natural_shares(train.numpy(), test.numpy())
+    write_index_lists(out, imported.trains, pool_labels, len(pool_labels), imported.tests)
+    return imported
