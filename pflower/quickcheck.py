@@ -6,7 +6,7 @@ schema but one is light: the run-level dataclasses ([`pflower.config`][pflower.c
 blocks ([`pflower.blocks`][pflower.blocks]) import nothing heavy. The algorithms' options
 dataclasses live in their algorithm modules, which import torch; their *shape* (field names, types,
 defaults, enum members) is cached here, keyed by
-[`pflower.provenance.CODE_FINGERPRINT`][pflower.provenance.CODE_FINGERPRINT] (a hash of every source
+`pflower.provenance.CODE_FINGERPRINT` (a hash of every source
 file of pflower) and by [`pflower.plugins.fingerprint`][pflower.plugins.fingerprint] (the plugins
 named and the bytes of their source files, read without importing them), so a cache never describes
 other code than the code that runs. The cache also holds the shapes of the plugins' dataset, model

@@ -374,6 +374,10 @@ def partition_gallery() -> dict[str, tuple[str, str]]:
     return {"datasets/gallery.md": ("Partition gallery", "\n".join(parts))}
 
 
+REEXPORTING = {"pflower.api"}
+"""Modules whose public names are re-exports, documented where they are defined."""
+
+
 def api_packages() -> list[str]:
     """Every public package and module directly under :mod:`pflower` (``__main__`` aside): each
     gets an API page, so a new package is documented without editing this hook."""
@@ -400,9 +404,12 @@ def api_pages(skip: set[str]) -> dict[str, tuple[str, str]]:
             continue
         body = [f"# `{package}`\n"]
         for module in modules:
+            # pflower.api re-exports what lives elsewhere: its page is its docstring, the names
+            # keep one page each (rendered twice, their anchors would be ambiguous)
+            members = "      members: false\n" if module in REEXPORTING else ""
             body.append(
                 f"::: {module}\n    options:\n      show_submodules: false\n"
-                "      heading_level: 2\n"
+                f"      heading_level: 2\n{members}"
             )
         pages[f"reference/api/{package.removeprefix('pflower.')}.md"] = (package, "\n".join(body))
     return pages

@@ -175,7 +175,7 @@ KEPT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 @contextlib.contextmanager
 def ray_keeps_signal_handlers() -> Iterator[None]:
     """While active, Flower's Ray backend starts Ray
-    (``RayBackend.init_ray``, [`RAY_INIT`][pflower.runtime.fence.RAY_INIT], on the simulation's main
+    (``RayBackend.init_ray``, `RAY_INIT`, on the simulation's main
     thread) leaving the SIGTERM and SIGINT handlers as it found them.
 
     ``ray.init`` installs its own SIGTERM handler, ``sys.exit``, in place of pflower's, which

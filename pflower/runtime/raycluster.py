@@ -4,7 +4,7 @@ asked for and answers within a deadline.
 Left to itself, ``ray.init()`` (what Flower's Ray backend calls, with no address) attaches to the
 cluster named in ``RAY_ADDRESS`` or, failing that, in Ray's record of the last cluster started with
 ``ray start`` (``ray_current_cluster`` in Ray's temp folder,
-[`RAY_ADDRESS_FILE`][pflower.runtime.fence.RAY_ADDRESS_FILE]). A cluster that died without ``ray
+`RAY_ADDRESS_FILE`). A cluster that died without ``ray
 stop`` leaves that record behind, and ``ray.init`` then retries its head for ever inside Ray's C++
 client, on the simulation's main thread, where no Python signal handler runs: the run hung after
 "configure_fit", a SIGTERM was never handled and only SIGKILL ended it.
