@@ -224,9 +224,12 @@ def hold_kernels(mode: str) -> None:
     (``native``), for this process and those it starts, by setting or clearing the
     `KERNEL_CAPS` variables and `NUMERICS_ENV`. ``native`` clears only caps that
     an earlier ``avx2`` set (a user's own variables stay). On a CPU without AVX2 ``avx2`` sets
-    no caps, and `numerics` records the fallback. Does nothing once torch is imported:
-    its kernels are chosen by then."""
+    no caps, and `numerics` records the fallback. Once torch is imported its kernels are chosen:
+    then the processes this one starts follow them (``NUMERICS_ENV`` says what this process
+    has, unless set), so that every process of a run computes alike whatever imported torch
+    first."""
     if "torch" in sys.modules:
+        os.environ.setdefault(NUMERICS_ENV, HELD if kernel_caps() == KERNEL_CAPS else "native")
         return
     if os.environ.get(NUMERICS_ENV) == HELD:
         for name, value in KERNEL_CAPS.items():

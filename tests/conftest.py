@@ -1,4 +1,9 @@
-"""Settings for the whole test session."""
+"""Settings for the whole test session.
+
+``pflower`` is imported first: it holds torch's CPU kernels to AVX2 (``numerics=avx2``, the
+default) only where torch is not imported yet, and a test module that imports torch before
+pflower would leave this process on the CPU's own kernels while the runs it starts hold AVX2.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
+import pflower  # noqa: F401  (before any test module imports torch: see the module docstring)
 
 CACHE_ENV = "PFLOWER_CACHE"
 

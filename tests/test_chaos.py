@@ -25,12 +25,14 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -111,13 +113,15 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def private_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def private_tmp(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """The temporary folder of every process the test starts (``TMPDIR``), checked empty at the
-    end: a fault must not leave a fork server's folder or a partial file behind."""
-    folder = tmp_path / "tmp"
-    folder.mkdir()
+    end: a fault must not leave a fork server's folder or a partial file behind. A short path
+    under /tmp: the fork servers' Unix sockets go inside it, and a socket's path may not exceed
+    107 bytes (pytest's folders under xdist come close)."""
+    folder = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))
     monkeypatch.setenv("TMPDIR", str(folder))
-    return folder
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------- simulation

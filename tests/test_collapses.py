@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pflower import compose
 from pflower.compose import compose_config, validate
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import Collapse, collapse_of
@@ -89,6 +90,7 @@ def test_fedbn_on_a_model_without_batchnorm_is_named_fedavg_while_composing(
     fedbn = ALGORITHMS["fedbn"].options
     assert fedbn.collapse_on(build_model("small_cnn", {}, (1, 8, 8), 10)) == "fedavg"
     assert fedbn.collapse_on(build_model("resnet8", {}, (3, 32, 32), 10)) is None
+    compose._warn_collapse.cache_clear()  # once per process: another test may have said it
     with caplog.at_level(logging.WARNING, logger="pflower"):
         validate(compose_config(["strategy=fedbn", "model=small_cnn"]))
         validate(compose_config(["strategy=fedbn", "model=small_cnn", "seed=2"]))

@@ -155,6 +155,31 @@ def _numerics_of_a_process(prelude: str, **env: str) -> dict[str, object]:
     return dict(json.loads(done.stdout))
 
 
+def test_a_process_that_imported_torch_first_starts_processes_with_its_own_kernels() -> None:
+    """Imported after torch, pflower cannot hold this process's kernels any more; the processes
+    it starts (a run's workers) then use what this process uses, so one run computes alike in
+    all its processes."""
+    child = (
+        "import json, subprocess, sys; "
+        "script = 'import json, pflower, torch; from pflower.provenance import numerics; "
+        "print(json.dumps(numerics()))'; "
+        "print(subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, "
+        "check=True).stdout.strip())"
+    )
+    script = (
+        "import torch, json, pflower; from pflower.provenance import numerics; "
+        f"print(json.dumps(numerics())); {child}"
+    )
+    base = {k: v for k, v in os.environ.items() if k not in KERNEL_CAPS and k != NUMERICS_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=base, capture_output=True, text=True, check=True
+    )
+    parent, started = (json.loads(line) for line in done.stdout.splitlines())
+    assert parent["mode"] == "native" and parent["caps"] == {}
+    assert started["mode"] == parent["mode"]
+    assert started["cpu_capability"] == parent["cpu_capability"]
+
+
 def test_pflower_holds_the_cpu_kernels_to_avx2_unless_told_native() -> None:
     """``import pflower`` sets the caps (``ATEN_CPU_CAPABILITY=avx2`` and the others of
     ``KERNEL_CAPS``) before torch is imported, so a machine with AVX-512 computes what one

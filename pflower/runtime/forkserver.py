@@ -75,6 +75,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -112,6 +113,20 @@ PRELOAD = (
 is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
 
 SOCKET_NAME = "server.sock"
+MAX_SOCKET_PATH = 107
+"""The longest path a Unix socket may have on Linux (``sun_path`` holds 108 bytes, one a NUL)."""
+
+
+def server_directory(prefix: str) -> Path:
+    """A new folder for a fork server (its socket and stand-in): under the temporary folder
+    (``TMPDIR``), or under ``/tmp`` where that folder is so deep that the socket's path would be
+    longer than a Unix socket's may be (binding it would fail)."""
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    if len(str(directory / SOCKET_NAME)) <= MAX_SOCKET_PATH:
+        return directory
+    directory.rmdir()
+    return Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+
 
 TASK_LOG_PREFIX = "pflower fork server: task"
 """Start of the line the server prints (to the SuperNode's log) when a task's child ended:

@@ -47,17 +47,15 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 import time
 import types
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
 
 from pflower.runtime.fence import FLOWER_SUPEREXEC, FLOWER_SUPERNODE, SUPERNODE_TIME
-from pflower.runtime.forkserver import ForkServerProcess
+from pflower.runtime.forkserver import ForkServerProcess, server_directory
 
 SUPERLINK_IN_MEMORY_DB = FLWR_IN_MEMORY_DB_NAME
 """The ``--database`` value that keeps a SuperLink's state in memory (Flower 1.39's
@@ -127,8 +125,7 @@ def start_fork_server() -> ForkServerProcess:
     """A fork server for this process's ClientApp tasks, its stand-in put on this process's
     ``PATH`` (inherited by the SuperExec it starts); it ends when this process does, whatever
     ends it."""
-    directory = Path(tempfile.mkdtemp(prefix="pflower-fork-"))
-    server = ForkServerProcess.start(directory, watch_pid=os.getpid())
+    server = ForkServerProcess.start(server_directory("pflower-fork-"), watch_pid=os.getpid())
     os.environ.update(server.environment())
     return server
 

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 from pflower.plugins import PLUGINS_ENV
 from pflower.registry import ConfigError
 from pflower.results.rundir import read_rows, write_atomic
-from pflower.runtime.forkserver import ForkServerProcess
+from pflower.runtime.forkserver import ForkServerProcess, server_directory
 from pflower.runtime.signals import handlers_run_promptly
 
 HEARTBEAT_S = 20
@@ -320,9 +319,8 @@ class WarmRunner:
 def warm_runner() -> Iterator[WarmRunner]:
     """A `WarmRunner` whose fork server lives as long as the ``with`` block (and no
     longer than this process)."""
-    directory = Path(tempfile.mkdtemp(prefix="pflower-runs-"))
     server = ForkServerProcess.start(
-        directory,
+        server_directory("pflower-runs-"),
         target="pflower.cli:main",
         watch_pid=os.getpid(),
         preload_modules=TRIAL_PRELOAD,
