@@ -113,6 +113,9 @@ class ExperimentConfig:
         train, eval, failures, selection, attack, robust, checkpoint, client_state: see their
             classes.
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
+        overwrite: replace the run that ``output_dir`` holds (its files are deleted when the run
+            starts); without it a run refuses a folder that holds another run
+            (:mod:`pflower.results.ownership`).
         progress: print a line per round to the terminal.
         tracking: a tracker that also receives the per-round metrics (:class:`TrackingConfig`).
     """
@@ -141,6 +144,7 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     client_state: ClientStateConfig = field(default_factory=ClientStateConfig)
     output_dir: str | None = None
+    overwrite: bool = False
     progress: bool = True
 
     def __post_init__(self) -> None:
