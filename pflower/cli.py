@@ -19,6 +19,7 @@ starts.
 from __future__ import annotations
 
 import itertools
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -294,9 +295,30 @@ def _check_overrides(arguments: Sequence[str]) -> None:
         write_schema_cache()  # for the check above, next time
         for variant in _sweep_variants(overrides) if sweep else [overrides]:
             compose_config(variant, check_scheme=False)
+        if sweep:
+            _claim_sweep_dir(arguments)
     except ConfigError as error:
         console.print(f"[red]configuration error:[/] {escape(str(error))}")
         sys.exit(2)
+
+
+def _claim_sweep_dir(arguments: Sequence[str]) -> None:
+    """A sweep into the folder of an earlier sweep (``hydra.sweep.dir``, holding its
+    ``multirun.yaml``) is refused, before Hydra writes its own there, unless ``overwrite=true``:
+    then the earlier sweep's job folders are deleted, each under its claim (refused while a
+    live run writes it), so that none of its jobs mixes with the new sweep's."""
+    given = [a.split("=", 1)[1] for a in arguments if a.startswith("hydra.sweep.dir=")]
+    if not given or not (sweep_dir := Path(given[-1])).joinpath("multirun.yaml").is_file():
+        return
+    if "overwrite=true" not in arguments:
+        raise RunDirTakenError(
+            f"{sweep_dir} holds another sweep (multirun.yaml): choose another "
+            "hydra.sweep.dir, or pass overwrite=true to replace its runs"
+        )
+    for job in sweep_dir.iterdir():
+        if job.name.isdigit() and job.is_dir():
+            with claim_run_dir(job, overwrite=True, resuming=False):
+                shutil.rmtree(job)
 
 
 def _sweep_variants(overrides: Sequence[str]) -> list[list[str]]:
@@ -317,15 +339,16 @@ def _sweep_variants(overrides: Sequence[str]) -> list[list[str]]:
         parsed = OverridesParser.create().parse_overrides(list(overrides))
     except HydraException as error:
         raise ConfigError(f"{error}".strip()) from error
-    choices = []
+    by_key: dict[str, list[str]] = {}  # a key given twice: the last one counts, as in Hydra
     for override in parsed:
         key = override.get_key_element()
         if not override.is_sweep_override():
-            choices.append([f"{key}={override.get_value_element_as_str()}"])
+            by_key[key] = [f"{key}={override.get_value_element_as_str()}"]
         elif override.is_discrete_sweep():
-            choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+            by_key[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
         else:
             return []
+    choices = list(by_key.values())
     first = [values[0] for values in choices]
     return [first] + [
         [*first[:index], value, *first[index + 1 :]]
