@@ -13,7 +13,9 @@
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
-starts.
+starts; so does an ``output_dir`` that holds another run (without ``overwrite=true``) or that a
+live run is writing (:mod:`pflower.results.ownership`), and a sweep with a value that does not
+compose.
 """
 
 from __future__ import annotations

@@ -28,6 +28,9 @@ Layout::
                      another)
     run.log          Flower's log
     error.txt        the traceback, when the run failed with an exception
+    .pflower.lock    locked while a run writes the folder (:mod:`.ownership`)
+    .summary.reserve space set aside while the run lives, for the summary of a failed write
+                     on a full disk (:func:`reserve_space`)
 
 Stage L1 is the client's deployable model after it received the server's message (before local
 training), L2 the model after local training, G the global model (the stages of the FLIU paper,
