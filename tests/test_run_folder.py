@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from pflower.core.errors import ResultsNotWrittenError
-from pflower.results.ownership import RunDirTakenError, claim_run_dir
+from pflower.results.ownership import LOCK_FILE, RunDirTakenError, claim_run_dir
 from pflower.results.rundir import RESERVE_FILE, RunRecorder, read_rows
 from tests.helpers import tiny
 from tests.inprocess import run_inprocess
@@ -44,11 +44,11 @@ def files_of(run_dir: Path) -> dict[str, bytes]:
 
 
 def leftovers(run_dir: Path) -> list[str]:
-    """Temporary files and the reserve: none may outlive a run."""
+    """Temporary files, the reserve and the lock: none may outlive a run."""
     return sorted(
         str(p.relative_to(run_dir))
         for p in run_dir.rglob("*")
-        if p.name.endswith(".tmp") or p.name == RESERVE_FILE
+        if p.name.endswith(".tmp") or p.name in (RESERVE_FILE, LOCK_FILE)
     )
 
 
@@ -56,6 +56,7 @@ def leftovers(run_dir: Path) -> list[str]:
 def test_a_second_run_into_a_run_folder_is_refused_and_changes_nothing(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_inprocess(EXPERIMENT, run_dir)
+    assert leftovers(run_dir) == []
     before = files_of(run_dir)
     with pytest.raises(RunDirTakenError) as refused:
         run_inprocess([*EXPERIMENT, "seed=1", "rounds=1"], run_dir)
@@ -118,8 +119,10 @@ def test_a_folder_a_live_run_writes_is_refused_until_that_run_is_killed(tmp_path
                 claim_run_dir(run_dir, overwrite=overwrite, resuming=resuming)
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+    assert (run_dir / LOCK_FILE).exists()  # what SIGKILL leaves: a file, not a lock
     with claim_run_dir(run_dir, overwrite=False, resuming=False):
         pass
+    assert leftovers(run_dir) == []
 
 
 def test_a_claim_is_reentrant_in_its_process_and_checks_the_folder_once(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ claim until it ends:
   it (``checkpoint.resume=true``, what ``pflower resume`` sets) or the user asks to replace it
   (``overwrite=true``: the other run's files are deleted first, so nothing of it mixes in);
 - a folder another live process is writing is refused, whatever the options: the claim holds an
-  exclusive ``flock`` on ``.pflower.lock`` in the folder. The operating system releases it when
-  the holder's last descriptor of the file closes, so a run killed by any signal, SIGKILL
-  included, leaves no lock that blocks the next one (the file itself stays, unlocked).
+  exclusive ``flock`` on ``.pflower.lock`` in the folder, removed when the claim is released.
+  The operating system releases the lock when the holder's last descriptor of the file closes,
+  so a run killed by any signal, SIGKILL included, leaves no lock that blocks the next one
+  (only the file, unlocked).
 
 A claim is re-entrant within a process: ``pflower`` claims the folder before the simulation
 starts, and the ServerApp, which runs in the same process (or in a process forked from it, which
@@ -85,25 +86,41 @@ def refuse_another_run(run_dir: Path, found: list[str] | None = None) -> None:
 
 def _lock(run_dir: Path) -> int:
     """An open descriptor of ``run_dir``'s lock file, locked exclusively; raises
-    :class:`RunDirTakenError` if another process holds the lock."""
+    :class:`RunDirTakenError` if another process holds the lock. A lock file that its holder
+    removed (:meth:`RunDirClaim.release`) between this process's ``open`` and ``flock`` is
+    opened again: the lock is on the file the path names."""
     path = run_dir / LOCK_FILE
-    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
+    while True:
+        descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(descriptor, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            raise RunDirTakenError(
+                f"{run_dir} is being written by a live run (process {holder}): wait for it to "
+                "end, or choose another output_dir"
+            ) from None
+        except BaseException:
+            os.close(descriptor)
+            raise
+        if _same_file(descriptor, path):
+            break
         os.close(descriptor)
-        raise RunDirTakenError(
-            f"{run_dir} is being written by a live run (process {holder}): wait for it to end, "
-            "or choose another output_dir"
-        ) from None
-    except BaseException:
-        os.close(descriptor)
-        raise
     with contextlib.suppress(OSError):  # the holder's id is for the message above only
         os.ftruncate(descriptor, 0)
         os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
     return descriptor
+
+
+def _same_file(descriptor: int, path: Path) -> bool:
+    """Does ``path`` still name the file open as ``descriptor``?"""
+    try:
+        named = path.stat()
+    except FileNotFoundError:
+        return False
+    opened = os.fstat(descriptor)
+    return (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino)
 
 
 @dataclass
@@ -123,6 +140,8 @@ class RunDirClaim:
             held.claims -= 1
             if held.claims == 0:
                 del _HELD[self.run_dir]
+                with contextlib.suppress(FileNotFoundError):  # removed while still locked
+                    (self.run_dir / LOCK_FILE).unlink()
                 os.close(held.descriptor)  # closing the descriptor releases the flock
 
     def __enter__(self) -> RunDirClaim:

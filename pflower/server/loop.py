@@ -52,6 +52,7 @@ from pflower.results.rundir import (
     is_write_failure,
     resolved_config,
     summary_on_signal,
+    write_failure,
 )
 from pflower.runtime.polling import (
     EvaluateResultsAndFailures,
@@ -157,7 +158,10 @@ class CheckpointingServer(Server):
         except OSError as error:
             if not is_write_failure(error):
                 raise
-            reason = recorder.write_failed(error)
+            try:
+                reason = recorder.write_failed(error)
+            except OSError as unrecorded:
+                reason = f"{write_failure(error)}; summary.json not written ({unrecorded})"
             log(ERROR, "%s", reason)
             raise ResultsNotWrittenError(reason) from error
         finally:
