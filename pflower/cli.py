@@ -14,7 +14,7 @@
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
 starts; so does an ``output_dir`` that holds another run (without ``overwrite=true``) or that a
-live run is writing (:mod:`pflower.results.ownership`), and a sweep with a value that does not
+live run is writing (``pflower.results.ownership``), and a sweep with a value that does not
 compose.
 """
 
@@ -171,7 +171,7 @@ def _simulate(cfg: DictConfig) -> None:
 
 
 def _claimed(run_dir: Path, cfg: DictConfig) -> RunDirClaim:
-    """Claim ``run_dir`` for this run (:mod:`pflower.results.ownership`): refused (exit code 2)
+    """Claim ``run_dir`` for this run (``pflower.results.ownership``): refused (exit code 2)
     where it holds another run, unless ``overwrite=true`` or the run resumes it, or where a live
     run is writing it."""
     return claim_run_dir(
@@ -283,7 +283,7 @@ MULTIRUN_FLAGS = ("-m", "--multirun")
 def _check_overrides(arguments: Sequence[str]) -> None:
     """Compose a single run's overrides before Hydra does, so that a wrong key, type or value
     ends with our message (naming what is allowed) and exit code 2. A sweep (``-m``) is checked
-    the same way, each value of each swept key composed once (:func:`_sweep_variants`), before
+    the same way, each value of each swept key composed once (``_sweep_variants``), before
     Hydra makes the sweep's folder: a bad value ends it with exit code 2 and nothing written.
     Hydra's other flags are left to Hydra, which reports such errors itself."""
     sweep = any(argument in MULTIRUN_FLAGS for argument in arguments)

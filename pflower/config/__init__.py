@@ -115,7 +115,7 @@ class ExperimentConfig:
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
         overwrite: replace the run that ``output_dir`` holds (its files are deleted when the run
             starts); without it a run refuses a folder that holds another run
-            (:mod:`pflower.results.ownership`).
+            (``pflower.results.ownership``).
         progress: print a line per round to the terminal.
         tracking: a tracker that also receives the per-round metrics (:class:`TrackingConfig`).
     """

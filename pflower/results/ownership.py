@@ -1,9 +1,9 @@
 """A run folder belongs to one run (DESIGN.md, contract 6).
 
-A run claims its folder (:func:`claim_run_dir`) before it writes anything there, and keeps the
+A run claims its folder (``claim_run_dir``) before it writes anything there, and keeps the
 claim until it ends:
 
-- a folder that holds another run's files (:data:`RUN_FILES`) is refused, unless the run resumes
+- a folder that holds another run's files (``RUN_FILES``) is refused, unless the run resumes
   it (``checkpoint.resume=true``, what ``pflower resume`` sets) or the user asks to replace it
   (``overwrite=true``: the other run's files are deleted first, so nothing of it mixes in);
 - a folder another live process is writing is refused, whatever the options: the claim holds an
@@ -16,7 +16,7 @@ A claim is re-entrant within a process: ``pflower`` claims the folder before the
 starts, and the ServerApp, which runs in the same process (or in a process forked from it, which
 shares the lock), claims it again, and only the first claim checks the folder (the run's own
 files are not another run's); a deployment's ServerApp process claims it alone. Each claim is
-released once (:meth:`RunDirClaim.release`); the lock goes with the last.
+released once (``RunDirClaim.release``); the lock goes with the last.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ RUN_FILES = (
     "mlflow.db",
     "client_state",
 )
-"""What a run writes into its folder (:mod:`pflower.results.rundir`): a folder holding any of
+"""What a run writes into its folder (``pflower.results.rundir``): a folder holding any of
 these holds a run. Other files (a tuner's ``tune_stdout.log``, the user's notes) do not count."""
 
 
@@ -67,13 +67,13 @@ _HELD_LOCK = threading.Lock()
 
 
 def other_runs_files(run_dir: Path) -> list[str]:
-    """The :data:`RUN_FILES` that ``run_dir`` holds, in that order."""
+    """The ``RUN_FILES`` that ``run_dir`` holds, in that order."""
     return [name for name in RUN_FILES if (run_dir / name).exists()]
 
 
 def refuse_another_run(run_dir: Path, found: list[str] | None = None) -> None:
-    """Raise :class:`RunDirTakenError` if ``run_dir`` holds another run's files (``found``, or
-    :func:`other_runs_files`): a check that writes nothing, for a command to refuse the folder
+    """Raise ``RunDirTakenError`` if ``run_dir`` holds another run's files (``found``, or
+    ``other_runs_files``): a check that writes nothing, for a command to refuse the folder
     before it prepares the run; the claim checks again."""
     found = other_runs_files(run_dir) if found is None else found
     if found:
@@ -86,8 +86,8 @@ def refuse_another_run(run_dir: Path, found: list[str] | None = None) -> None:
 
 def _lock(run_dir: Path) -> int:
     """An open descriptor of ``run_dir``'s lock file, locked exclusively; raises
-    :class:`RunDirTakenError` if another process holds the lock. A lock file that its holder
-    removed (:meth:`RunDirClaim.release`) between this process's ``open`` and ``flock`` is
+    ``RunDirTakenError`` if another process holds the lock. A lock file that its holder
+    removed (``RunDirClaim.release``) between this process's ``open`` and ``flock`` is
     opened again: the lock is on the file the path names."""
     path = run_dir / LOCK_FILE
     while True:
@@ -125,7 +125,7 @@ def _same_file(descriptor: int, path: Path) -> bool:
 
 @dataclass
 class RunDirClaim:
-    """One claim on a run folder (:func:`claim_run_dir`); a context manager that releases it."""
+    """One claim on a run folder (``claim_run_dir``); a context manager that releases it."""
 
     run_dir: Path
     _released: bool = False

@@ -28,9 +28,9 @@ Layout::
                      another)
     run.log          Flower's log
     error.txt        the traceback, when the run failed with an exception
-    .pflower.lock    locked while a run writes the folder (:mod:`.ownership`)
+    .pflower.lock    locked while a run writes the folder (``pflower.results.ownership``)
     .summary.reserve space set aside while the run lives, for the summary of a failed write
-                     on a full disk (:func:`reserve_space`)
+                     on a full disk (``reserve_space``)
 
 Stage L1 is the client's deployable model after it received the server's message (before local
 training), L2 the model after local training, G the global model (the stages of the FLIU paper,
@@ -199,7 +199,7 @@ def write_atomic(path: Path, data: str | bytes, reserve: Path | None = None) -> 
     a crash leaves the previous file, never a half-written one, and a write that fails (a full
     disk, a file-size limit) raises with the temporary file removed.
 
-    ``reserve``: a file whose space was set aside for this write (:func:`reserve_space`); where
+    ``reserve``: a file whose space was set aside for this write (``reserve_space``); where
     the temporary file cannot be written, ``data`` is written over the reserve, which then
     becomes ``path``: on a full disk that needs no new space up to the reserve's size."""
     payload = data.encode() if isinstance(data, str) else data
@@ -229,11 +229,11 @@ def _write_synced(path: Path, payload: bytes, mode: Literal["wb", "r+b"]) -> Non
 RESERVE_FILE = ".summary.reserve"
 """Space a live run sets aside in its folder for the ``summary.json`` of its failure."""
 RESERVE_BYTES = 64 * 1024
-"""The size of :data:`RESERVE_FILE`: several times a summary's (about 8 kB)."""
+"""The size of ``RESERVE_FILE``: several times a summary's (about 8 kB)."""
 
 
 def reserve_space(run_dir: Path) -> Path | None:
-    """Write :data:`RESERVE_FILE` (:data:`RESERVE_BYTES` of zeros, so that writing over it takes
+    """Write ``RESERVE_FILE`` (``RESERVE_BYTES`` of zeros, so that writing over it takes
     no new space) and return its path; None, leaving nothing, where it cannot be written (a
     file-size limit below its size: a summary, smaller, may still be written as usual)."""
     path = run_dir / RESERVE_FILE
@@ -255,7 +255,7 @@ def write_summary(
     reserve: Path | None = None,
 ) -> Path:
     """Write ``summary.json`` (the same shape for completed and failed runs), over ``reserve``
-    where the disk has no room for it (:func:`write_atomic`)."""
+    where the disk has no room for it (``write_atomic``)."""
     config = resolved_config(cfg)
     summary = {
         "status": status,
@@ -306,7 +306,7 @@ read-only file system."""
 
 
 def is_write_failure(error: BaseException) -> bool:
-    """Is ``error`` a write that failed for one of the reasons in :data:`WRITE_ERRNOS`?"""
+    """Is ``error`` a write that failed for one of the reasons in ``WRITE_ERRNOS``?"""
     return isinstance(error, OSError) and error.errno in WRITE_ERRNOS
 
 
@@ -551,7 +551,7 @@ class Recorder:
         return write_failure(error)
 
     def close(self) -> None:
-        """The run is over (after :meth:`finish` or :meth:`fail`, and the last checkpoint)."""
+        """The run is over (after ``finish`` or ``fail``, and the last checkpoint)."""
 
 
 class RunRecorder(Recorder):

@@ -98,8 +98,8 @@ def checkpoint_every(cfg: DictConfig) -> int:
 
 def server_fn(context: Context) -> ServerAppComponents:
     """The Strategy and the number of rounds of the experiment in the run config, run by a
-    :class:`CheckpointingServer` (resuming from the run directory's checkpoint if asked to),
-    which holds the run directory's claim (:mod:`pflower.results.ownership`) until the run
+    ``CheckpointingServer`` (resuming from the run directory's checkpoint if asked to),
+    which holds the run directory's claim (``pflower.results.ownership``) until the run
     ends: a deployment's ServerApp refuses a folder that holds another run, or that a live
     run is writing, as ``pflower`` does."""
     cfg = config_from_run_config(context.run_config)

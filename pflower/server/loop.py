@@ -113,8 +113,8 @@ class CheckpointingServer(Server):
         self.every = every
         """Checkpoint after every ``every``-th round and the last one; 0: never."""
         self.claim = claim
-        """The claim on ``run_dir`` (:mod:`pflower.results.ownership`), released when
-        :meth:`fit` ends."""
+        """The claim on ``run_dir`` (``pflower.results.ownership``), released when
+        ``fit`` ends."""
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         """Run the rounds after the checkpoint (all of them in a new run)."""
@@ -149,9 +149,9 @@ class CheckpointingServer(Server):
     @contextlib.contextmanager
     def _write_failures_end_the_run(self) -> Iterator[None]:
         """A write of the run's results (rows, checkpoint, summary, plots) that fails for lack
-        of space, a file-size limit or permissions (:func:`is_write_failure`) ends the run as
-        failed, with the reason in ``summary.json`` (:meth:`Recorder.write_failed`), raised as
-        :class:`ResultsNotWrittenError`; either way the recorder is closed when the run ends."""
+        of space, a file-size limit or permissions (``is_write_failure``) ends the run as
+        failed, with the reason in ``summary.json`` (``Recorder.write_failed``), raised as
+        ``ResultsNotWrittenError``; either way the recorder is closed when the run ends."""
         recorder = self.personalized.recorder
         try:
             yield
