@@ -107,14 +107,8 @@ def _run_dir(cfg: DictConfig) -> Path:
         return hydra_dir
     stamped = Path("runs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
     # a run started in the same second as another gets a folder of its own
-    return next(
-        path
-        for path in (
-            stamped,
-            *(stamped.with_name(f"{stamped.name}-{n}") for n in itertools.count(2)),
-        )
-        if not path.exists()
-    )
+    later = (stamped.with_name(f"{stamped.name}-{n}") for n in itertools.count(2))
+    return next(path for path in itertools.chain([stamped], later) if not path.exists())
 
 
 class UnwritableRunDirError(ConfigError):
