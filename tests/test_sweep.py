@@ -10,6 +10,7 @@ busy cores, too slow for this suite.)
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -169,3 +170,26 @@ def test_a_sweep_into_another_sweeps_folder_is_refused(
     pflower("-m", "seed=1", *TINY, "rounds=1", "overwrite=true", f"hydra.sweep.dir={sweep}")
     assert yaml.safe_load((sweep / "0" / "config.yaml").read_text())["seed"] == 1
     assert [job.name for job in _job_dirs(sweep)] == ["0"]  # the earlier sweep's 2nd job is gone
+
+
+def test_runs_without_output_dir_started_in_one_second_get_a_folder_each(
+    tmp_path: Path, pflower: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default folder, ``runs/<date>/<time>``, is taken: the next run's is ``<time>-2``."""
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz: datetime.tzinfo | None = None) -> Frozen:
+            return cls(2026, 12, 5, 9, 30, 0)
+
+    monkeypatch.setattr(cli, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    pflower(*TINY, "rounds=1")
+    pflower(*TINY, "rounds=1", "seed=1")
+    day = tmp_path / "runs" / "2026-12-05"
+    assert sorted(p.name for p in day.iterdir()) == ["09-30-00", "09-30-00-2"]
+    seeds = [
+        yaml.safe_load((day / name / "config.yaml").read_text())["seed"]
+        for name in ("09-30-00", "09-30-00-2")
+    ]
+    assert seeds == [0, 1]
