@@ -22,13 +22,17 @@
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
-starts.
+starts; so does an ``output_dir`` that holds another run (without ``overwrite=true``) or that a
+live run is writing (``pflower.results.ownership``), and a sweep with a value that does not
+compose.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import itertools
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,8 +41,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from pflower.commands import HelpFormatter, answer, resolve, subcommand
+from pflower.core.errors import ResultsNotWrittenError
 from pflower.quickcheck import check_before_imports, hold_numerics_of, write_schema_cache
 from pflower.registry import ConfigError
+from pflower.results.ownership import (
+    RunDirClaim,
+    RunDirTakenError,
+    claim_run_dir,
+    refuse_another_run,
+)
 from pflower.runtime.logs import plain_flower_console_unless_tty
 
 if TYPE_CHECKING:
@@ -134,7 +145,10 @@ def _run_dir(cfg: DictConfig) -> Path:
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
     if HydraConfig.get().mode == RunMode.MULTIRUN or hydra_dir.resolve() != Path.cwd().resolve():
         return hydra_dir
-    return Path("runs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    stamped = Path("runs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
+    # a run started in the same second as another gets a folder of its own
+    later = (stamped.with_name(f"{stamped.name}-{n}") for n in itertools.count(2))
+    return next(path for path in itertools.chain([stamped], later) if not path.exists())
 
 
 class UnwritableRunDirError(ConfigError):
@@ -160,37 +174,65 @@ def _simulate(cfg: DictConfig) -> None:
     (``summary.json`` with ``"status": "failed"``, ``error.txt``) and the sweep goes on; a single
     run re-raises, so the exit code says it failed. SIGTERM or SIGINT record the run as failed
     (``interrupted by SIGTERM``) before the process ends."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
     run_dir = _run_dir(cfg)
     try:
         from pflower.compose import validate
 
         settings = validate(cfg, check_scheme=False)
+        if not (settings.overwrite or settings.checkpoint.resume):
+            refuse_another_run(run_dir)  # at once, not after the data are prepared
         _preflight(cfg, settings)
         _writable(run_dir)
-        _quiet_flower_console(settings.progress)
-        overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
-        console.print(
-            f"[bold]pflower[/] {settings.strategy.label()} on {cfg.dataset.name} / "
-            f"{cfg.partition.name}, {settings.num_clients} clients, {settings.rounds} rounds "
-            f"-> {run_dir}"
-        )
-        from pflower.results.rundir import summary_on_signal
-        from pflower.simulation import run_experiment
-
-        with summary_on_signal(run_dir, cfg):
-            run_experiment(settings, overrides, run_dir)
     except Exception as error:
-        if HydraConfig.get().mode != RunMode.MULTIRUN or isinstance(error, UnwritableRunDirError):
-            raise
-        from pflower.results.rundir import record_failure
+        _job_failed(run_dir, cfg, error)
+        return
+    with _claimed(run_dir, cfg):
+        try:
+            _quiet_flower_console(settings.progress)
+            overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
+            console.print(
+                f"[bold]pflower[/] {settings.strategy.label()} on {cfg.dataset.name} / "
+                f"{cfg.partition.name}, {settings.num_clients} clients, {settings.rounds} rounds "
+                f"-> {run_dir}"
+            )
+            from pflower.results.rundir import summary_on_signal
+            from pflower.simulation import run_experiment
 
-        record_failure(run_dir, cfg, error)
-        console.print(
-            f"[red]job failed:[/] {escape(str(error))}\n  recorded in {run_dir}; the sweep goes on"
-        )
+            with summary_on_signal(run_dir, cfg):
+                run_experiment(settings, overrides, run_dir)
+        except Exception as error:
+            _job_failed(run_dir, cfg, error)
+
+
+def _claimed(run_dir: Path, cfg: DictConfig) -> RunDirClaim:
+    """Claim ``run_dir`` for this run (``pflower.results.ownership``): refused (exit code 2)
+    where it holds another run, unless ``overwrite=true`` or the run resumes it, or where a live
+    run is writing it."""
+    return claim_run_dir(
+        run_dir, overwrite=bool(cfg.overwrite), resuming=bool(cfg.checkpoint.resume)
+    )
+
+
+def _job_failed(run_dir: Path, cfg: DictConfig, error: Exception) -> None:
+    """Re-raise ``error`` in a single run. In a sweep, record it in the job's ``run_dir`` and go
+    on, unless no job could record anything there: a folder that cannot be written, or that
+    another run owns (then the sweep stops, exit code 2)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    if HydraConfig.get().mode != RunMode.MULTIRUN or isinstance(
+        error, UnwritableRunDirError | RunDirTakenError
+    ):
+        raise error
+    from pflower.results.rundir import record_failure
+
+    if not isinstance(error, ResultsNotWrittenError):  # that one recorded itself
+        with _claimed(run_dir, cfg):
+            record_failure(run_dir, cfg, error)
+    console.print(
+        f"[red]job failed:[/] {escape(str(error))}\n  recorded in {run_dir}; the sweep goes on"
+    )
 
 
 def _partition(cfg: DictConfig) -> None:
@@ -252,7 +294,8 @@ def partition_parser() -> argparse.ArgumentParser:
 @dataclass(frozen=True)
 class GuardedTask:
     """Hydra's task function: runs ``task`` and turns a configuration or dataset error into its
-    message and exit code 2.
+    message and exit code 2, and a run stopped by a write of its results that failed (recorded
+    in its ``summary.json``) into its message and exit code 1.
 
     A module-level class rather than a closure, so that launchers which send the task function
     to other processes (``hydra/launcher=joblib``: loky pickles it with cloudpickle) pickle it by
@@ -274,6 +317,9 @@ class GuardedTask:
         except (DatasetNotFoundError, CorruptDatasetError) as error:
             console.print(f"[red]dataset error:[/] {escape(str(error))}")
             sys.exit(2)
+        except ResultsNotWrittenError as error:
+            console.print(f"[red]run failed:[/] {escape(str(error))}")
+            sys.exit(1)
 
 
 def _hydra_entry(task: Callable[[DictConfig], None]) -> Callable[[], None]:
@@ -301,10 +347,17 @@ def _check_before_imports(arguments: Sequence[str]) -> None:
         sys.exit(2)
 
 
+MULTIRUN_FLAGS = ("-m", "--multirun")
+
+
 def _check_overrides(arguments: Sequence[str]) -> None:
     """Compose a single run's overrides before Hydra does, so that a wrong key, type or value
-    ends with our message (naming what is allowed) and exit code 2. Sweeps (``-m``) and Hydra's
-    own flags are left to Hydra, which reports such errors itself."""
+    ends with our message (naming what is allowed) and exit code 2. A sweep (``-m``) is checked
+    the same way, each value of each swept key composed once (``_sweep_variants``), before
+    Hydra makes the sweep's folder: a bad value ends it with exit code 2 and nothing written.
+    Hydra's other flags are left to Hydra, which reports such errors itself."""
+    sweep = any(argument in MULTIRUN_FLAGS for argument in arguments)
+    arguments = [a for a in arguments if a not in MULTIRUN_FLAGS]
     if any(argument.startswith("-") for argument in arguments):
         return
     overrides = [a for a in arguments if not a.lstrip("+~").startswith("hydra")]
@@ -312,10 +365,68 @@ def _check_overrides(arguments: Sequence[str]) -> None:
         from pflower.compose import compose_config
 
         write_schema_cache()  # for the check above, next time
-        compose_config(overrides, check_scheme=False)
+        for variant in _sweep_variants(overrides) if sweep else [overrides]:
+            compose_config(variant, check_scheme=False)
+        if sweep:
+            _claim_sweep_dir(arguments)
     except ConfigError as error:
         console.print(f"[red]configuration error:[/] {escape(str(error))}")
         sys.exit(2)
+
+
+def _claim_sweep_dir(arguments: Sequence[str]) -> None:
+    """A sweep into the folder of an earlier sweep (``hydra.sweep.dir``, holding its
+    ``multirun.yaml``) is refused, before Hydra writes its own there, unless ``overwrite=true``:
+    then the earlier sweep's job folders are deleted, each under its claim (refused while a
+    live run writes it), so that none of its jobs mixes with the new sweep's."""
+    given = [a.split("=", 1)[1] for a in arguments if a.startswith("hydra.sweep.dir=")]
+    if not given or not (sweep_dir := Path(given[-1])).joinpath("multirun.yaml").is_file():
+        return
+    if "overwrite=true" not in arguments:
+        raise RunDirTakenError(
+            f"{sweep_dir} holds another sweep (multirun.yaml): choose another "
+            "hydra.sweep.dir, or pass overwrite=true to replace its runs"
+        )
+    for job in sweep_dir.iterdir():
+        if job.name.isdigit() and job.is_dir():
+            with claim_run_dir(job, overwrite=True, resuming=False):
+                shutil.rmtree(job)
+
+
+def _sweep_variants(overrides: Sequence[str]) -> list[list[str]]:
+    """The overrides of a sweep's first job, and for each further value of each swept key the
+    same with that value: every value is composed once (not every combination, which Hydra
+    composes again before it launches the jobs). None for a sweep over ``glob(...)`` choices or
+    a range that is not discrete (another sweeper's), which only Hydra can expand.
+
+    Raises:
+        ConfigError: an override that does not parse.
+    """
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if any("glob(" in override for override in overrides):
+        return []
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException as error:
+        raise ConfigError(f"{error}".strip()) from error
+    by_key: dict[str, list[str]] = {}  # a key given twice: the last one counts, as in Hydra
+    for override in parsed:
+        key = override.get_key_element()
+        if not override.is_sweep_override():
+            by_key[key] = [f"{key}={override.get_value_element_as_str()}"]
+        elif override.is_discrete_sweep():
+            by_key[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
+        else:
+            return []
+    choices = list(by_key.values())
+    first = [values[0] for values in choices]
+    return [first] + [
+        [*first[:index], value, *first[index + 1 :]]
+        for index, values in enumerate(choices)
+        for value in values[1:]
+    ]
 
 
 RESUME_HELP = """\
@@ -364,6 +475,7 @@ def resume(argv: Sequence[str]) -> int:
             return 0
         _preflight(cfg, settings)
         _writable(run_dir)
+        claim = _claimed(run_dir, cfg)
     except (ConfigError, DatasetNotFoundError, CorruptDatasetError) as error:
         console.print(f"[red]cannot resume:[/] {escape(str(error))}")
         return 2
@@ -374,8 +486,12 @@ def resume(argv: Sequence[str]) -> int:
     from pflower.results.rundir import summary_on_signal
     from pflower.simulation import run_experiment
 
-    with summary_on_signal(run_dir, cfg):
-        run_experiment(settings, overrides, run_dir)
+    with claim, summary_on_signal(run_dir, cfg):
+        try:
+            run_experiment(settings, overrides, run_dir)
+        except ResultsNotWrittenError as error:
+            console.print(f"[red]run failed:[/] {escape(str(error))}")
+            return 1
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -162,3 +163,95 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
     assert summary["error"] == f"interrupted by {sig.name}"
     assert summary["final_round"] is not None and summary["final_round"] >= 2
     assert summary["rounds"] == 200
+
+
+def wait_for_round(process: subprocess.Popen[bytes], run_dir: Path, server_round: int) -> None:
+    deadline = time.monotonic() + 2 * START_S
+    metrics = run_dir / "metrics.jsonl"
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.exists() and f'"round": {server_round},' in metrics.read_text():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the run did not reach round {server_round} (exit {process.poll()})")
+
+
+@pytest.mark.slow
+def test_a_run_into_a_live_runs_folder_is_refused_until_that_run_is_killed(
+    tmp_path: Path,
+) -> None:
+    """Issue 61, item 1: two runs into one ``output_dir`` both exited 0, the second's rows
+    replacing the first's in ``metrics.jsonl`` while ``run.log`` mixed both. Now the second is
+    refused (exit code 2) before it writes anything, with ``overwrite=true`` too while the first
+    is alive; once the first is killed with SIGKILL (no handler runs) ``overwrite=true``
+    replaces it."""
+    run_dir = tmp_path / "run"
+    first = subprocess.Popen(
+        pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
+        cwd=tmp_path,
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_round(first, run_dir, 2)
+        for extra, message in (
+            ((), "holds another run"),
+            (("overwrite=true",), f"is being written by a live run (process {first.pid})"),
+        ):
+            second = subprocess.run(
+                pflower(*TINY, "rounds=1", "seed=1", f"output_dir={run_dir}", *extra),
+                cwd=tmp_path,
+                env=environment(),
+                capture_output=True,
+                text=True,
+                timeout=START_S,
+            )
+            output = " ".join((second.stdout + second.stderr).split())
+            assert second.returncode == 2, output
+            assert message in output and "Traceback" not in output
+        assert first.poll() is None
+        assert "seed: 1" not in (run_dir / "config.yaml").read_text()
+    finally:
+        first.kill()
+        first.wait()
+    third = subprocess.run(
+        pflower(*TINY, "rounds=1", "overwrite=true", f"output_dir={run_dir}"),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=2 * START_S,
+    )
+    assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["rounds"] == 1
+    assert max(json.loads(line)["round"] for line in (run_dir / "metrics.jsonl").open()) == 1
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_a_file_size_limit_says_why_and_exits_1(tmp_path: Path) -> None:
+    """Issue 61, item 2, as the issue ran it (``ulimit -f 40``): a traceback and no summary
+    before; now one line, exit code 1, and ``summary.json`` saying the run failed and why.
+    (FedAvg's clients keep no state: with FLIU's, the clients' snapshots fail first, and the
+    round fails as a round whose clients all failed does.)"""
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        pflower(
+            *TINY, "strategy=fedavg", "rounds=2", "checkpoint.every=1", f"output_dir={run_dir}"
+        ),
+        cwd=tmp_path,
+        env=environment(),
+        capture_output=True,
+        text=True,
+        timeout=2 * START_S,
+        preexec_fn=lambda: resource.setrlimit(
+            resource.RLIMIT_FSIZE, (40 * 1024, resource.RLIM_INFINITY)
+        ),
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output[-3000:]
+    assert "Traceback" not in output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and "File too large" in summary["error"]
+    assert f"run failed: {summary['error']}" in " ".join(output.split())
+    assert not [p.name for p in run_dir.iterdir() if p.name.endswith(".tmp")]

@@ -10,6 +10,7 @@ busy cores, too slow for this suite.)
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from collections.abc import Callable, Iterator
@@ -130,3 +131,65 @@ def test_a_failed_single_run_exits_non_zero(tmp_path: Path, pflower: Cli) -> Non
         pflower("partition.classes_per_client=11", *TINY, f"hydra.run.dir={tmp_path}")
     assert failed.value.code != 0
     assert not (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("sweep", "message"),
+    [
+        ("num_clients=abc,3", "could not be converted to Integer"),
+        ("num_clients=3,0", "num_clients must be an integer >= 1"),
+        ("seed=0,1 strategy=fedavg,nosuchmethod", "nosuchmethod"),
+    ],
+    ids=["wrong-type", "out-of-range", "unknown-name"],
+)
+def test_a_sweep_with_a_bad_value_exits_2_and_creates_nothing(
+    tmp_path: Path, pflower: Cli, monkeypatch: pytest.MonkeyPatch, capsys, sweep: str, message: str
+) -> None:
+    """Issue 61, item 5: Hydra used to write ``multirun/<date>/<time>/multirun.yaml`` first and
+    then exit 1 (or run the jobs, each failing alone); every swept value is composed first."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as refused:
+        pflower("-m", *TINY, *sweep.split())
+    assert refused.value.code == 2
+    assert message in " ".join(capsys.readouterr().out.split())
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sweep_into_another_sweeps_folder_is_refused(
+    tmp_path: Path, pflower: Cli, capsys
+) -> None:
+    """Its jobs' folders hold the first sweep's runs: exit code 2, nothing written or deleted."""
+    sweep = tmp_path / "sweep"
+    pflower("-m", "seed=0,1", *TINY, "rounds=1", f"hydra.sweep.dir={sweep}")
+    before = {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}
+    with pytest.raises(SystemExit) as refused:
+        pflower("-m", "seed=2", *TINY, "rounds=1", f"hydra.sweep.dir={sweep}")
+    assert refused.value.code == 2
+    assert "holds another sweep" in capsys.readouterr().out
+    assert {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()} == before
+    pflower("-m", "seed=1", *TINY, "rounds=1", "overwrite=true", f"hydra.sweep.dir={sweep}")
+    assert yaml.safe_load((sweep / "0" / "config.yaml").read_text())["seed"] == 1
+    assert [job.name for job in _job_dirs(sweep)] == ["0"]  # the earlier sweep's 2nd job is gone
+
+
+def test_runs_without_output_dir_started_in_one_second_get_a_folder_each(
+    tmp_path: Path, pflower: Cli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default folder, ``runs/<date>/<time>``, is taken: the next run's is ``<time>-2``."""
+
+    class Frozen(datetime.datetime):
+        @classmethod
+        def now(cls, tz: datetime.tzinfo | None = None) -> Frozen:
+            return cls(2026, 12, 5, 9, 30, 0)
+
+    monkeypatch.setattr(cli, "datetime", Frozen)
+    monkeypatch.chdir(tmp_path)
+    pflower(*TINY, "rounds=1")
+    pflower(*TINY, "rounds=1", "seed=1")
+    day = tmp_path / "runs" / "2026-12-05"
+    assert sorted(p.name for p in day.iterdir()) == ["09-30-00", "09-30-00-2"]
+    seeds = [
+        yaml.safe_load((day / name / "config.yaml").read_text())["seed"]
+        for name in ("09-30-00", "09-30-00-2")
+    ]
+    assert seeds == [0, 1]

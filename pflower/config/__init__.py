@@ -119,6 +119,9 @@ class ExperimentConfig:
         train, eval, failures, selection, attack, robust, checkpoint, client_state: see their
             classes.
         output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
+        overwrite: replace the run that ``output_dir`` holds (its files are deleted when the run
+            starts); without it a run refuses a folder that holds another run
+            (``pflower.results.ownership``).
         progress: print a line per round to the terminal.
         numerics: ``avx2`` (default) holds torch's CPU kernels to AVX2 so that runs repeat to the
             last digit on any x86-64 CPU with AVX2; ``native`` lets them use AVX-512
@@ -151,6 +154,7 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     client_state: ClientStateConfig = field(default_factory=ClientStateConfig)
     output_dir: str | None = None
+    overwrite: bool = False
     progress: bool = True
     numerics: Numerics = Numerics.avx2
 

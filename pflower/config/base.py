@@ -12,6 +12,7 @@ from pflower.registry import ConfigError
 
 EXECUTION_KEYS = (
     "output_dir",
+    "overwrite",
     "progress",
     "checkpoint",
     "client_state",

@@ -10,3 +10,8 @@ class RoundFailedError(RuntimeError):
 class NodesMissingError(RoundFailedError):
     """The run cannot start: fewer nodes than ``num_clients`` connected within
     ``connect_timeout``, or a simulation's federation has another number of SuperNodes."""
+
+
+class ResultsNotWrittenError(RuntimeError):
+    """A write of the run's results failed (no space, a file-size limit, permissions): the run
+    stopped, recorded as failed in its ``summary.json`` as far as the disk allowed."""

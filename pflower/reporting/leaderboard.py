@@ -691,10 +691,12 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             lines += [f"Shared knobs searched for every method: {', '.join(knobs)}.", ""]
         results = {e.method: e.studies for e in entries if e.studies}
         ranked = studies.rank_intervals(results) if results else []
+        single: list[Entry] = []
         if ranked:  # a suite of several studies: ranked by the mean, with intervals
             by_method = {e.method: e for e in entries}
             for r in ranked:
                 by_method[r.method].rank = r.rank
+            single = [e for e in entries if not e.studies]
             entries = [by_method[r.method] for r in ranked]
             rows = studies.table(ranked, {e.method: _method_row(e) for e in entries})
         else:
@@ -708,6 +710,13 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*_markdown_table(rows), ""]
         lines += studies.notes(results, ranked) if ranked else _inversion_notes(entries)
+        if single:  # runs of another protocol in the same folder: shown apart, not ranked
+            lines += [
+                "Tuned in a single study (another protocol), not ranked with the methods above: "
+                + ", ".join(f"{e.label} {_mean_std(e.final)}" for e in single)
+                + ".",
+                "",
+            ]
         lines += _collapse_notes(entries)
         lines += _failure_notes(entries)
         lines += _rejection_notes(entries)

@@ -219,7 +219,14 @@ def _final_clients(
 
 
 def _save(fig: plt.Figure, path: Path) -> Path:
+    """Write ``fig`` as ``path``; a write that fails (a full disk) leaves no part of it."""
     fig.tight_layout()
-    fig.savefig(path, dpi=120, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+    except OSError as error:
+        path.unlink(missing_ok=True)
+        error.filename = error.filename or str(path)
+        raise
+    finally:
+        plt.close(fig)
     return path

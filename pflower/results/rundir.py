@@ -31,6 +31,9 @@ Layout::
                      another)
     run.log          Flower's log
     error.txt        the traceback, when the run failed with an exception
+    .pflower.lock    locked while a run writes the folder (``pflower.results.ownership``)
+    .summary.reserve space set aside while the run lives, for the summary of a failed write
+                     on a full disk (``reserve_space``)
 
 Stage L1 is the client's deployable model after it received the server's message (before local
 training), L2 the model after local training, G the global model (the stages of the FLIU paper,
@@ -47,6 +50,7 @@ report``).
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import itertools
 import json
@@ -198,16 +202,55 @@ def resolved_config(cfg: DictConfig) -> dict[str, Any]:
     return cast(dict[str, Any], container)
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def write_atomic(path: Path, data: str | bytes, reserve: Path | None = None) -> None:
     """Write ``data`` (text as UTF-8) to ``path`` through a flushed temporary file and a rename:
-    a crash leaves the previous file, never a half-written one."""
+    a crash leaves the previous file, never a half-written one, and a write that fails (a full
+    disk, a file-size limit) raises with the temporary file removed.
+
+    ``reserve``: a file whose space was set aside for this write (``reserve_space``); where
+    the temporary file cannot be written, ``data`` is written over the reserve, which then
+    becomes ``path``: on a full disk that needs no new space up to the reserve's size."""
+    payload = data.encode() if isinstance(data, str) else data
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.tmp")
-    with temporary.open("wb") as file:
-        file.write(data.encode() if isinstance(data, str) else data)
+    try:
+        _write_synced(temporary, payload, "wb")
+    except OSError as error:
+        temporary.unlink(missing_ok=True)
+        if reserve is None or not reserve.is_file():
+            error.filename = error.filename or str(path)
+            raise
+        _write_synced(reserve, payload, "r+b")
+        temporary = reserve
+    os.replace(temporary, path)
+
+
+def _write_synced(path: Path, payload: bytes, mode: Literal["wb", "r+b"]) -> None:
+    """Write ``payload`` as all of ``path`` (opened with ``mode``), flushed to the disk."""
+    with path.open(mode) as file:
+        file.write(payload)
+        file.truncate()
         file.flush()
         os.fsync(file.fileno())
-    os.replace(temporary, path)
+
+
+RESERVE_FILE = ".summary.reserve"
+"""Space a live run sets aside in its folder for the ``summary.json`` of its failure."""
+RESERVE_BYTES = 64 * 1024
+"""The size of ``RESERVE_FILE``: several times a summary's (about 8 kB)."""
+
+
+def reserve_space(run_dir: Path) -> Path | None:
+    """Write ``RESERVE_FILE`` (``RESERVE_BYTES`` of zeros, so that writing over it takes
+    no new space) and return its path; None, leaving nothing, where it cannot be written (a
+    file-size limit below its size: a summary, smaller, may still be written as usual)."""
+    path = run_dir / RESERVE_FILE
+    try:
+        _write_synced(path, bytes(RESERVE_BYTES), "wb")
+    except OSError:
+        path.unlink(missing_ok=True)
+        return None
+    return path
 
 
 def write_summary(
@@ -217,8 +260,10 @@ def write_summary(
     status: Literal["completed", "failed"],
     error: str | None = None,
     wall_time_s: float | None = None,
+    reserve: Path | None = None,
 ) -> Path:
-    """Write ``summary.json`` (the same shape for completed and failed runs)."""
+    """Write ``summary.json`` (the same shape for completed and failed runs), over ``reserve``
+    where the disk has no room for it (``write_atomic``)."""
     config = resolved_config(cfg)
     summary = {
         "status": status,
@@ -234,7 +279,7 @@ def write_summary(
         "numerics": numerics(),
     }
     path = run_dir / "summary.json"
-    write_atomic(path, json.dumps(summary, indent=2))
+    write_atomic(path, json.dumps(summary, indent=2), reserve)
     return path
 
 
@@ -259,6 +304,26 @@ def check_writable(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile(dir=run_dir) as probe:
         probe.write(b"pflower")
+
+
+WRITE_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EACCES, errno.EPERM, errno.EROFS}
+)
+"""Why a write of a run's results fails: no space, a quota or file-size limit, permissions, a
+read-only file system."""
+
+
+def is_write_failure(error: BaseException) -> bool:
+    """Is ``error`` a write that failed for one of the reasons in ``WRITE_ERRNOS``?"""
+    return isinstance(error, OSError) and error.errno in WRITE_ERRNOS
+
+
+def write_failure(error: OSError) -> str:
+    """The reason recorded for a run stopped by a write that failed with ``error``."""
+    return (
+        f"writing the run's results failed: {error} (free space, or raise the file-size limit "
+        "or the permissions; `pflower resume` continues the run from its last checkpoint)"
+    )
 
 
 INTERRUPTING_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -494,6 +559,14 @@ class Recorder:
     def fail(self, error: str) -> None:
         """The run stops with ``error``."""
 
+    def write_failed(self, error: OSError) -> str:
+        """A write of the run's results failed with ``error``: the run stops, recorded as failed
+        (as far as anything can still be written); returns the reason recorded."""
+        return write_failure(error)
+
+    def close(self) -> None:
+        """The run is over (after ``finish`` or ``fail``, and the last checkpoint)."""
+
 
 class RunRecorder(Recorder):
     """Writes a run directory as the run goes, and prints one line per round if asked to."""
@@ -516,6 +589,7 @@ class RunRecorder(Recorder):
         self._size = 0
         self._started = time.monotonic() - (resume_at.elapsed_s if resume_at else 0.0)
         run_dir.mkdir(parents=True, exist_ok=True)
+        self._reserve = reserve_space(run_dir)  # for the summary of a failure, on a full disk
         self.tracker = Tracker.open(  # tracking=...: also send each round's metrics there
             resolved_config(cfg),
             run_dir,
@@ -528,7 +602,10 @@ class RunRecorder(Recorder):
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         if resume_at is not None:
             self._rewind(resume_at)
-        self._metrics_file = (run_dir / "metrics.jsonl").open("wb" if resume_at is None else "ab")
+        # unbuffered: a row is on disk, or (a failed write) cut off again, when _write returns
+        self._metrics_file = (run_dir / "metrics.jsonl").open(
+            "wb" if resume_at is None else "ab", buffering=0
+        )
 
     def _rewind(self, position: RecorderPosition) -> None:
         """Continue a resumed run: keep the rows of ``metrics.jsonl`` up to ``position`` (the
@@ -556,12 +633,18 @@ class RunRecorder(Recorder):
         )
 
     def _write(self, row: Row) -> None:
-        self.rows.append(row)
         line = (json.dumps(row) + "\n").encode()
+        unwritten = memoryview(line)
+        try:
+            while unwritten:
+                unwritten = unwritten[self._metrics_file.write(unwritten) :]
+        except OSError as error:
+            self._metrics_file.truncate(self._size)  # no half-written row
+            error.filename = error.filename or str(self.run_dir / "metrics.jsonl")
+            raise
+        self.rows.append(row)
         self._digest.update(line)
         self._size += len(line)
-        self._metrics_file.write(line)
-        self._metrics_file.flush()
 
     def client_stage(self, server_round: int, stage: str, rows: Sequence[Row]) -> None:
         for row in rows:
@@ -628,6 +711,25 @@ class RunRecorder(Recorder):
         write_summary(self.run_dir, self.cfg, self.rows, "failed", error, self._elapsed())
         self.tracker.close(self.rows, completed=False)
         self._close()
+
+    def write_failed(self, error: OSError) -> str:
+        """Record the run as failed by ``error`` in ``summary.json``, written over the reserved
+        space where the disk is full (a completed summary written before, e.g. when the last
+        checkpoint could not be written, is replaced), and release the files."""
+        reason = write_failure(error)
+        write_summary(
+            self.run_dir, self.cfg, self.rows, "failed", reason, self._elapsed(), self._reserve
+        )
+        with contextlib.suppress(OSError):  # a tracker's own files may not be writable either
+            self.tracker.close(self.rows, completed=False)
+        self._close()
+        return reason
+
+    def close(self) -> None:
+        """Release the files and the reserved space."""
+        self._close()
+        if self._reserve is not None:
+            self._reserve.unlink(missing_ok=True)
 
     def _close(self) -> None:
         self._metrics_file.close()

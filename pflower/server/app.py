@@ -26,6 +26,7 @@ from pflower.core.checkpoint import (
 from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
+from pflower.results.ownership import claim_run_dir
 from pflower.results.rundir import RecorderPosition, RunRecorder, resolved_config
 from pflower.runtime.logs import plain_flower_console_unless_tty
 from pflower.runtime.polling import PromptClientManager
@@ -98,12 +99,19 @@ def checkpoint_every(cfg: DictConfig) -> int:
 def server_fn(context: Context) -> ServerAppComponents:
     """The Strategy and the number of rounds of the experiment in the run config, run by a
     [`CheckpointingServer`][pflower.server.app.CheckpointingServer] (resuming from the run
-    directory's checkpoint if asked to)."""
+    directory's checkpoint if asked to), which holds the run directory's claim
+    (``pflower.results.ownership``) until the run ends: a deployment's ServerApp refuses a folder
+    that holds another run, or that a live run is writing, as ``pflower`` does."""
     cfg = config_from_run_config(context.run_config)
     run_dir = run_directory(cfg)
     checkpoint = resumable_checkpoint(cfg, run_dir) if cfg.checkpoint.resume else None
     resume_at = None if checkpoint is None else checkpoint.position
-    strategy = build_strategy(cfg, run_dir, resume_at)
+    claim = claim_run_dir(run_dir, overwrite=cfg.overwrite, resuming=cfg.checkpoint.resume)
+    try:
+        strategy = build_strategy(cfg, run_dir, resume_at)
+    except BaseException:
+        claim.release()
+        raise
     settings = strategy.settings
     overrides = [
         o
@@ -117,6 +125,7 @@ def server_fn(context: Context) -> ServerAppComponents:
         overrides=overrides,
         every=checkpoint_every(cfg),
         resume_from=checkpoint,
+        claim=claim,
     )
     return ServerAppComponents(
         server=server,

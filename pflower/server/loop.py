@@ -26,9 +26,9 @@ from __future__ import annotations
 import contextlib
 import timeit
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from logging import INFO
+from logging import ERROR, INFO
 from pathlib import Path
 from typing import Any
 
@@ -48,8 +48,16 @@ from pflower.core.checkpoint import (
     save_checkpoint,
     set_random_state,
 )
+from pflower.core.errors import ResultsNotWrittenError
 from pflower.core.strategy import GlobalEvaluation, PersonalizedStrategy
-from pflower.results.rundir import RunRecorder, resolved_config, summary_on_signal
+from pflower.results.ownership import RunDirClaim
+from pflower.results.rundir import (
+    RunRecorder,
+    is_write_failure,
+    resolved_config,
+    summary_on_signal,
+    write_failure,
+)
 from pflower.runtime.polling import (
     EvaluateResultsAndFailures,
     FitResultsAndFailures,
@@ -101,6 +109,7 @@ class CheckpointingServer(Server):
         overrides: list[str],
         every: int,
         resume_from: ServerCheckpoint | None = None,
+        claim: RunDirClaim | None = None,
     ) -> None:
         super().__init__(client_manager=client_manager, strategy=strategy)
         self.personalized = strategy
@@ -109,12 +118,17 @@ class CheckpointingServer(Server):
         self.resume_from = resume_from
         self.every = every
         """Checkpoint after every ``every``-th round and the last one; 0: never."""
+        self.claim = claim
+        """The claim on ``run_dir`` (``pflower.results.ownership``), released when
+        ``fit`` ends."""
 
     def fit(self, num_rounds: int, timeout: float | None) -> tuple[History, float]:
         """Run the rounds after the checkpoint (all of them in a new run)."""
         history = History()
         with (
+            self.claim or contextlib.nullcontext(),
             self._summary_on_signal(),
+            self._write_failures_end_the_run(),
             ThreadPoolExecutor(max_workers=1, thread_name_prefix="pflower-stage-g") as executor,
         ):
             stage_g = GlobalStage(executor, history)
@@ -137,6 +151,27 @@ class CheckpointingServer(Server):
                 if self.every and (current_round % self.every == 0 or current_round == num_rounds):
                     self._checkpoint(current_round)
         return history, timeit.default_timer() - start_time
+
+    @contextlib.contextmanager
+    def _write_failures_end_the_run(self) -> Iterator[None]:
+        """A write of the run's results (rows, checkpoint, summary, plots) that fails for lack
+        of space, a file-size limit or permissions (``is_write_failure``) ends the run as
+        failed, with the reason in ``summary.json`` (``Recorder.write_failed``), raised as
+        ``ResultsNotWrittenError``; either way the recorder is closed when the run ends."""
+        recorder = self.personalized.recorder
+        try:
+            yield
+        except OSError as error:
+            if not is_write_failure(error):
+                raise
+            try:
+                reason = recorder.write_failed(error)
+            except OSError as unrecorded:
+                reason = f"{write_failure(error)}; summary.json not written ({unrecorded})"
+            log(ERROR, "%s", reason)
+            raise ResultsNotWrittenError(reason) from error
+        finally:
+            recorder.close()
 
     def _summary_on_signal(self) -> contextlib.AbstractContextManager[None]:
         """SIGTERM/SIGINT record the run as failed ("interrupted") before the process ends:

@@ -34,6 +34,7 @@ import yaml
 from pflower.provenance import CODE_FINGERPRINT, component_fingerprints, method_fingerprint
 from pflower.registry import ConfigError
 from pflower.tuning.runner import read_summary
+from pflower.tuning.schedule import SearchPlan
 from pflower.tuning.suite import Setting, Suite
 
 
@@ -90,7 +91,15 @@ def stored_methods(setting_dir: Path, skip: Sequence[str]) -> list[StoredMethod]
     return found
 
 
-PROTOCOL_KEYS = ("trials", "tune_seed", "final_seeds", "val_fraction", "train_knobs")
+PROTOCOL_KEYS = (
+    "trials",
+    "tune_seed",
+    "final_seeds",
+    "val_fraction",
+    "train_knobs",
+    "studies",
+    "search",
+)
 """The suite's keys that every method of a comparison must share (with the setting's
 overrides)."""
 
@@ -102,12 +111,17 @@ def protocol_changes(out: Path, suite: Suite, setting: Setting) -> list[str]:
     if not path.exists():
         return []
     stored = yaml.safe_load(path.read_text()) or {}
+    # a suite.yaml written before studies and search plans: one study, TPE with the median pruner
+    stored.setdefault("studies", 1)
+    stored.setdefault("search", SearchPlan().describe(stored.get("trials", suite.trials)))
     now = {
         "trials": suite.trials,
         "tune_seed": suite.tune_seed,
         "final_seeds": list(suite.final_seeds),
         "val_fraction": suite.val_fraction,
         "train_knobs": list(suite.train_knobs),
+        "studies": suite.studies,
+        "search": suite.search.describe(suite.trials),
     }
     changes = [
         f"{k} {stored.get(k)!r} -> {now[k]!r}" for k in PROTOCOL_KEYS if stored.get(k) != now[k]

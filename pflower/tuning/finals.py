@@ -74,7 +74,14 @@ def write_chosen(
         "objective": OBJECTIVE,
         "value": value,
         "best_trial": number,
-        "budget": {"trials": suite.trials, **{k: v for k, v in states.items() if v}},
+        "budget": {
+            **(
+                {"trials": suite.trials}
+                if suite.search.budget_runs is None
+                else {"full_runs": suite.search.budget_runs}
+            ),
+            **{k: v for k, v in states.items() if v},
+        },
         "search": {
             "plan": suite.search.describe(suite.trials),
             "study": study_id,

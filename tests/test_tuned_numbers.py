@@ -1,0 +1,155 @@
+"""The numbers quoted in the tuned sections of the results pages are the leaderboard's.
+
+A tuned section is a ``## Tuned with the same budget ...`` section of a page under
+``docs/results``; a comment in it, ``<!-- leaderboard: <suite>/<setting> ... -->``, names the
+settings of ``results/tuning/<suite>/leaderboard.csv`` it quotes (a guide's section that quotes
+the leaderboard carries the same comment and is checked too). In such a section, sentences that
+quote the paper ("Paper ...") aside:
+
+- a table row ``| <rank> | <method> | <final> | <last-10%> | ...`` has the leaderboard's rank,
+  final and last-10% accuracy of that method;
+- ``<method> <mean> ± <std>`` (a method's label, as the leaderboard writes it) is its final or
+  last-10% accuracy;
+- ``<method> <mean> at rank <n>`` and ``<method> (<mean>) ranks <n>`` give its rank;
+- ``<n> methods share rank 1`` (or ``<n> share rank 1``) counts the setting's rank-1 methods.
+
+A table row that holds the comment (the README's reproduction table) is checked alone.
+
+A value of another time belongs in the page's history (``tuning-passes.md``, the changelog),
+not in a tuned section, or this test fails: the sections say what the leaderboard says now.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TUNING = ROOT / "results" / "tuning"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+MARKER = re.compile(r"<!-- leaderboard: ([\w/ ]+) -->")
+WORDS = {
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    rank: int
+    final: str
+    last10: str
+
+
+def board() -> dict[str, dict[str, Row]]:
+    """``<suite>/<setting>`` -> method label -> its row (the numbers as the leaderboard prints
+    them), for every suite under ``results/tuning``."""
+    table: dict[str, dict[str, Row]] = {}
+    for path in sorted(TUNING.glob("*/leaderboard.csv")):
+        with path.open() as handle:
+            for row in csv.DictReader(handle):
+                if row["setting"] == "setting" or not row["rank"].isdigit():  # a header
+                    continue
+                key = f"{path.parent.name}/{row['setting']}"
+                table.setdefault(key, {})[row["method"]] = Row(
+                    int(row["rank"]), row["final Acc(L) %"], row["last-10% Acc(L) %"]
+                )
+    return table
+
+
+def sections() -> Iterator[tuple[str, list[str], str]]:
+    """(page, settings, text) of every tuned section, and of every other section that names the
+    settings it quotes."""
+    for page in PAGES:
+        for part in re.split(r"\n(?=## )", page.read_text()):
+            lines = part.splitlines()
+            own = [line for line in lines if not line.startswith("|")]
+            marker = MARKER.search("\n".join(own))
+            if part.startswith("## Tuned with the same budget") and "results" in page.parts:
+                assert marker, f"{page.name}: a tuned section names its settings ({MARKER.pattern})"
+            if marker:
+                yield page.name, marker.group(1).split(), part
+                continue
+            for line in lines:  # a table row that names its settings is checked alone
+                row_marker = MARKER.search(line) if line.startswith("|") else None
+                if row_marker:
+                    yield page.name, row_marker.group(1).split(), line
+
+
+def _label(name: str) -> str:
+    return re.escape(name)
+
+
+def problems(settings: list[str], text: str) -> list[str]:
+    rows = board()
+    found: list[str] = []
+    labels = sorted({m for s in settings for m in rows[s]}, key=len, reverse=True)
+
+    def values(method: str) -> list[Row]:
+        return [rows[s][method] for s in settings if method in rows[s]]
+
+    for line in text.splitlines():
+        cells = [c.strip().strip("*") for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 4 and cells[0].isdigit():
+            method = next((m for m in labels if cells[1].startswith(m)), None)
+            if method is None:
+                continue
+            candidates = values(method)
+            if not any(
+                int(cells[0]) == r.rank and cells[2] == r.final and cells[3] == r.last10
+                for r in candidates
+            ):
+                found.append(f"table row {cells[:4]} != leaderboard {candidates}")
+    flat = " ".join(text.split())
+    flat = re.sub(r"(?<!\w)Paper \([^.]*(?:\.\d[^.]*)*\.", " ", flat)  # the paper's numbers
+    for method in labels:
+        name = _label(method)
+        for m in re.finditer(rf"(?<![\w+-]){name}\*{{0,2}} \*{{0,2}}(\d+\.\d\d ± \d+\.\d\d)", flat):
+            if not any(m.group(1) in (r.final, r.last10) for r in values(method)):
+                found.append(f"{method} {m.group(1)} is not its final or last-10% accuracy")
+        for m in re.finditer(rf"(?<![\w+-]){name} \(?\d+\.\d\d\)? (?:at rank|ranks) (\d+)", flat):
+            if not any(int(m.group(1)) == r.rank for r in values(method)):
+                found.append(f"{method} at rank {m.group(1)}: leaderboard {values(method)}")
+    for m in re.finditer(r"(\w+) (?:methods )?share rank 1", flat):
+        count = WORDS.get(m.group(1).lower()) or (int(m.group(1)) if m.group(1).isdigit() else None)
+        if count is None:
+            continue
+        ones = [sum(r.rank == 1 for r in rows[s].values()) for s in settings]
+        if count not in ones:
+            found.append(f"{count} methods share rank 1: the leaderboard has {ones}")
+    return found
+
+
+@pytest.mark.parametrize("page,settings,text", list(sections()), ids=lambda v: str(v)[:30])
+def test_a_tuned_section_quotes_the_leaderboard(page: str, settings: list[str], text: str) -> None:
+    assert not problems(settings, text), page
+
+
+def test_every_results_page_with_a_tuned_section_is_checked() -> None:
+    checked = {page for page, _, _ in sections()}
+    assert checked >= {"fedala.md", "diversifed.md", "fedmpr.md", "fliu.md"}
+
+
+def test_the_check_catches_a_drifted_number() -> None:
+    rows = board()
+    setting = "cpu/mnist_path"
+    method, row = next(iter(rows[setting].items()))
+    good = f"{method} {row.final} and {method} {row.final.split(' ')[0]} at rank {row.rank}"
+    assert not problems([setting], good)
+    drifted = good.replace(f"at rank {row.rank}", f"at rank {row.rank + 1}")
+    assert problems([setting], drifted)
+    assert problems([setting], f"{method} 12.34 ± 0.56")
