@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -17,6 +18,22 @@ from pflower.config import (
 
 # ----------------------------------------------------------------------------------------------
 # datasets
+
+
+def _check_declared_shape(image_shape: Sequence[int], num_classes: int) -> None:
+    """A block that declares its samples' shape: ``[C, H, W]`` and at least 2 classes."""
+    require(
+        len(image_shape) == 3 and min(image_shape) >= 1,
+        f"dataset.image_shape must be [C, H, W], got {list(image_shape)}",
+    )
+    require(num_classes >= 2, f"dataset.num_classes must be >= 2, got {num_classes}")
+
+
+def _declared_shape(
+    image_shape: Sequence[int], num_classes: int
+) -> tuple[tuple[int, int, int], int]:
+    channels, height, width = (int(size) for size in image_shape)
+    return (channels, height, width), num_classes
 
 
 @dataclass
@@ -83,11 +100,7 @@ class SyntheticDataset(DatasetBlock):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(
-            len(self.image_shape) == 3 and min(self.image_shape) >= 1,
-            f"dataset.image_shape must be [C, H, W], got {list(self.image_shape)}",
-        )
-        require(self.num_classes >= 2, f"dataset.num_classes must be >= 2, got {self.num_classes}")
+        _check_declared_shape(self.image_shape, self.num_classes)
         require(
             self.num_train >= 1 and self.num_test >= 1,
             "dataset.num_train and dataset.num_test must be >= 1",
@@ -95,8 +108,7 @@ class SyntheticDataset(DatasetBlock):
         require(self.noise >= 0, f"dataset.noise must be >= 0, got {self.noise}")
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
-        channels, height, width = (int(size) for size in self.image_shape)
-        return (channels, height, width), self.num_classes
+        return _declared_shape(self.image_shape, self.num_classes)
 
 
 @dataclass
@@ -227,15 +239,10 @@ class LeafDataset(DatasetBlock):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(
-            len(self.image_shape) == 3 and min(self.image_shape) >= 1,
-            f"dataset.image_shape must be [C, H, W], got {list(self.image_shape)}",
-        )
-        require(self.num_classes >= 2, f"dataset.num_classes must be >= 2, got {self.num_classes}")
+        _check_declared_shape(self.image_shape, self.num_classes)
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
-        channels, height, width = (int(size) for size in self.image_shape)
-        return (channels, height, width), self.num_classes
+        return _declared_shape(self.image_shape, self.num_classes)
 
 
 @dataclass

@@ -94,7 +94,7 @@ from pflower.results.rundir import (
 )
 from pflower.searchspace import RANGE_END, Param
 from pflower.tuning.profile import chosen_at_ends, current_profiles, describe_profile
-from pflower.tuning.search import TPE_STARTUP_TRIALS
+from pflower.tuning.schedule import TPE_STARTUP_TRIALS
 
 ALPHA = 0.05
 """Significance level of the paired t-tests that separate ranks."""
@@ -518,7 +518,7 @@ def _trials(chosen: Mapping[str, Any]) -> str:
 
 def _trials_drawn(trials: Any) -> str:
     """How a suite's trials were drawn: Optuna's TPE sampler draws its first
-    [`TPE_STARTUP_TRIALS`][pflower.tuning.search.TPE_STARTUP_TRIALS] at random."""
+    [`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS] at random."""
     if isinstance(trials, int) and trials <= TPE_STARTUP_TRIALS:
         return (
             f"{trials} trials per method and setting, each a seeded random draw from the "

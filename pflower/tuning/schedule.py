@@ -125,11 +125,6 @@ class SearchPlan:
         whole run until it ends."""
         return 1.0 if self.budget_runs is None else float(max(1, rounds_run))
 
-    @property
-    def counts_rounds(self) -> bool:
-        """Whether the budget is compute (rounds) rather than a count of trials."""
-        return self.budget_runs is not None
-
     def pruner(self, trials: int, rounds: int) -> Any:
         """The Optuna pruner of this plan, for runs of ``rounds`` rounds."""
         import optuna

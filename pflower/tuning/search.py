@@ -5,7 +5,7 @@ For one setting of a suite and one method, [`tune`][pflower.tuning.search.tune] 
 TPE sampler (each trial's draw seeded with ``suite.tune_seed`` and the trial's number:
 [`trial_sampler`][pflower.tuning.search.trial_sampler]; ``constant_liar`` when trials run in
 parallel). TPE draws its first
-[`TPE_STARTUP_TRIALS`][pflower.tuning.search.TPE_STARTUP_TRIALS] trials at random, so a suite with
+[`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS] trials at random, so a suite with
 no more trials per method than that
 (the cpu and claims suites' 8) is a seeded random search over each method's space.
 Each trial is ``python -m pflower checkpoint.every=0 <setting overrides> strategy=<method>
