@@ -444,7 +444,15 @@ class ForkServerProcess:
 
 # ------------------------------------------------------------------------------ the server
 def _stop(_signum: int, _frame: FrameType | None) -> None:
+    """End the server once: a second signal (Ctrl-C in the terminal, then the driver's SIGTERM)
+    would otherwise interrupt its exit handlers."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, _already_stopping)  # not SIG_IGN: a pending one would raise
     raise SystemExit(0)
+
+
+def _already_stopping(_signum: int, _frame: FrameType | None) -> None:
+    """The server is ending: nothing more to do."""
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -455,8 +463,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--remove", type=Path, default=None, help="directory removed at the end")
     parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import first")
     args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGHUP, _stop)
+    # Ctrl-C in a terminal reaches the whole foreground group, the server too: it ends quietly
+    # (its children restore Python's own SIGINT handler).
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, _stop)
     if args.watch_pid is not None and args.watch_pid == os.getppid():
         # SIGTERM (not SIGKILL): the server still removes its directory when it ends
         die_with_parent(args.watch_pid, signal.SIGTERM)

@@ -394,7 +394,22 @@ def main(argv: Sequence[str]) -> int:
                 )
         except ConfigError as error:
             return _exit_with(error)
+        except KeyboardInterrupt as stop:
+            return _stopped(stop, out)
     return 0
+
+
+def _stopped(stop: KeyboardInterrupt, out: Path) -> int:
+    """Say in one line that Ctrl-C or SIGTERM stopped the command and how to go on (not a
+    traceback: the stop is the user's), and return 130, the shell's code for SIGINT."""
+    how = str(stop).removeprefix("stopped by ") if "SIG" in str(stop) else "Ctrl-C"
+    print(
+        f"pflower tune: stopped by {how}. Finished trials and final runs are kept in {out}; "
+        "run the same command again to go on (a trial that was running starts again with the "
+        "same values).",
+        file=sys.stderr,
+    )
+    return 130
 
 
 def _runner(args: argparse.Namespace, stack: contextlib.ExitStack) -> Runner:

@@ -1,0 +1,82 @@
+"""Stopping ``pflower tune`` by hand: one line saying how to go on, never a traceback, from the
+driver or from the fork server that Ctrl-C in a terminal reaches too."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pflower.tuning import cli as tune_cli
+
+SUITE = """\
+name: tiny
+trials: 2
+final_seeds: [1]
+methods: [fedavg]
+settings:
+  - name: digits
+    overrides: [dataset=digits, num_clients=4, rounds=2]
+"""
+
+
+@pytest.mark.parametrize(
+    ("stop", "said"),
+    [(KeyboardInterrupt(), "Ctrl-C"), (KeyboardInterrupt("stopped by SIGTERM"), "SIGTERM")],
+    ids=["ctrl-c", "sigterm"],
+)
+def test_a_stopped_tune_says_how_to_go_on_in_one_line(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    stop: KeyboardInterrupt,
+    said: str,
+) -> None:
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+
+    def interrupted(*_: object, **__: object) -> None:
+        raise stop
+
+    monkeypatch.setattr(tune_cli, "run_suite", interrupted)
+    monkeypatch.setattr(tune_cli, "_runner", lambda args, stack: None)
+    code = tune_cli.main(["--suite", str(suite), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 130
+    assert err.count("\n") == 1 and f"stopped by {said}." in err, err
+    assert "run the same command again" in err and str(tmp_path / "out") in err
+
+
+def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> None:
+    """Ctrl-C in a terminal reaches the fork server too (it is in the driver's process group),
+    and the driver then stops it with SIGTERM: both while it is still importing. It used to
+    print a KeyboardInterrupt traceback, then a second one from its exit handlers."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(tmp_path / "socket"))
+    listener.listen()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "pflower.runtime.forkserver", "--fd", str(listener.fileno())]
+        + ["--preload", "torch,torch._dynamo"],
+        pass_fds=[listener.fileno()],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    listener.close()
+    try:
+        time.sleep(1.0)  # importing torch (seconds)
+        server.send_signal(signal.SIGINT)
+        time.sleep(0.05)
+        if server.poll() is None:
+            server.send_signal(signal.SIGTERM)
+        _, err = server.communicate(timeout=120)
+    finally:
+        server.kill()
+    assert server.returncode == 0, err
+    assert "Traceback" not in err, err
