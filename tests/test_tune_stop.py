@@ -59,9 +59,9 @@ def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> 
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(str(tmp_path / "socket"))
     listener.listen()
+    fd = str(listener.fileno())
     server = subprocess.Popen(
-        [sys.executable, "-m", "pflower.runtime.forkserver", "--fd", str(listener.fileno())]
-        + ["--preload", "torch,torch._dynamo"],
+        [sys.executable, "-m", "pflower.runtime.forkserver", "--fd", fd, "--preload", "torch"],
         pass_fds=[listener.fileno()],
         stdin=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
