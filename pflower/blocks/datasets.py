@@ -57,6 +57,11 @@ class DatasetBlock(Block):
         """The (C, H, W) of every image and the number of classes, known from the options."""
         raise NotImplementedError
 
+    def vocabulary_size(self) -> int:
+        """The token vocabulary of a text dataset (its samples are ``(1, 1, L)`` token ids:
+        [`pflower.datasets.text`][pflower.datasets.text]); 0 for images and feature vectors."""
+        return 0
+
 
 @dataclass
 class DigitsDataset(DatasetBlock):
@@ -220,6 +225,21 @@ def _channels(channels: int) -> None:
     require(channels in (1, 3), f"dataset.channels must be 1 (grey) or 3 (RGB), got {channels}")
 
 
+class LeafKind(StrEnum):
+    """What a LEAF dataset's samples are."""
+
+    image = "image"
+    """Flat numeric ``x`` lists (FEMNIST, LEAF's synthetic data)."""
+    shakespeare = "shakespeare"
+    """80-character strings, the next character as the label (80 classes)."""
+    sent140 = "sent140"
+    """Sentiment140 rows ``[id, date, query, user, text, ...]``, sentiment 0/1 as the label."""
+
+
+_LEAF_TEXT = {LeafKind.shakespeare: (80, 80, 80), LeafKind.sent140: (25, 2, None)}
+"""Per text kind: default sequence length, classes, vocabulary (None: ``vocab_size``)."""
+
+
 @dataclass
 class LeafDataset(DatasetBlock):
     """LEAF JSON data (FEMNIST by default; ``pflower partition import leaf`` keeps each user's
@@ -228,21 +248,43 @@ class LeafDataset(DatasetBlock):
     Attributes:
         path: the folder with LEAF's ``train/*.json`` and ``test/*.json`` (required).
         image_shape: [C, H, W] each flat sample is laid out as (FEMNIST: [1, 28, 28]; n
-            features: [n, 1, 1]).
-        num_classes: number of classes (FEMNIST: 62).
+            features: [n, 1, 1]); images only.
+        num_classes: number of classes (FEMNIST: 62); images only.
+        kind: ``image``, ``shakespeare`` or ``sent140`` (see
+            [`LeafKind`][pflower.blocks.datasets.LeafKind]).
+        seq_len: tokens per text sample (null: 80 characters for Shakespeare, 25 words for
+            Sent140, as LEAF).
+        vocab_size: Sent140's word ids: the most frequent training words and one id for
+            unknown words and padding.
     """
 
     config_name: ClassVar[str] = "leaf"
     path: str = MISSING
     image_shape: list[int] = field(default_factory=lambda: [1, 28, 28])
     num_classes: int = 62
+    kind: LeafKind = LeafKind.image
+    seq_len: int | None = None
+    vocab_size: int = 10000
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_declared_shape(self.image_shape, self.num_classes)
+        require(
+            self.seq_len is None or self.seq_len >= 1,
+            f"dataset.seq_len must be >= 1 or null, got {self.seq_len}",
+        )
+        require(self.vocab_size >= 2, f"dataset.vocab_size must be >= 2, got {self.vocab_size}")
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
-        return _declared_shape(self.image_shape, self.num_classes)
+        if self.kind == LeafKind.image:
+            return _declared_shape(self.image_shape, self.num_classes)
+        length, classes, _ = _LEAF_TEXT[LeafKind(self.kind)]
+        return (1, 1, self.seq_len or length), classes
+
+    def vocabulary_size(self) -> int:
+        if self.kind == LeafKind.image:
+            return 0
+        return _LEAF_TEXT[LeafKind(self.kind)][2] or self.vocab_size
 
 
 @dataclass

@@ -10,11 +10,17 @@ gives each user its own train and test samples ([`
 natural_shares`][pflower.datasets.partitioners.from_file.
 natural_shares]), and ``partition=natural`` makes one client per user.
 
-Each ``x`` must be a list of numbers: FEMNIST's 784 pixel values (28x28, written as
-``image_shape: [1, 28, 28]``, 62 classes: LEAF's defaults here) or LEAF's ``synthetic`` feature
-vectors (``image_shape: [60, 1, 1]``). Shakespeare and Sent140 hold text (``x`` an 80-character
-string, ``y`` the next character), a next-character task for a recurrent model that pflower's
-image models do not cover; they are refused with that message.
+``dataset.kind`` says what the samples are:
+
+- ``image`` (default): each ``x`` is a list of numbers, FEMNIST's 784 pixel values (28x28,
+  written as ``image_shape: [1, 28, 28]``, 62 classes: LEAF's defaults here) or LEAF's
+  ``synthetic`` feature vectors (``image_shape: [60, 1, 1]``);
+- ``shakespeare``: ``x`` an 80-character string, ``y`` the next character (80 classes);
+- ``sent140``: ``x`` a Sentiment140 row ``[id, date, query, user, text, ...]``, ``y`` 0 or 1.
+
+The text kinds become token ids as LEAF's reference code encodes them
+([`pflower.datasets.text`][pflower.datasets.text], with Sent140's vocabulary built from the
+training split instead of GloVe's), for ``model=shakespeare_lstm`` and ``model=sent140_lstm``.
 """
 
 from __future__ import annotations
@@ -29,7 +35,21 @@ import numpy as np
 from pflower.datasets.arrays import dataset_from_arrays, index_of, split_of
 from pflower.datasets.base import DatasetNotFoundError, ImageDataset
 from pflower.datasets.sources import Stats
+from pflower.datasets.text import (
+    ALL_LETTERS,
+    encode_characters,
+    encode_letters,
+    encode_lines,
+    token_dataset,
+    token_split,
+    tweets,
+    word_ids,
+)
 from pflower.registry import ConfigError
+
+SEQ_LEN = {"shakespeare": 80, "sent140": 25}
+"""The token sequence length of each text kind when ``dataset.seq_len`` is null (LEAF's: 80
+characters; Sent140's ``max_words`` 25)."""
 
 _HOW = (
     "generate them with LEAF's scripts (github.com/TalwalkarLab/leaf), e.g. in data/femnist: "
@@ -43,18 +63,25 @@ def load_leaf(
     num_classes: int = 62,
     mean: Stats = None,
     std: Stats = None,
+    kind: str = "image",
+    seq_len: int | None = None,
+    vocab_size: int = 10000,
 ) -> ImageDataset:
     """The LEAF dataset in ``path`` (``train/*.json``, ``test/*.json``), users as groups.
 
     Args:
         path: the folder holding LEAF's ``train`` and ``test`` folders.
         image_shape: ``[C, H, W]`` each flat ``x`` list is laid out as (FEMNIST: [1, 28, 28]).
-        num_classes: number of classes (FEMNIST: 62).
+        num_classes: number of classes (FEMNIST: 62; the text kinds have their own).
         mean, std: normalization; default: the train split's per-channel statistics.
+        kind: ``image``, ``shakespeare`` or ``sent140`` (see the module docstring).
+        seq_len: tokens per text sample (null: [`SEQ_LEN`][pflower.datasets.leaf.SEQ_LEN]).
+        vocab_size: Sent140's word ids, the unknown word included.
 
     Raises:
         DatasetNotFoundError: no JSON files in ``train`` or ``test``.
-        ConfigError: text data (Shakespeare, Sent140), or samples that do not fit ``image_shape``.
+        ConfigError: text data read as images or the reverse, or samples that do not fit
+            ``image_shape`` (images) or LEAF's text format.
     """
     folder = Path(path).expanduser()
     files = {part: sorted((folder / part).glob("*.json")) for part in ("train", "test")}
@@ -62,6 +89,8 @@ def load_leaf(
         raise DatasetNotFoundError("leaf", folder, ["train/*.json", "test/*.json"], _HOW)
     parts = {part: _read(paths) for part, paths in files.items()}
     users = index_of([user for samples in parts.values() for user in samples])
+    if kind != "image":
+        return _text(kind, parts, users, files, seq_len or SEQ_LEN[kind], vocab_size)
     shape = tuple(int(size) for size in image_shape)
     splits = []
     for part, samples in parts.items():
@@ -90,11 +119,12 @@ def _read(paths: Sequence[Path]) -> dict[str, tuple[list, list]]:
 
 def _samples(xs: list, shape: tuple[int, ...], source: Path) -> np.ndarray:
     """The ``x`` lists as an ``(N, *shape)`` float array."""
-    if xs and isinstance(xs[0], str):
+    first = xs[0] if xs else None
+    if isinstance(first, str) or (isinstance(first, list) and first and isinstance(first[0], str)):
+        kind = "shakespeare" if isinstance(first, str) else "sent140"
         raise ConfigError(
-            f"{source} holds text samples (LEAF Shakespeare or Sent140: predict the next "
-            "character or the sentiment of a string), which need a sequence model; pflower's "
-            "models classify fixed-size numeric samples. Use FEMNIST or LEAF's synthetic data"
+            f"{source} holds text samples (LEAF Shakespeare or Sent140), which need a sequence "
+            f"model: set dataset.kind={kind} and model={kind}_lstm"
         )
     array = np.asarray(xs, dtype=np.float32)
     if array.ndim != 2 or array.shape[1] != math.prod(shape):
@@ -104,3 +134,36 @@ def _samples(xs: list, shape: tuple[int, ...], source: Path) -> np.ndarray:
             "values: [n, 1, 1])"
         )
     return array.reshape((len(array), *shape))
+
+
+def _text(
+    kind: str,
+    parts: dict[str, dict[str, tuple[list, list]]],
+    users: dict[object, int],
+    files: dict[str, list[Path]],
+    length: int,
+    vocab_size: int,
+) -> ImageDataset:
+    """Shakespeare or Sent140 as token ids, users as groups (see the module docstring)."""
+    ids = None
+    if kind == "sent140":
+        source = files["train"][0]
+        training = [text for x, _ in parts["train"].values() for text in tweets(x, source)]
+        ids = word_ids(training, vocab_size)
+    splits = []
+    for part, samples in parts.items():
+        source = files[part][0]
+        xs, ys, groups = [], [], []
+        for user, (x, y) in samples.items():
+            xs.extend(x)
+            ys.extend(y)
+            groups.extend([users[user]] * len(y))
+        if ids is None:
+            tokens, labels = encode_characters(xs, length, source), encode_letters(ys, source)
+        else:
+            tokens = encode_lines(tweets(xs, source), ids, length, vocab_size)
+            labels = np.asarray([int(label) for label in ys], dtype=np.int64)
+        splits.append(token_split(tokens, labels, groups))
+    if ids is None:
+        return token_dataset("leaf", splits[0], splits[1], len(ALL_LETTERS), len(ALL_LETTERS))
+    return token_dataset("leaf", splits[0], splits[1], 2, vocab_size)
