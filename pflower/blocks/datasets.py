@@ -236,10 +236,6 @@ class LeafKind(StrEnum):
     """Sentiment140 rows ``[id, date, query, user, text, ...]``, sentiment 0/1 as the label."""
 
 
-_LEAF_TEXT = {LeafKind.shakespeare: (80, 80, 80), LeafKind.sent140: (25, 2, None)}
-"""Per text kind: default sequence length, classes, vocabulary (None: ``vocab_size``)."""
-
-
 @dataclass
 class LeafDataset(DatasetBlock):
     """LEAF JSON data (FEMNIST by default; ``pflower partition import leaf`` keeps each user's
@@ -278,13 +274,16 @@ class LeafDataset(DatasetBlock):
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         if self.kind == LeafKind.image:
             return _declared_shape(self.image_shape, self.num_classes)
-        length, classes, _ = _LEAF_TEXT[LeafKind(self.kind)]
-        return (1, 1, self.seq_len or length), classes
+        length, classes, _ = self._text_shape()
+        return (1, 1, length), classes
 
     def vocabulary_size(self) -> int:
-        if self.kind == LeafKind.image:
-            return 0
-        return _LEAF_TEXT[LeafKind(self.kind)][2] or self.vocab_size
+        return 0 if self.kind == LeafKind.image else self._text_shape()[2]
+
+    def _text_shape(self) -> tuple[int, int, int]:
+        from pflower.datasets.leaf import text_shape
+
+        return text_shape(str(self.kind), self.seq_len, self.vocab_size)
 
 
 @dataclass

@@ -47,9 +47,21 @@ from pflower.datasets.text import (
 )
 from pflower.registry import ConfigError
 
-SEQ_LEN = {"shakespeare": 80, "sent140": 25}
-"""The token sequence length of each text kind when ``dataset.seq_len`` is null (LEAF's: 80
-characters; Sent140's ``max_words`` 25)."""
+_SEQ_LEN = {"shakespeare": 80, "sent140": 25}
+"""Tokens per sample of each text kind where ``dataset.seq_len`` is null (LEAF's: 80 characters;
+Sent140's ``max_words``, 25)."""
+_SENTIMENTS = 2
+
+
+def text_shape(kind: str, seq_len: int | None, vocab_size: int) -> tuple[int, int, int]:
+    """``(tokens per sample, classes, vocabulary)`` of LEAF text ``kind`` with the options
+    ``dataset.seq_len`` and ``dataset.vocab_size``: Shakespeare's letters are its classes and its
+    vocabulary; Sent140 has two sentiments and ``vocab_size`` word ids."""
+    length = seq_len or _SEQ_LEN[kind]
+    if kind == "shakespeare":
+        return length, len(ALL_LETTERS), len(ALL_LETTERS)
+    return length, _SENTIMENTS, vocab_size
+
 
 _HOW = (
     "generate them with LEAF's scripts (github.com/TalwalkarLab/leaf), e.g. in data/femnist: "
@@ -75,7 +87,7 @@ def load_leaf(
         num_classes: number of classes (FEMNIST: 62; the text kinds have their own).
         mean, std: normalization; default: the train split's per-channel statistics.
         kind: ``image``, ``shakespeare`` or ``sent140`` (see the module docstring).
-        seq_len: tokens per text sample (null: [`SEQ_LEN`][pflower.datasets.leaf.SEQ_LEN]).
+        seq_len: tokens per text sample (null: LEAF's, 80 characters or 25 words).
         vocab_size: Sent140's word ids, the unknown word included.
 
     Raises:
@@ -90,15 +102,11 @@ def load_leaf(
     parts = {part: _read(paths) for part, paths in files.items()}
     users = index_of([user for samples in parts.values() for user in samples])
     if kind != "image":
-        return _text(kind, parts, users, files, seq_len or SEQ_LEN[kind], vocab_size)
+        return _text(kind, parts, users, files, *text_shape(kind, seq_len, vocab_size))
     shape = tuple(int(size) for size in image_shape)
     splits = []
     for part, samples in parts.items():
-        xs, ys, groups = [], [], []
-        for user, (x, y) in samples.items():
-            xs.extend(x)
-            ys.extend(y)
-            groups.extend([users[user]] * len(y))
+        xs, ys, groups = _gather(samples, users)
         splits.append(split_of(_samples(xs, shape, files[part][0]), np.asarray(ys), groups))
     return dataset_from_arrays("leaf", splits[0], splits[1], num_classes, mean, std)
 
@@ -142,6 +150,7 @@ def _text(
     users: dict[object, int],
     files: dict[str, list[Path]],
     length: int,
+    num_classes: int,
     vocab_size: int,
 ) -> ImageDataset:
     """Shakespeare or Sent140 as token ids, users as groups (see the module docstring)."""
@@ -153,17 +162,25 @@ def _text(
     splits = []
     for part, samples in parts.items():
         source = files[part][0]
-        xs, ys, groups = [], [], []
-        for user, (x, y) in samples.items():
-            xs.extend(x)
-            ys.extend(y)
-            groups.extend([users[user]] * len(y))
+        xs, ys, groups = _gather(samples, users)
         if ids is None:
             tokens, labels = encode_characters(xs, length, source), encode_letters(ys, source)
         else:
             tokens = encode_lines(tweets(xs, source), ids, length, vocab_size)
             labels = np.asarray([int(label) for label in ys], dtype=np.int64)
         splits.append(token_split(tokens, labels, groups))
-    if ids is None:
-        return token_dataset("leaf", splits[0], splits[1], len(ALL_LETTERS), len(ALL_LETTERS))
-    return token_dataset("leaf", splits[0], splits[1], 2, vocab_size)
+    return token_dataset("leaf", splits[0], splits[1], num_classes, vocab_size)
+
+
+def _gather(
+    samples: dict[str, tuple[list, list]], users: dict[object, int]
+) -> tuple[list, list, list[int]]:
+    """One split's ``x`` and ``y`` lists over its users, and each sample's user number."""
+    xs: list = []
+    ys: list = []
+    groups: list[int] = []
+    for user, (x, y) in samples.items():
+        xs.extend(x)
+        ys.extend(y)
+        groups.extend([users[user]] * len(y))
+    return xs, ys, groups
