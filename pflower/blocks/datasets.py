@@ -349,8 +349,8 @@ class TableDataset(DatasetBlock):
 
 @dataclass
 class HfDataset(DatasetBlock):
-    """A Hugging Face image dataset through Flower Datasets' ``FederatedDataset``, or a folder
-    written by ``datasets``' ``save_to_disk``.
+    """A Hugging Face dataset of images, text or numeric features through Flower Datasets'
+    ``FederatedDataset``, or a folder written by ``datasets``' ``save_to_disk``.
 
     Attributes:
         dataset: a Hub id or packaged builder (``imagefolder``), as
@@ -366,6 +366,13 @@ class HfDataset(DatasetBlock):
         num_classes: number of classes (null: from a saved folder's ``ClassLabel`` feature).
         image_size: side the images are resized to.
         channels: 1 (grey) or 3 (RGB).
+        text_column: instead of images: a column of text, read as word ids (for
+            ``model=sent140_lstm``).
+        feature_columns: instead of images: numeric columns, one feature each (for
+            ``model=mlp``).
+        seq_len: words per text sample (the first ones; shorter texts are padded).
+        vocab_size: word ids of text: the train split's most frequent words and one id for
+            unknown words and padding.
     """
 
     config_name: ClassVar[str] = "hf"
@@ -381,11 +388,22 @@ class HfDataset(DatasetBlock):
     num_classes: int | None = None
     image_size: int = 28
     channels: int = 1
+    text_column: str | None = None
+    feature_columns: list[str] | None = None
+    seq_len: int = 25
+    vocab_size: int = 10000
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
         _channels(self.channels)
+        require(
+            self.text_column is None or not self.feature_columns,
+            "dataset=hf reads text (dataset.text_column) or numeric features "
+            "(dataset.feature_columns), not both: set one of them to null",
+        )
+        require(self.seq_len >= 1, f"dataset.seq_len must be >= 1, got {self.seq_len}")
+        require(self.vocab_size >= 2, f"dataset.vocab_size must be >= 2, got {self.vocab_size}")
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         classes = self.num_classes or self._saved_num_classes()
@@ -395,7 +413,14 @@ class HfDataset(DatasetBlock):
             "dataset.num_classes",
         )
         assert classes is not None
+        if self.text_column is not None:
+            return (1, 1, self.seq_len), classes
+        if self.feature_columns:
+            return (len(self.feature_columns), 1, 1), classes
         return (self.channels, self.image_size, self.image_size), classes
+
+    def vocabulary_size(self) -> int:
+        return 0 if self.text_column is None else self.vocab_size
 
     def _saved_num_classes(self) -> int | None:
         """The ``ClassLabel`` size recorded in a ``save_to_disk`` folder, if any."""

@@ -123,13 +123,15 @@ def encode_lines(
     return encoded
 
 
-def token_split(tokens: np.ndarray, labels: np.ndarray, groups: Sequence[int]) -> ImageSplit:
+def token_split(
+    tokens: np.ndarray, labels: np.ndarray, groups: Sequence[int] | None = None
+) -> ImageSplit:
     """An [`ImageSplit`][pflower.datasets.base.ImageSplit] of ``(N, L)`` token ids, laid out
-    ``(N, 1, 1, L)``."""
+    ``(N, 1, 1, L)``, with their labels and optional group ids."""
     return ImageSplit(
         torch.from_numpy(np.ascontiguousarray(tokens[:, None, None, :], dtype=np.int64)),
         torch.from_numpy(np.asarray(labels, dtype=np.int64)),
-        torch.from_numpy(np.asarray(groups, dtype=np.int64)),
+        None if groups is None else torch.from_numpy(np.asarray(groups, dtype=np.int64)),
     )
 
 
@@ -146,7 +148,8 @@ def token_dataset(
     for split in (train, test):
         if len(split) and not 0 <= int(split.labels.min()) <= int(split.labels.max()) < num_classes:
             raise ConfigError(
-                f"dataset '{name}' has labels outside 0..{num_classes - 1} (Sent140's y is 0 or 1)"
+                f"dataset '{name}' has labels outside 0..{num_classes - 1} (LEAF Sent140's y "
+                "is 0 or 1; dataset=hf: set dataset.num_classes)"
             )
     return ImageDataset(
         name=name,
