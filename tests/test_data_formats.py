@@ -87,19 +87,6 @@ def test_leaf_femnist_imports_with_each_users_own_test_set_and_trains(tmp_path: 
     _trained(rows, 3)
 
 
-def test_leaf_text_data_is_refused_with_what_it_needs(tmp_path: Path) -> None:
-    for part in ("train", "test"):
-        (tmp_path / part).mkdir()
-        payload = {
-            "users": ["u"],
-            "num_samples": [1],
-            "user_data": {"u": {"x": ["a" * 80], "y": ["b"]}},
-        }
-        (tmp_path / part / "s.json").write_text(json.dumps(payload))
-    with pytest.raises(ConfigError, match="sequence model"):
-        load_dataset("leaf", {"path": str(tmp_path)})
-
-
 # --- image folders -------------------------------------------------------------------------------
 
 

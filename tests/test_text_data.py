@@ -238,3 +238,30 @@ def test_image_only_features_are_refused_for_text(
 def test_a_text_model_is_refused_for_images() -> None:
     with pytest.raises(ConfigError, match="reads token sequences, but the dataset holds images"):
         compose_config(["dataset=digits", "model=sent140_lstm"])
+
+
+@pytest.mark.parametrize("strategy", ["fedbabu", "fedrod", "fedproto", "fedphp"])
+def test_split_model_methods_personalize_the_lstm_head_at_every_stage(
+    tmp_path: Path, strategy: str
+) -> None:
+    """The methods that split the model at ``fc`` (body: embedding and LSTM) run, and report
+    the clients held out of training (stage U) next to the trained ones (L1, L2)."""
+    folder = _shakespeare(tmp_path / "shakespeare")
+    overrides = [
+        "dataset=leaf",
+        f"dataset.path={folder}",
+        "dataset.kind=shakespeare",
+        "model=shakespeare_lstm",
+        "model.hidden_size=8",
+        "partition=natural",
+        "num_clients=3",
+        "eval.unseen_fraction=0.34",
+        f"strategy={strategy}",
+        "rounds=1",
+        "seed=0",
+    ]
+    rows, _ = run_inprocess(overrides, tmp_path / "run")
+    clients = {stage: {r["client"] for r in rows if r["stage"] == stage} for stage in ("L2", "U")}
+    assert len(clients["L2"]) == 2 and len(clients["U"]) == 1
+    assert clients["L2"].isdisjoint(clients["U"])
+    assert all(np.isfinite(r["loss_local"]) for r in rows if r["stage"] in ("L1", "L2", "U"))
