@@ -154,21 +154,26 @@ def _text(
     vocab_size: int,
 ) -> ImageDataset:
     """Shakespeare or Sent140 as token ids, users as groups (see the module docstring)."""
-    ids = None
-    if kind == "sent140":
-        source = files["train"][0]
-        training = [text for x, _ in parts["train"].values() for text in tweets(x, source)]
-        ids = word_ids(training, vocab_size)
-    splits = []
-    for part, samples in parts.items():
-        source = files[part][0]
-        xs, ys, groups = _gather(samples, users)
-        if ids is None:
-            tokens, labels = encode_characters(xs, length, source), encode_letters(ys, source)
-        else:
-            tokens = encode_lines(tweets(xs, source), ids, length, vocab_size)
-            labels = np.asarray([int(label) for label in ys], dtype=np.int64)
-        splits.append(token_split(tokens, labels, groups))
+    gathered = {part: _gather(samples, users) for part, samples in parts.items()}
+    sources = {part: paths[0] for part, paths in files.items()}
+    if kind == "shakespeare":
+        splits = [
+            token_split(
+                encode_characters(xs, length, sources[part]),
+                encode_letters(ys, sources[part]),
+                groups,
+            )
+            for part, (xs, ys, groups) in gathered.items()
+        ]
+    else:
+        texts = {part: tweets(xs, sources[part]) for part, (xs, _, _) in gathered.items()}
+        ids = word_ids(texts["train"], vocab_size)  # the training split's words only
+        splits = [
+            token_split(
+                encode_lines(texts[part], ids, length, vocab_size), [int(y) for y in ys], groups
+            )
+            for part, (_, ys, groups) in gathered.items()
+        ]
     return token_dataset("leaf", splits[0], splits[1], num_classes, vocab_size)
 
 

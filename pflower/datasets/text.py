@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.registry import ConfigError
@@ -124,7 +125,7 @@ def encode_lines(
 
 
 def token_split(
-    tokens: np.ndarray, labels: np.ndarray, groups: Sequence[int] | None = None
+    tokens: np.ndarray, labels: ArrayLike, groups: ArrayLike | None = None
 ) -> ImageSplit:
     """An [`ImageSplit`][pflower.datasets.base.ImageSplit] of ``(N, L)`` token ids, laid out
     ``(N, 1, 1, L)``, with their labels and optional group ids."""
