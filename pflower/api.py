@@ -133,7 +133,9 @@ def register_dataset(name: str, block: type[DatasetBlock]) -> Callable[[FactoryT
 def register_model(name: str, block: type[ModelBlock]) -> Callable[[FactoryT], FactoryT]:
     """Decorator on a model factory ``(input_shape, num_classes, **options) -> nn.Module``:
     ``model=<name>`` chooses it, with the options ``block`` declares. The classification layer
-    is the ``nn.Linear`` attribute ``fc`` ([`pflower.models.split`][pflower.models.split])."""
+    is the ``nn.Linear`` attribute ``fc`` ([`pflower.models.split`][pflower.models.split]). A
+    factory with a ``vocab_size`` parameter reads token ids and is built only for text datasets
+    ([`pflower.datasets.text`][pflower.datasets.text]), every other one only for images."""
     from pflower.models.zoo import MODELS
 
     return _register_block(MODELS, name, block)

@@ -37,8 +37,10 @@ import pflower.strategies  # noqa: F401  (importing registers every algorithm's 
 from pflower.blocks import (
     BLOCK_GROUPS,
     DatasetBlock,
+    PartitionBlock,
     block_class,
     block_of,
+    blocks,
     store_blocks,
     typed_settings,
 )
@@ -136,6 +138,7 @@ def check_compatible(settings: ExperimentConfig) -> None:
         ConfigError: the combination and how to change it.
     """
     model = meta_model(settings.dataset, settings.model)
+    _check_text(settings)
     settings.strategy.check_experiment(settings, model)
     idle_robust = algorithm_of(settings.strategy).strategy.idle_robust(settings)
     if idle_robust is not None and idle_robust.refused:
@@ -143,6 +146,27 @@ def check_compatible(settings: ExperimentConfig) -> None:
     base = settings.strategy.collapse_on(model)
     if base is not None:
         _warn_collapse(settings.strategy.label(), str(settings.model["name"]), base)
+
+
+def _check_text(settings: ExperimentConfig) -> None:
+    """Refuse what acts on pixels for a text dataset (token ids): image augmentation
+    (``train.augment``) and per-client input noise (``partition=quality_skew``)."""
+    block = block_of("dataset", settings.dataset)
+    assert isinstance(block, DatasetBlock)
+    if not block.vocabulary_size():
+        return
+    augment = settings.train.augment
+    if augment.rotation or augment.hflip or augment.vflip:
+        raise ConfigError(
+            "train.augment rotates and flips images, but the dataset holds token sequences "
+            "(text): drop the train.augment.* overrides"
+        )
+    scheme = blocks("partition")[str(settings.partition["name"])]
+    if issubclass(scheme, PartitionBlock) and scheme.input_noise:
+        raise ConfigError(
+            f"partition={settings.partition['name']} adds noise to every client's inputs, which "
+            "token sequences (text) do not have: choose another partition scheme"
+        )
 
 
 @lru_cache(maxsize=16)
@@ -167,7 +191,7 @@ def meta_model(dataset: Mapping[str, Any], model: Mapping[str, Any]) -> Any:
     block = block_of("dataset", dataset)
     assert isinstance(block, DatasetBlock)
     input_shape, num_classes = block.data_shape()
-    return _meta_model(_frozen(model), input_shape, num_classes)
+    return _meta_model(_frozen(model), input_shape, num_classes, block.vocabulary_size())
 
 
 def _frozen(block: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -178,7 +202,10 @@ def _frozen(block: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
 
 @lru_cache(maxsize=64)
 def _meta_model(
-    block: tuple[tuple[str, Any], ...], input_shape: tuple[int, int, int], num_classes: int
+    block: tuple[tuple[str, Any], ...],
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    vocab_size: int,
 ) -> Any:
     import torch
 
@@ -187,7 +214,7 @@ def _meta_model(
     options = dict(block)
     name = str(options.pop("name"))
     with torch.device("meta"):
-        return build_model(name, options, input_shape, num_classes)
+        return build_model(name, options, input_shape, num_classes, vocab_size)
 
 
 def _block(cfg: DictConfig, key: str) -> Mapping[str, Any]:

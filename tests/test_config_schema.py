@@ -33,7 +33,7 @@ FACTORIES = {"dataset": DATASETS, "partition": PARTITIONERS, "model": MODELS}
 CONTEXT = {
     "dataset": (),
     "partition": ("num_partitions", "seed"),
-    "model": ("input_shape", "num_classes"),
+    "model": ("input_shape", "num_classes", "vocab_size"),
 }
 
 

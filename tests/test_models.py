@@ -36,6 +36,12 @@ SMOKE_CASES: dict[str, tuple[dict, tuple[int, int, int], int]] = {
     "resnet18": ({"width": 8}, (1, 28, 28), 10),
 }
 
+# The models that read token ids: options, input shape (1, 1, L), class count, vocabulary.
+TEXT_CASES: dict[str, tuple[dict, tuple[int, int, int], int, int]] = {
+    "shakespeare_lstm": ({"hidden_size": 16}, (1, 1, 80), 80, 80),
+    "sent140_lstm": ({"hidden_size": 16}, (1, 1, 25), 2, 100),
+}
+
 PARAMETER_COUNTS = [
     ("mnist_cnn", {}, (1, 28, 28), 10, 1_663_370),
     ("fliu_cifar_cnn", {}, (3, 32, 32), 10, 2_193_418),
@@ -83,7 +89,16 @@ def small_resnet18(**options: Any) -> nn.Module:
 
 
 def test_smoke_cases_cover_every_registered_model() -> None:
-    assert sorted(SMOKE_CASES) == MODELS.names
+    assert sorted([*SMOKE_CASES, *TEXT_CASES]) == MODELS.names
+
+
+@pytest.mark.parametrize(
+    ("name", "vocab", "expected"),
+    [("shakespeare_lstm", 80, 819_920), ("sent140_lstm", 10_000, 1_174_786)],
+)
+def test_text_parameter_counts(name: str, vocab: int, expected: int) -> None:
+    _, shape, classes, _ = TEXT_CASES[name]
+    assert count_parameters(build_model(name, {}, shape, classes, vocab)) == expected
 
 
 @pytest.mark.parametrize("name", sorted(SMOKE_CASES))
@@ -302,7 +317,7 @@ def test_config_file_mirrors_factory_defaults(name: str) -> None:
     defaults = {
         key: list(p.default) if isinstance(p.default, tuple) else p.default
         for key, p in parameters.items()
-        if key not in ("input_shape", "num_classes")
+        if key not in ("input_shape", "num_classes", "vocab_size")
     }
     assert config == defaults
 
@@ -310,6 +325,9 @@ def test_config_file_mirrors_factory_defaults(name: str) -> None:
 @pytest.mark.parametrize("name", MODELS.names)
 def test_model_builds_from_its_hydra_config(name: str) -> None:
     config = group_block("model", name)
-    _, shape, classes = SMOKE_CASES[name]
-    model = build_model(config.pop("name"), config, shape, classes)
+    if name in TEXT_CASES:
+        _, shape, classes, vocab = TEXT_CASES[name]
+    else:
+        (_, shape, classes), vocab = SMOKE_CASES[name], 0
+    model = build_model(config.pop("name"), config, shape, classes, vocab)
     assert model.fc.out_features == classes

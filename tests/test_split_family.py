@@ -44,8 +44,11 @@ BASE = tiny("train.lr=0.05")
 def test_every_zoo_model_declares_its_head_and_features(name: str) -> None:
     """Head = the Linear ``fc``; body = everything else; model(x) = head(represent(x))."""
     shape = (3, 64, 64) if name == "flame_cnn1" else (3, 32, 32)
+    vocab = 20 if "vocab_size" in MODELS.accepted_keys(name) else 0  # token ids (1, 1, L)
+    if vocab:
+        shape = (1, 1, 12)
     torch.manual_seed(0)
-    model = build_model(name, {"width": 8} if name.startswith("resnet") else {}, shape, 7)
+    model = build_model(name, {"width": 8} if name.startswith("resnet") else {}, shape, 7, vocab)
     keys = list(model.state_dict())
     assert split.head_keys(model) == ["fc.weight", "fc.bias"]
     assert split.body_keys(model) == [k for k in keys if not k.startswith("fc.")]
@@ -53,7 +56,7 @@ def test_every_zoo_model_declares_its_head_and_features(name: str) -> None:
     assert {id(p) for p in split.head_parameters(model)} == {id(model.fc.weight), id(model.fc.bias)}
     assert len(split.body_parameters(model)) == len(list(model.parameters())) - 2
     model.eval()
-    x = torch.randn(2, *shape)
+    x = torch.randint(0, vocab, (2, *shape)) if vocab else torch.randn(2, *shape)
     features = split.represent(model, x)
     assert features.shape == (2, model.fc.in_features)
     torch.testing.assert_close(split.head(model)(features), model(x))

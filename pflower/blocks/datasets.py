@@ -57,6 +57,11 @@ class DatasetBlock(Block):
         """The (C, H, W) of every image and the number of classes, known from the options."""
         raise NotImplementedError
 
+    def vocabulary_size(self) -> int:
+        """The token vocabulary of a text dataset (its samples are ``(1, 1, L)`` token ids:
+        [`pflower.datasets.text`][pflower.datasets.text]); 0 for images and feature vectors."""
+        return 0
+
 
 @dataclass
 class DigitsDataset(DatasetBlock):
@@ -220,6 +225,17 @@ def _channels(channels: int) -> None:
     require(channels in (1, 3), f"dataset.channels must be 1 (grey) or 3 (RGB), got {channels}")
 
 
+class LeafKind(StrEnum):
+    """What a LEAF dataset's samples are."""
+
+    image = "image"
+    """Flat numeric ``x`` lists (FEMNIST, LEAF's synthetic data)."""
+    shakespeare = "shakespeare"
+    """80-character strings, the next character as the label (80 classes)."""
+    sent140 = "sent140"
+    """Sentiment140 rows ``[id, date, query, user, text, ...]``, sentiment 0/1 as the label."""
+
+
 @dataclass
 class LeafDataset(DatasetBlock):
     """LEAF JSON data (FEMNIST by default; ``pflower partition import leaf`` keeps each user's
@@ -228,21 +244,46 @@ class LeafDataset(DatasetBlock):
     Attributes:
         path: the folder with LEAF's ``train/*.json`` and ``test/*.json`` (required).
         image_shape: [C, H, W] each flat sample is laid out as (FEMNIST: [1, 28, 28]; n
-            features: [n, 1, 1]).
-        num_classes: number of classes (FEMNIST: 62).
+            features: [n, 1, 1]); images only.
+        num_classes: number of classes (FEMNIST: 62); images only.
+        kind: ``image``, ``shakespeare`` or ``sent140`` (see
+            [`LeafKind`][pflower.blocks.datasets.LeafKind]).
+        seq_len: tokens per text sample (null: 80 characters for Shakespeare, 25 words for
+            Sent140, as LEAF).
+        vocab_size: Sent140's word ids: the most frequent training words and one id for
+            unknown words and padding.
     """
 
     config_name: ClassVar[str] = "leaf"
     path: str = MISSING
     image_shape: list[int] = field(default_factory=lambda: [1, 28, 28])
     num_classes: int = 62
+    kind: LeafKind = LeafKind.image
+    seq_len: int | None = None
+    vocab_size: int = 10000
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_declared_shape(self.image_shape, self.num_classes)
+        require(
+            self.seq_len is None or self.seq_len >= 1,
+            f"dataset.seq_len must be >= 1 or null, got {self.seq_len}",
+        )
+        require(self.vocab_size >= 2, f"dataset.vocab_size must be >= 2, got {self.vocab_size}")
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
-        return _declared_shape(self.image_shape, self.num_classes)
+        if self.kind == LeafKind.image:
+            return _declared_shape(self.image_shape, self.num_classes)
+        length, classes, _ = self._text_shape()
+        return (1, 1, length), classes
+
+    def vocabulary_size(self) -> int:
+        return 0 if self.kind == LeafKind.image else self._text_shape()[2]
+
+    def _text_shape(self) -> tuple[int, int, int]:
+        from pflower.datasets.leaf import text_shape
+
+        return text_shape(str(self.kind), self.seq_len, self.vocab_size)
 
 
 @dataclass
@@ -308,8 +349,8 @@ class TableDataset(DatasetBlock):
 
 @dataclass
 class HfDataset(DatasetBlock):
-    """A Hugging Face image dataset through Flower Datasets' ``FederatedDataset``, or a folder
-    written by ``datasets``' ``save_to_disk``.
+    """A Hugging Face dataset of images, text or numeric features through Flower Datasets'
+    ``FederatedDataset``, or a folder written by ``datasets``' ``save_to_disk``.
 
     Attributes:
         dataset: a Hub id or packaged builder (``imagefolder``), as
@@ -325,6 +366,13 @@ class HfDataset(DatasetBlock):
         num_classes: number of classes (null: from a saved folder's ``ClassLabel`` feature).
         image_size: side the images are resized to.
         channels: 1 (grey) or 3 (RGB).
+        text_column: instead of images: a column of text, read as word ids (for
+            ``model=sent140_lstm``).
+        feature_columns: instead of images: numeric columns, one feature each (for
+            ``model=mlp``).
+        seq_len: words per text sample (the first ones; shorter texts are padded).
+        vocab_size: word ids of text: the train split's most frequent words and one id for
+            unknown words and padding.
     """
 
     config_name: ClassVar[str] = "hf"
@@ -340,11 +388,22 @@ class HfDataset(DatasetBlock):
     num_classes: int | None = None
     image_size: int = 28
     channels: int = 1
+    text_column: str | None = None
+    feature_columns: list[str] | None = None
+    seq_len: int = 25
+    vocab_size: int = 10000
 
     def __post_init__(self) -> None:
         super().__post_init__()
         require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
         _channels(self.channels)
+        require(
+            self.text_column is None or not self.feature_columns,
+            "dataset=hf reads text (dataset.text_column) or numeric features "
+            "(dataset.feature_columns), not both: set one of them to null",
+        )
+        require(self.seq_len >= 1, f"dataset.seq_len must be >= 1, got {self.seq_len}")
+        require(self.vocab_size >= 2, f"dataset.vocab_size must be >= 2, got {self.vocab_size}")
 
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         classes = self.num_classes or self._saved_num_classes()
@@ -354,7 +413,14 @@ class HfDataset(DatasetBlock):
             "dataset.num_classes",
         )
         assert classes is not None
+        if self.text_column is not None:
+            return (1, 1, self.seq_len), classes
+        if self.feature_columns:
+            return (len(self.feature_columns), 1, 1), classes
         return (self.channels, self.image_size, self.image_size), classes
+
+    def vocabulary_size(self) -> int:
+        return 0 if self.text_column is None else self.vocab_size
 
     def _saved_num_classes(self) -> int | None:
         """The ``ClassLabel`` size recorded in a ``save_to_disk`` folder, if any."""

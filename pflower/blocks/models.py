@@ -203,3 +203,52 @@ class Resnet18(ModelBlock):
     def __post_init__(self) -> None:
         super().__post_init__()
         _positive("width", self.width)
+
+
+@dataclass
+class ShakespeareLstm(ModelBlock):
+    """LEAF's next-character stacked LSTM for Shakespeare (a text dataset: ``dataset=leaf
+    dataset.kind=shakespeare``).
+
+    Attributes:
+        embedding_dim: width of the character embedding (LEAF: 8).
+        hidden_size: width of each LSTM layer (LEAF: 256).
+        num_layers: stacked LSTM layers (LEAF: 2).
+    """
+
+    config_name: ClassVar[str] = "shakespeare_lstm"
+    embedding_dim: int = 8
+    hidden_size: int = 256
+    num_layers: int = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("embedding_dim", "hidden_size", "num_layers"):
+            _positive(key, getattr(self, key))
+
+
+@dataclass
+class Sent140Lstm(ModelBlock):
+    """LEAF's stacked LSTM for Sent140 sentiment, over a learned word embedding (``dataset=leaf
+    dataset.kind=sent140``).
+
+    Attributes:
+        embedding_dim: width of the learned word embedding (LEAF's code: 100; its paper: 300-d
+            GloVe, not available here).
+        hidden_size: width of each LSTM layer (LEAF: 100).
+        num_layers: stacked LSTM layers (LEAF: 2).
+        dense: widths of the linear layers before the classifier (LEAF: [128]).
+    """
+
+    config_name: ClassVar[str] = "sent140_lstm"
+    embedding_dim: int = 100
+    hidden_size: int = 100
+    num_layers: int = 2
+    dense: list[int] = field(default_factory=lambda: [128])
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for key in ("embedding_dim", "hidden_size", "num_layers"):
+            _positive(key, getattr(self, key))
+        for width in self.dense:
+            _positive("dense width", width)

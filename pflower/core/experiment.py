@@ -138,6 +138,7 @@ class Experiment:
             *name_and_options(self.settings.model),
             dataset.input_shape,
             dataset.num_classes,
+            dataset.vocab_size,
         )
 
     def shared_model(self) -> nn.Module:

@@ -75,6 +75,11 @@ class ImageDataset:
 
     ``scale`` maps stored values to [0, 1] (255 for uint8 images, 16 for sklearn digits, 1 for
     float data); then ``(x / scale - mean) / std`` per channel gives the model's input.
+
+    ``vocab_size > 0`` marks text ([`pflower.datasets.text`][pflower.datasets.text]): the samples
+    are int64 token ids in ``0..vocab_size - 1`` laid out ``(N, 1, 1, L)``, which
+    [`normalize`][pflower.datasets.base.ImageDataset.normalize] passes through unchanged and
+    only a model that reads tokens takes.
     """
 
     name: str
@@ -84,6 +89,7 @@ class ImageDataset:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     scale: float = 255.0
+    vocab_size: int = 0
 
     def __post_init__(self) -> None:
         channels = self.train.images.shape[1]
@@ -101,7 +107,10 @@ class ImageDataset:
         return int(c), int(h), int(w)
 
     def normalize(self, images: torch.Tensor) -> torch.Tensor:
-        """Turn a batch of stored images into normalized float32 model input."""
+        """Turn a batch of stored images into normalized float32 model input (token ids of a
+        text dataset are the model's input as they are)."""
+        if self.vocab_size:
+            return images
         mean = torch.tensor(self.mean, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
         std = torch.tensor(self.std, dtype=torch.float32, device=images.device).view(1, -1, 1, 1)
         return (images.float() / self.scale - mean) / std

@@ -10,12 +10,22 @@ schemes, Flower Datasets' own partitioners among them, share the samples out, an
 ``client_column`` (e.g. FEMNIST's ``writer_id``) tags each sample with its client for
 ``partition=natural`` (Flower Datasets' ``NaturalIdPartitioner``: one client per id).
 
-Samples are images (``image_column``, PIL images or arrays), converted to ``channels`` and
-resized to ``image_size``; labels are ints ``0..num_classes - 1`` (a ``ClassLabel`` column).
+Samples are, by the columns named:
+
+- images (``image_column``, PIL images or arrays; the default), converted to ``channels`` and
+  resized to ``image_size``;
+- text (``text_column``): word ids as LEAF's Sent140 encoding makes them
+  ([`pflower.datasets.text`][pflower.datasets.text]): the first ``seq_len`` words, over a
+  vocabulary of ``vocab_size`` ids built from the train split only, for ``model=sent140_lstm``;
+- numeric features (``feature_columns``): ``(F, 1, 1)`` samples standardized per feature, as
+  ``dataset=table`` makes them, for ``model=mlp``.
+
+Labels are ints ``0..num_classes - 1`` (a ``ClassLabel`` column).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +35,7 @@ from pflower.datasets.arrays import dataset_from_arrays, index_of, split_of
 from pflower.datasets.base import DatasetNotFoundError, ImageDataset, ImageSplit
 from pflower.datasets.folders import to_pixels
 from pflower.datasets.sources import Stats
+from pflower.datasets.text import encode_lines, token_dataset, token_split, word_ids
 from pflower.registry import ConfigError
 
 
@@ -43,35 +54,59 @@ def load_hf(
     channels: int = 1,
     mean: Stats = None,
     std: Stats = None,
+    text_column: str | None = None,
+    feature_columns: Sequence[str] | None = None,
+    seq_len: int = 25,
+    vocab_size: int = 10000,
 ) -> ImageDataset:
     """The ``train_split`` and ``test_split`` (none: an empty test split) of a Hugging Face
     dataset (see the module docstring).
 
     Raises:
         DatasetNotFoundError: ``path`` holds no saved dataset.
-        ConfigError: a missing split or column, or neither/both of ``dataset`` and ``path``.
+        ConfigError: a missing split or column, neither/both of ``dataset`` and ``path``, or a
+            feature that is not numeric. (The ``hf`` block refuses ``text_column`` together with
+            ``feature_columns`` while composing.)
     """
+    inputs = [text_column] if text_column else list(feature_columns or [image_column])
     splits = _splits(dataset, path, subset, data_dir, train_split, test_split)
     for split in splits:
-        for column in (image_column, label_column, client_column):
+        for column in (*inputs, label_column, client_column):
             if column is not None and column not in split.column_names:
                 raise ConfigError(
                     f"the dataset has no column {column!r}; its columns: "
-                    f"{', '.join(split.column_names)} (set dataset.image_column, label_column, "
-                    "client_column)"
+                    f"{', '.join(split.column_names)} (set dataset.image_column, text_column, "
+                    "feature_columns, label_column, client_column)"
                 )
     clients = None
     if client_column is not None:
         clients = index_of([v for split in splits for v in split[client_column]])
-    decoded = [
-        _decode(s, image_column, label_column, client_column, clients, image_size, channels)
-        for s in splits
-    ]
-    if len(decoded) == 1:
-        empty = np.zeros((0, channels, image_size, image_size), np.float32)
-        decoded.append(split_of(empty, np.zeros(0), None if clients is None else np.zeros(0)))
+    groups = [_groups(split, client_column, clients) for split in splits]
+    labels = [np.asarray(split[label_column]) for split in splits]
     classes = num_classes or hf_num_classes(splits[0], label_column)
-    return dataset_from_arrays("hf", decoded[0], decoded[1], classes, mean, std)
+    if text_column:
+        texts = [[str(text) for text in split[text_column]] for split in splits]
+        ids = word_ids(texts[0], vocab_size)
+        tokens = [encode_lines(lines, ids, seq_len, vocab_size) for lines in texts]
+        parts = [token_split(*sample) for sample in zip(tokens, labels, groups, strict=True)]
+        return token_dataset("hf", *_with_test(parts), classes, vocab_size)
+    if feature_columns:
+        parts = [
+            split_of(_features(split, inputs), label, group)
+            for split, label, group in zip(splits, labels, groups, strict=True)
+        ]
+    else:
+        parts = [
+            split_of(_pixels(split, image_column, image_size, channels), label, group)
+            for split, label, group in zip(splits, labels, groups, strict=True)
+        ]
+    return dataset_from_arrays("hf", *_with_test(parts), classes, mean, std)
+
+
+def _with_test(parts: list[ImageSplit]) -> tuple[ImageSplit, ImageSplit]:
+    """The train and test split, an empty test split where the dataset has none."""
+    train = parts[0]
+    return train, parts[1] if len(parts) > 1 else train.subset(np.zeros(0, dtype=np.int64))
 
 
 def _splits(
@@ -128,22 +163,32 @@ def _splits(
     return [loaded[split] for split in wanted]
 
 
-def _decode(
-    split: Any,
-    image_column: str,
-    label_column: str,
-    client_column: str | None,
-    clients: dict[object, int] | None,
-    size: int,
-    channels: int,
-) -> ImageSplit:
+def _pixels(split: Any, column: str, size: int, channels: int) -> np.ndarray:
+    """The images of ``column`` as ``(N, channels, size, size)`` floats."""
     images = np.zeros((len(split), channels, size, size), np.float32)
-    for row, image in enumerate(split[image_column]):
+    for row, image in enumerate(split[column]):
         images[row] = to_pixels(image, channels, size)
-    groups = None
-    if client_column is not None and clients is not None:
-        groups = [clients[value] for value in split[client_column]]
-    return split_of(images, np.asarray(split[label_column]), groups)
+    return images
+
+
+def _features(split: Any, columns: list[str]) -> np.ndarray:
+    """The numeric ``columns`` as ``(N, F, 1, 1)`` floats, one channel per feature."""
+    try:
+        values = np.array([split[column] for column in columns], dtype=np.float32).T
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"dataset.feature_columns must be numeric columns: {columns} ({error})"
+        ) from error
+    return values.reshape(len(values), len(columns), 1, 1)
+
+
+def _groups(
+    split: Any, client_column: str | None, clients: dict[object, int] | None
+) -> list[int] | None:
+    """Each sample's client number, where a ``client_column`` names the clients."""
+    if client_column is None or clients is None:
+        return None
+    return [clients[value] for value in split[client_column]]
 
 
 def hf_num_classes(split: Any, label_column: str) -> int:

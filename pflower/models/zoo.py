@@ -3,7 +3,9 @@
 A config block ``model: {name: <registered name>, <option>: <value>, ...}`` chooses a model;
 [`build_model`][pflower.models.zoo.build_model] adds the dataset's ``input_shape`` ``(C, H, W)`` and
 ``num_classes``, which are
-never set in a model config. Each factory's keyword defaults are the model's defaults, the same
+never set in a model config (and, for the models that read token sequences, the text dataset's
+``vocab_size``: a factory with a ``vocab_size`` parameter reads text, every other one images).
+Each factory's keyword defaults are the model's defaults, the same
 as its ``model`` block's ([`pflower.blocks`][pflower.blocks], checked by a test). Every model's
 classification
 layer is the ``nn.Linear`` attribute
@@ -21,12 +23,14 @@ from typing import Any
 from torch import nn
 
 from pflower.models.feedforward import ConvSpec, FeedForwardNet
+from pflower.models.recurrent import TokenLSTM
 from pflower.models.resnet import ResNet
 from pflower.registry import ConfigError, Registry
 
 MODELS: Registry[nn.Module] = Registry("model")
 
-_DATASET_KEYS = ("input_shape", "num_classes")
+_DATASET_KEYS = ("input_shape", "num_classes", "vocab_size")
+_TEXT_MODELS = "model=shakespeare_lstm (LEAF Shakespeare) or model=sent140_lstm (LEAF Sent140)"
 
 
 def build_model(
@@ -34,14 +38,19 @@ def build_model(
     options: Mapping[str, Any],
     input_shape: tuple[int, int, int],
     num_classes: int,
+    vocab_size: int = 0,
 ) -> nn.Module:
     """Build the model registered as ``name`` with config ``options`` for the given input.
 
     Initialization draws from torch's global RNG: seed it (``torch.manual_seed``) first.
 
+    Args:
+        vocab_size: the token vocabulary of a text dataset; 0 for images and feature vectors.
+
     Raises:
         ConfigError: unknown name or option (the message lists the valid ones), a bad option
-            value, or an input the model cannot take (e.g. too small for its poolings).
+            value, or an input the model cannot take (e.g. too small for its poolings, or
+            token sequences for an image model and the reverse).
     """
     fixed = [key for key in _DATASET_KEYS if key in options]
     if fixed:
@@ -50,7 +59,21 @@ def build_model(
             f"come from the dataset"
         )
     shape = tuple(int(size) for size in input_shape)
-    return MODELS.build(name, options, input_shape=shape, num_classes=int(num_classes))
+    context: dict[str, Any] = {"input_shape": shape, "num_classes": int(num_classes)}
+    reads_tokens = "vocab_size" in MODELS.accepted_keys(name)
+    if vocab_size and not reads_tokens:
+        raise ConfigError(
+            f"model={name} takes images or feature vectors, but the dataset holds token "
+            f"sequences (text): choose {_TEXT_MODELS}"
+        )
+    if reads_tokens and not vocab_size:
+        raise ConfigError(
+            f"model={name} reads token sequences, but the dataset holds images or feature "
+            f"vectors: use it with a text dataset (dataset=leaf dataset.kind=shakespeare|sent140)"
+        )
+    if reads_tokens:
+        context["vocab_size"] = int(vocab_size)
+    return MODELS.build(name, options, **context)
 
 
 @MODELS.register("mnist_cnn")
@@ -257,6 +280,64 @@ def resnet18(
     plain ResNet-18 of the baselines.
     """
     return ResNet(input_shape, num_classes, (2, 2, 2, 2), width=width, stem=stem, init=init)
+
+
+@MODELS.register("shakespeare_lstm")
+def shakespeare_lstm(
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    vocab_size: int,
+    embedding_dim: int = 8,
+    hidden_size: int = 256,
+    num_layers: int = 2,
+) -> nn.Module:
+    """LEAF's next-character model for Shakespeare (Caldas et al. 2018, Sec. 4; LEAF's
+    ``models/shakespeare/stacked_lstm.py``): embedding 8 → 2 LSTM layers of 256 → fc over the
+    80 letters, from the last of the 80 steps. 819,920 parameters with 80 letters: 2,048 more
+    than LEAF's TensorFlow model (817,872), as PyTorch's LSTM has two bias vectors per layer
+    where TensorFlow's ``BasicLSTMCell`` has one.
+    """
+    return _token_lstm(vocab_size, num_classes, embedding_dim, hidden_size, num_layers, ())
+
+
+@MODELS.register("sent140_lstm")
+def sent140_lstm(
+    input_shape: tuple[int, int, int],
+    num_classes: int,
+    vocab_size: int,
+    embedding_dim: int = 100,
+    hidden_size: int = 100,
+    num_layers: int = 2,
+    dense: Sequence[int] = (128,),
+) -> nn.Module:
+    """LEAF's sentiment model for Sent140 (LEAF's ``models/sent140/stacked_lstm.py``): embedding
+    → 2 LSTM layers of 100 → dense 128 (no activation, as LEAF's) → fc over the 2 sentiments,
+    from the last of the 25 word steps. LEAF's embedding rows are GloVe's vocabulary; here they
+    are the training split's ``dataset.vocab_size`` word ids, learned (a documented deviation:
+    [`pflower.datasets.text`][pflower.datasets.text]). 1,174,786 parameters with the default
+    10,000 ids.
+    """
+    widths = [int(width) for width in dense]
+    for width in widths:
+        _check_positive("dense width", width)
+    return _token_lstm(vocab_size, num_classes, embedding_dim, hidden_size, num_layers, widths)
+
+
+def _token_lstm(
+    vocab_size: int,
+    num_classes: int,
+    embedding_dim: int,
+    hidden_size: int,
+    num_layers: int,
+    dense: Sequence[int],
+) -> nn.Module:
+    for key, value in (
+        ("embedding_dim", embedding_dim),
+        ("hidden_size", hidden_size),
+        ("num_layers", num_layers),
+    ):
+        _check_positive(key, value)
+    return TokenLSTM(vocab_size, num_classes, embedding_dim, hidden_size, num_layers, dense)
 
 
 def _check_positive(key: str, value: int) -> None:
