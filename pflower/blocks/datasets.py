@@ -216,8 +216,23 @@ class CelebaGenderDataset(FileDataset):
 # data a user brings: decoded in memory, shape and class count from the options or the files
 
 
-def _channels(channels: int) -> None:
-    require(channels in (1, 3), f"dataset.channels must be 1 (grey) or 3 (RGB), got {channels}")
+class _ResizedImages:
+    """Mixin of the blocks whose images are resized on loading to ``channels`` x ``image_size``
+    x ``image_size`` (the block declares both fields): checks them and gives the shape."""
+
+    image_size: int
+    channels: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
+        require(
+            self.channels in (1, 3),
+            f"dataset.channels must be 1 (grey) or 3 (RGB), got {self.channels}",
+        )
+
+    def _image_shape(self) -> tuple[int, int, int]:
+        return self.channels, self.image_size, self.image_size
 
 
 @dataclass
@@ -246,7 +261,7 @@ class LeafDataset(DatasetBlock):
 
 
 @dataclass
-class ImageFolderDataset(DatasetBlock):
+class ImageFolderDataset(_ResizedImages, DatasetBlock):
     """Image files, one folder per class (optionally inside one folder per client).
 
     Attributes:
@@ -264,16 +279,11 @@ class ImageFolderDataset(DatasetBlock):
     image_size: int = 28
     channels: int = 1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
-        _channels(self.channels)
-
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         from pflower.datasets.folders import class_names
 
         classes = len(class_names(self.path, self.per_client))
-        return (self.channels, self.image_size, self.image_size), max(classes, 2)
+        return self._image_shape(), max(classes, 2)
 
 
 @dataclass
@@ -307,7 +317,7 @@ class TableDataset(DatasetBlock):
 
 
 @dataclass
-class HfDataset(DatasetBlock):
+class HfDataset(_ResizedImages, DatasetBlock):
     """A Hugging Face image dataset through Flower Datasets' ``FederatedDataset``, or a folder
     written by ``datasets``' ``save_to_disk``.
 
@@ -341,11 +351,6 @@ class HfDataset(DatasetBlock):
     image_size: int = 28
     channels: int = 1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
-        _channels(self.channels)
-
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         classes = self.num_classes or self._saved_num_classes()
         require(
@@ -354,7 +359,7 @@ class HfDataset(DatasetBlock):
             "dataset.num_classes",
         )
         assert classes is not None
-        return (self.channels, self.image_size, self.image_size), classes
+        return self._image_shape(), classes
 
     def _saved_num_classes(self) -> int | None:
         """The ``ClassLabel`` size recorded in a ``save_to_disk`` folder, if any."""

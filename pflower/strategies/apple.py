@@ -317,6 +317,10 @@ def apple_train(
     return total / max(batches, 1), p
 
 
+_SEARCH_SOURCE = "APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ"
+"""Where the search ranges of η_p (``drlr``) and μ come from."""
+
+
 @register_algorithm("apple", strategy=AppleStrategy, client=AppleClient)
 @dataclass
 class AppleOptions(AlgorithmOptions):
@@ -333,20 +337,8 @@ class AppleOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "APPLE"
     display_rank: ClassVar[int] = 42
 
-    drlr: float = tunable(
-        0.001,
-        low=1e-4,
-        high=1e-2,
-        log=True,
-        source="APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ",
-    )
-    mu: float = tunable(
-        0.1,
-        low=1e-3,
-        high=1.0,
-        log=True,
-        source="APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ",
-    )
+    drlr: float = tunable(0.001, low=1e-4, high=1e-2, log=True, source=_SEARCH_SOURCE)
+    mu: float = tunable(0.1, low=1e-3, high=1.0, log=True, source=_SEARCH_SOURCE)
     fade_fraction: float = 0.2
     p_gradient: RelationshipGradient = RelationshipGradient.exact
     upload: AppleUpload = AppleUpload.core
