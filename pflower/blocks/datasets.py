@@ -221,8 +221,23 @@ class CelebaGenderDataset(FileDataset):
 # data a user brings: decoded in memory, shape and class count from the options or the files
 
 
-def _channels(channels: int) -> None:
-    require(channels in (1, 3), f"dataset.channels must be 1 (grey) or 3 (RGB), got {channels}")
+class _ResizedImages:
+    """Mixin of the blocks whose images are resized on loading to ``channels`` x ``image_size``
+    x ``image_size`` (the block declares both fields): checks them and gives the shape."""
+
+    image_size: int
+    channels: int
+
+    def __post_init__(self) -> None:
+        super().__post_init__()  # type: ignore[misc]
+        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
+        require(
+            self.channels in (1, 3),
+            f"dataset.channels must be 1 (grey) or 3 (RGB), got {self.channels}",
+        )
+
+    def _image_shape(self) -> tuple[int, int, int]:
+        return self.channels, self.image_size, self.image_size
 
 
 class LeafKind(StrEnum):
@@ -287,7 +302,7 @@ class LeafDataset(DatasetBlock):
 
 
 @dataclass
-class ImageFolderDataset(DatasetBlock):
+class ImageFolderDataset(_ResizedImages, DatasetBlock):
     """Image files, one folder per class (optionally inside one folder per client).
 
     Attributes:
@@ -305,16 +320,11 @@ class ImageFolderDataset(DatasetBlock):
     image_size: int = 28
     channels: int = 1
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
-        _channels(self.channels)
-
     def data_shape(self) -> tuple[tuple[int, int, int], int]:
         from pflower.datasets.folders import class_names
 
         classes = len(class_names(self.path, self.per_client))
-        return (self.channels, self.image_size, self.image_size), max(classes, 2)
+        return self._image_shape(), max(classes, 2)
 
 
 @dataclass
@@ -348,7 +358,7 @@ class TableDataset(DatasetBlock):
 
 
 @dataclass
-class HfDataset(DatasetBlock):
+class HfDataset(_ResizedImages, DatasetBlock):
     """A Hugging Face dataset of images, text or numeric features through Flower Datasets'
     ``FederatedDataset``, or a folder written by ``datasets``' ``save_to_disk``.
 
@@ -395,8 +405,6 @@ class HfDataset(DatasetBlock):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        require(self.image_size >= 1, f"dataset.image_size must be >= 1, got {self.image_size}")
-        _channels(self.channels)
         require(
             self.text_column is None or not self.feature_columns,
             "dataset=hf reads text (dataset.text_column) or numeric features "
@@ -417,7 +425,7 @@ class HfDataset(DatasetBlock):
             return (1, 1, self.seq_len), classes
         if self.feature_columns:
             return (len(self.feature_columns), 1, 1), classes
-        return (self.channels, self.image_size, self.image_size), classes
+        return self._image_shape(), classes
 
     def vocabulary_size(self) -> int:
         return 0 if self.text_column is None else self.vocab_size

@@ -35,8 +35,14 @@ import numpy as np
 import torch
 
 from pflower.datasets.base import DatasetNotFoundError, ImageDataset, ImageSplit, resolve_data_root
-from pflower.datasets.cache import cached_splits
-from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
+from pflower.datasets.sources import (
+    CorruptDatasetError,
+    FileSource,
+    Stats,
+    cached_dataset,
+    locate,
+    resolve_stats,
+)
 from pflower.registry import ConfigError
 
 CELEBA_ATTRIBUTES = (
@@ -145,21 +151,17 @@ def load_celeba_gender(
         "test_size": test_size,
         "seed": seed,
     }
-    train, test = cached_splits(
-        "celeba_gender",
+    stats = resolve_stats(mean, _MEAN, "mean"), resolve_stats(std, _STD, "std")
+    return cached_dataset(
+        _SOURCE,
+        directory,
         _DECODER_VERSION,
-        [directory / name for name in _SOURCE.files],
+        _SOURCE.files,
         options,
         decode,
-        digests=_MD5 if verify else None,
-    )
-    return ImageDataset(
-        name="celeba_gender",
-        train=train,
-        test=test,
+        verify=verify,
         num_classes=2,
-        mean=resolve_stats(mean, _MEAN, "mean"),
-        std=resolve_stats(std, _STD, "std"),
+        stats=stats,
     )
 
 

@@ -12,7 +12,6 @@ lists and numpy arrays.
 
 from __future__ import annotations
 
-import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
-from pflower.datasets.cache import cached_splits
-from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
+from pflower.datasets.base import ImageSplit
+from pflower.datasets.sources import CorruptDatasetError, FileLoader, FileSource
 
 
 @dataclass(frozen=True)
@@ -101,76 +99,22 @@ _SAFE_GLOBALS = frozenset(
 )
 
 
-def load_cifar10(
-    root: str | os.PathLike[str] | None = None,
-    download: bool = False,
-    verify: bool = True,
-    mean: Stats = None,
-    std: Stats = None,
-) -> ImageDataset:
-    """CIFAR-10: 50,000 / 10,000 uint8 images ``3x32x32``, 10 classes.
-
-    Args:
-        root: data root (``None``: ``$PFLOWER_DATA``, else the user cache directory).
-        download: fetch and extract the official archive if the files are missing.
-        verify: check the official MD5 of each batch file.
-        mean, std: normalization; default (0.4914, 0.4822, 0.4465) / (0.2470, 0.2435, 0.2616).
-    """
-    return _load("cifar10", _CIFAR10, root, download, verify, mean, std)
-
-
-def load_cifar100(
-    root: str | os.PathLike[str] | None = None,
-    download: bool = False,
-    verify: bool = True,
-    mean: Stats = None,
-    std: Stats = None,
-) -> ImageDataset:
-    """CIFAR-100 with its 100 fine labels: 50,000 / 10,000 uint8 images ``3x32x32``.
-
-    Args:
-        root: data root (``None``: ``$PFLOWER_DATA``, else the user cache directory).
-        download: fetch and extract the official archive if the files are missing.
-        verify: check the official MD5 of each file.
-        mean, std: normalization; default (0.5071, 0.4865, 0.4409) / (0.2673, 0.2564, 0.2762).
-    """
-    return _load("cifar100", _CIFAR100, root, download, verify, mean, std)
-
-
-def _load(
-    name: str,
-    release: _CifarRelease,
-    root: str | os.PathLike[str] | None,
-    download: bool,
-    verify: bool,
-    mean: Stats,
-    std: Stats,
-) -> ImageDataset:
-    source = _source(name, release)
-    directory = locate(source, resolve_data_root(root), download=download, verify=verify)
-    _check_meta(directory / release.meta[0], release)
-
-    def decode() -> tuple[ImageSplit, ImageSplit]:
+def _loader(name: str, release: _CifarRelease) -> FileLoader:
+    def decode(directory: Path) -> tuple[ImageSplit, ImageSplit]:
         return (
             _concatenate([_read_batch(directory / f, release) for f in release.train]),
             _concatenate([_read_batch(directory / f, release) for f in release.test]),
         )
 
-    train, test = cached_splits(
-        name,
-        _DECODER_VERSION,
-        [directory / f for f in (*release.train, *release.test)],
-        {},
-        decode,
-        digests=source.md5 if verify else None,
-    )
-    return ImageDataset(
-        name=name,
-        train=train,
-        test=test,
+    return FileLoader(
+        source=_source(name, release),
+        version=_DECODER_VERSION,
+        decoded=(*release.train, *release.test),
+        decode=decode,
         num_classes=release.num_classes,
-        mean=resolve_stats(mean, release.mean, "mean"),
-        std=resolve_stats(std, release.std, "std"),
+        mean=release.mean,
+        std=release.std,
+        check=lambda directory: _check_meta(directory / release.meta[0], release),
     )
 
 
@@ -245,3 +189,11 @@ class _SafeUnpickler(pickle.Unpickler):
         if (module, name) not in _SAFE_GLOBALS:
             raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
         return super().find_class(module, name)
+
+
+load_cifar10 = _loader("cifar10", _CIFAR10)
+"""CIFAR-10: 50,000 / 10,000 uint8 images ``3x32x32``, 10 classes; default normalization
+(0.4914, 0.4822, 0.4465) / (0.2470, 0.2435, 0.2616)."""
+load_cifar100 = _loader("cifar100", _CIFAR100)
+"""CIFAR-100 with its 100 fine labels: 50,000 / 10,000 uint8 images ``3x32x32``; default
+normalization (0.5071, 0.4865, 0.4409) / (0.2673, 0.2564, 0.2762)."""

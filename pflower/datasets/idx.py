@@ -12,21 +12,20 @@ file names) or torchvision's ``MNIST/raw/`` and ``FashionMNIST/raw/``.
 from __future__ import annotations
 
 import gzip
-import os
 import zlib
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
-from pflower.datasets.cache import cached_splits
-from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
+from pflower.datasets.base import ImageSplit
+from pflower.datasets.sources import CorruptDatasetError, FileLoader, FileSource
 
 _TRAIN_IMAGES = "train-images-idx3-ubyte.gz"
 _TRAIN_LABELS = "train-labels-idx1-ubyte.gz"
 _TEST_IMAGES = "t10k-images-idx3-ubyte.gz"
 _TEST_LABELS = "t10k-labels-idx1-ubyte.gz"
+_FILES = (_TRAIN_IMAGES, _TRAIN_LABELS, _TEST_IMAGES, _TEST_LABELS)
 
 # Official MD5s of the .gz files (the ones torchvision checks).
 _MNIST_MD5 = {
@@ -58,40 +57,11 @@ _DECODER_VERSION = "1"
 decoding changes."""
 
 
-def load_mnist(
-    root: str | os.PathLike[str] | None = None,
-    download: bool = False,
-    verify: bool = True,
-    mean: Stats = None,
-    std: Stats = None,
-) -> ImageDataset:
-    """MNIST: 60,000 / 10,000 uint8 images ``1x28x28``, 10 classes.
-
-    Args:
-        root: data root (``None``: ``$PFLOWER_DATA``, else the user cache directory).
-        download: fetch the files from the official mirrors if they are missing.
-        verify: check the official MD5 of each file.
-        mean, std: normalization; default 0.1307 / 0.3081.
-    """
-    return _load("mnist", idx_source("mnist"), _MNIST_STATS, root, download, verify, mean, std)
-
-
-def load_fmnist(
-    root: str | os.PathLike[str] | None = None,
-    download: bool = False,
-    verify: bool = True,
-    mean: Stats = None,
-    std: Stats = None,
-) -> ImageDataset:
-    """Fashion-MNIST: 60,000 / 10,000 uint8 images ``1x28x28``, 10 classes.
-
-    Args:
-        root: data root (``None``: ``$PFLOWER_DATA``, else the user cache directory).
-        download: fetch the files from the official mirror if they are missing.
-        verify: check the official MD5 of each file.
-        mean, std: normalization; default 0.2860 / 0.3530.
-    """
-    return _load("fmnist", idx_source("fmnist"), _FMNIST_STATS, root, download, verify, mean, std)
+def _decode(directory: Path) -> tuple[ImageSplit, ImageSplit]:
+    return (
+        _split(directory / _TRAIN_IMAGES, directory / _TRAIN_LABELS),
+        _split(directory / _TEST_IMAGES, directory / _TEST_LABELS),
+    )
 
 
 def idx_source(name: str) -> FileSource:
@@ -171,39 +141,6 @@ def _download_from_mirrors(
     raise OSError("; ".join(failures))
 
 
-def _load(
-    name: str,
-    source: FileSource,
-    default_stats: tuple[tuple[float, ...], tuple[float, ...]],
-    root: str | os.PathLike[str] | None,
-    download: bool,
-    verify: bool,
-    mean: Stats,
-    std: Stats,
-) -> ImageDataset:
-    directory = locate(source, resolve_data_root(root), download=download, verify=verify)
-    train_images, train_labels, test_images, test_labels = (
-        directory / filename
-        for filename in (_TRAIN_IMAGES, _TRAIN_LABELS, _TEST_IMAGES, _TEST_LABELS)
-    )
-    train, test = cached_splits(
-        name,
-        _DECODER_VERSION,
-        [train_images, train_labels, test_images, test_labels],
-        {},
-        lambda: (_split(train_images, train_labels), _split(test_images, test_labels)),
-        digests=source.md5 if verify else None,
-    )
-    return ImageDataset(
-        name=name,
-        train=train,
-        test=test,
-        num_classes=10,
-        mean=resolve_stats(mean, default_stats[0], "mean"),
-        std=resolve_stats(std, default_stats[1], "std"),
-    )
-
-
 def _split(images_path: Path, labels_path: Path) -> ImageSplit:
     images = read_idx(images_path)
     labels = read_idx(labels_path)
@@ -219,3 +156,13 @@ def _split(images_path: Path, labels_path: Path) -> ImageSplit:
         images=torch.from_numpy(images).unsqueeze(1),
         labels=torch.from_numpy(labels.astype(np.int64)),
     )
+
+
+load_mnist = FileLoader(idx_source("mnist"), _DECODER_VERSION, _FILES, _decode, 10, *_MNIST_STATS)
+"""MNIST: 60,000 / 10,000 uint8 images ``1x28x28``, 10 classes; default normalization
+0.1307 / 0.3081."""
+load_fmnist = FileLoader(
+    idx_source("fmnist"), _DECODER_VERSION, _FILES, _decode, 10, *_FMNIST_STATS
+)
+"""Fashion-MNIST: 60,000 / 10,000 uint8 images ``1x28x28``, 10 classes; default normalization
+0.2860 / 0.3530."""

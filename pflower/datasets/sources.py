@@ -15,11 +15,14 @@ asked.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from pflower.datasets.base import DatasetNotFoundError
+from pflower.datasets.base import DatasetNotFoundError, ImageDataset, ImageSplit, resolve_data_root
+from pflower.datasets.cache import cached_splits
 from pflower.registry import ConfigError
 
 Stats = float | Sequence[float] | None
@@ -59,6 +62,104 @@ class FileSource:
     md5: dict[str, str]
     how_to_obtain: str
     fetch: Callable[[Path], None] | None = None
+
+
+@dataclass(frozen=True)
+class FileLoader:
+    """The loader of a dataset read from its official files, with the options every such dataset
+    has (registered as the factory of its config name).
+
+    Attributes:
+        source: its files, the layouts they may be found in, how to obtain them.
+        version: the decoder's version, part of the dataset cache key
+            ([`pflower.datasets.cache`][pflower.datasets.cache]): bump it when decoding changes.
+        decoded: the files ``decode`` reads, in the order they enter the cache key.
+        decode: reads ``(train, test)`` from the folder that holds the files.
+        num_classes: number of classes.
+        mean: the training set's per-channel mean, the default normalization.
+        std: the training set's per-channel std, the default normalization.
+        check: validates a small file of the folder on every load, cached or not.
+    """
+
+    source: FileSource
+    version: str
+    decoded: tuple[str, ...]
+    decode: Callable[[Path], tuple[ImageSplit, ImageSplit]]
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    check: Callable[[Path], None] | None = None
+
+    def __call__(
+        self,
+        root: str | os.PathLike[str] | None = None,
+        download: bool = False,
+        verify: bool = True,
+        mean: Stats = None,
+        std: Stats = None,
+    ) -> ImageDataset:
+        """The dataset with its official train/test split.
+
+        Args:
+            root: data root (``None``: ``$PFLOWER_DATA``, else the user cache directory).
+            download: fetch the files from the official source if they are missing.
+            verify: check the official MD5 of each file.
+            mean, std: normalization; default: the training set's statistics.
+        """
+        directory = locate(self.source, resolve_data_root(root), download=download, verify=verify)
+        if self.check is not None:
+            self.check(directory)
+        return cached_dataset(
+            self.source,
+            directory,
+            self.version,
+            self.decoded,
+            {},
+            lambda: self.decode(directory),
+            verify=verify,
+            num_classes=self.num_classes,
+            stats=(resolve_stats(mean, self.mean, "mean"), resolve_stats(std, self.std, "std")),
+        )
+
+
+def cached_dataset(
+    source: FileSource,
+    directory: Path,
+    version: str,
+    decoded: Sequence[str],
+    options: Mapping[str, Any],
+    decode: Callable[[], tuple[ImageSplit, ImageSplit]],
+    *,
+    verify: bool,
+    num_classes: int,
+    stats: tuple[tuple[float, ...], tuple[float, ...]],
+) -> ImageDataset:
+    """``source``'s dataset from the files ``decoded`` in ``directory``, through the dataset cache.
+
+    Args:
+        source: the dataset's files (its name names the dataset and its cache entries).
+        directory: where [`locate`][pflower.datasets.sources.locate] found them.
+        version: the decoder's version (see
+            [`cached_splits`][pflower.datasets.cache.cached_splits]).
+        decoded: the files ``decode`` reads, in the order they enter the cache key.
+        options: the loader options that change the decoded arrays.
+        decode: reads ``(train, test)``; called only when the cache has no valid entry.
+        verify: the files' MD5s were just checked (so the cache need not hash them again).
+        num_classes: number of classes.
+        stats: the per-channel ``(mean, std)`` that normalizes a batch.
+    """
+    train, test = cached_splits(
+        source.name,
+        version,
+        [directory / name for name in decoded],
+        options,
+        decode,
+        digests=source.md5 if verify else None,
+    )
+    mean, std = stats
+    return ImageDataset(
+        name=source.name, train=train, test=test, num_classes=num_classes, mean=mean, std=std
+    )
 
 
 def locate(source: FileSource, root: Path, *, download: bool, verify: bool) -> Path:

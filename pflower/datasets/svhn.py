@@ -8,15 +8,13 @@ Files are read from ``svhn/`` under the data root, or from the root itself (torc
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from pflower.datasets.base import ImageDataset, ImageSplit, resolve_data_root
-from pflower.datasets.cache import cached_splits
-from pflower.datasets.sources import CorruptDatasetError, FileSource, Stats, locate, resolve_stats
+from pflower.datasets.base import ImageSplit
+from pflower.datasets.sources import CorruptDatasetError, FileLoader, FileSource
 
 _URL = "http://ufldl.stanford.edu/housenumbers/"
 # Official MD5s (as in torchvision).
@@ -30,41 +28,6 @@ _STD = (0.1980, 0.2010, 0.1970)
 _DECODER_VERSION = "1"
 """Part of the dataset cache key ([`pflower.datasets.cache`][pflower.datasets.cache]): bump it when
 decoding changes."""
-
-
-def load_svhn(
-    root: str | os.PathLike[str] | None = None,
-    download: bool = False,
-    verify: bool = True,
-    mean: Stats = None,
-    std: Stats = None,
-) -> ImageDataset:
-    """SVHN: 73,257 / 26,032 uint8 images ``3x32x32``, labels 0..9 (digit 0 is label 0).
-
-    Args:
-        root: data root (``None``: ``$PFLOWER_DATA``, else the user cache directory).
-        download: fetch the two .mat files from the official site if they are missing.
-        verify: check the official MD5 of each file.
-        mean, std: normalization; default (0.4377, 0.4438, 0.4728) / (0.1980, 0.2010, 0.1970).
-    """
-    directory = locate(_SOURCE, resolve_data_root(root), download=download, verify=verify)
-    train_file, test_file = directory / "train_32x32.mat", directory / "test_32x32.mat"
-    train, test = cached_splits(
-        "svhn",
-        _DECODER_VERSION,
-        [train_file, test_file],
-        {},
-        lambda: (read_svhn_mat(train_file), read_svhn_mat(test_file)),
-        digests=_MD5 if verify else None,
-    )
-    return ImageDataset(
-        name="svhn",
-        train=train,
-        test=test,
-        num_classes=10,
-        mean=resolve_stats(mean, _MEAN, "mean"),
-        std=resolve_stats(std, _STD, "std"),
-    )
 
 
 def read_svhn_mat(path: Path) -> ImageSplit:
@@ -106,3 +69,12 @@ _SOURCE = FileSource(
     how_to_obtain=f"download train_32x32.mat and test_32x32.mat from {_URL} into svhn/.",
     fetch=_fetch,
 )
+
+
+def _decode(directory: Path) -> tuple[ImageSplit, ImageSplit]:
+    return read_svhn_mat(directory / "train_32x32.mat"), read_svhn_mat(directory / "test_32x32.mat")
+
+
+load_svhn = FileLoader(_SOURCE, _DECODER_VERSION, _SOURCE.files, _decode, 10, _MEAN, _STD)
+"""SVHN: 73,257 / 26,032 uint8 images ``3x32x32``, labels 0..9 (digit 0 is label 0); default
+normalization (0.4377, 0.4438, 0.4728) / (0.1980, 0.2010, 0.1970)."""

@@ -71,18 +71,16 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.augment import augmenter
 from pflower.core.declared import state
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import (
     Regularizer,
     TrainSettings,
-    batch_indices,
     model_device,
     trainable_mask,
 )
 from pflower.searchspace import tunable
-from pflower.strategies.batches import data_generator
+from pflower.strategies.batches import train_batches
 from pflower.strategies.model_mixing import (
     MEAN_OF_CLIENT_MODELS,
     initial_weights_untouched,
@@ -208,7 +206,6 @@ class AppleClient(PersonalClient["AppleOptions"]):
         rounds_trained = int(self.state.get_scalars(ROUNDS).get("count", 0))
         fade = self.options.fade_fraction * self.experiment.settings.rounds
         lam_r = proximal_weight(rounds_trained, fade)
-        generator = data_generator(self, config)
         device = model_device(self.model)
         mask = trainable_mask(self.model)
         cores = torch.stack(
@@ -223,19 +220,7 @@ class AppleClient(PersonalClient["AppleOptions"]):
                 for core in self._cores
             ]
         ).to(device)
-        loss_mean, p = apple_train(
-            self.model,
-            self.data.train.images,
-            self.data.train.labels,
-            self.data.prepare,
-            settings,
-            generator,
-            cores,
-            p,
-            self.partition_id,
-            self.options,
-            lam_r,
-        )
+        loss_mean, p = apple_train(self, settings, config, cores, p, lam_r)
         # the model ends as ŵ_i with the final p_i and core w_i; the core is uploaded
         set_personal(self.model, cores, p)
         self._core = cores[self.partition_id]
@@ -274,23 +259,19 @@ def set_personal(model: nn.Module, cores: torch.Tensor, p: torch.Tensor) -> None
 
 
 def apple_train(
-    model: nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    prepare: Callable[[torch.Tensor], torch.Tensor],
+    client: AppleClient,
     settings: TrainSettings,
-    generator: torch.Generator,
+    config: dict[str, Scalar],
     cores: torch.Tensor,
     p: torch.Tensor,
-    own: int,
-    options: AppleOptions,
     lam_r: float,
 ) -> tuple[float, torch.Tensor]:
-    """APPLE's per-batch core and relationship steps (module docstring); updates row ``own`` of
-    ``cores`` (``N x P``, trainable elements) in place and returns the mean training loss and the
-    new p."""
+    """APPLE's per-batch core and relationship steps (module docstring) over the shared loop's
+    batches ([`train_batches`][pflower.strategies.batches.train_batches]); updates the client's
+    row of ``cores`` (``N x P``, trainable elements) in place and returns the mean training loss
+    and the new p."""
+    model, own, options = client.model, client.partition_id, client.options
     model.train()
-    device = model_device(model)
     criterion = nn.CrossEntropyLoss()
     p0 = 1.0 / len(cores)
     p = p.clone()
@@ -299,14 +280,10 @@ def apple_train(
     if weights is not None:
         weights = weights.to(cores)
     total, batches = 0.0, 0
-    augment = augmenter(settings.augment, generator)
-    for index in batch_indices(
-        len(labels), settings.batch_size, generator, settings.epochs, settings.steps
-    ):
+    for inputs, labels in train_batches(client, settings, config):
         set_personal(model, cores, p)
         model.zero_grad(set_to_none=True)
-        images_in = prepare(augment(images[index])).to(device)
-        loss = criterion(model(images_in), labels[index].to(device))
+        loss = criterion(model(inputs), labels)
         total += float(loss.detach())
         loss.backward()
         grad = parameters_to_vector([cast(torch.Tensor, p.grad) for p in model.parameters()])
@@ -315,6 +292,10 @@ def apple_train(
         p = p - options.drlr * (p_grad + lam_r * options.mu * (p - p0))
         batches += 1
     return total / max(batches, 1), p
+
+
+_SEARCH_SOURCE = "APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ"
+"""Where the search ranges of η_p (``drlr``) and μ come from."""
 
 
 @register_algorithm("apple", strategy=AppleStrategy, client=AppleClient)
@@ -333,20 +314,8 @@ class AppleOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "APPLE"
     display_rank: ClassVar[int] = 42
 
-    drlr: float = tunable(
-        0.001,
-        low=1e-4,
-        high=1e-2,
-        log=True,
-        source="APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ",
-    )
-    mu: float = tunable(
-        0.1,
-        low=1e-3,
-        high=1.0,
-        log=True,
-        source="APPLE (Luo and Wu, IJCAI 2022), Sec. 5: around the paper's η_p and μ",
-    )
+    drlr: float = tunable(0.001, low=1e-4, high=1e-2, log=True, source=_SEARCH_SOURCE)
+    mu: float = tunable(0.1, low=1e-3, high=1.0, log=True, source=_SEARCH_SOURCE)
     fade_fraction: float = 0.2
     p_gradient: RelationshipGradient = RelationshipGradient.exact
     upload: AppleUpload = AppleUpload.core

@@ -39,7 +39,7 @@ from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorit
 from pflower.config import require
 from pflower.core.training import TrainSettings, get_weights, set_weights
 from pflower.searchspace import tunable
-from pflower.strategies.moreau import PersonalAndGlobalClient
+from pflower.strategies.moreau import PersonalAndGlobalClient, with_lr
 from pflower.strategies.proximal import anchor_tensors, proximal_term
 
 PERSONAL = "ditto_v"
@@ -57,21 +57,13 @@ class DittoClient(PersonalAndGlobalClient["DittoOptions"]):
 
     def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
         """The global step's settings: the round's, with ``global_lr`` if set."""
-        settings = super().train_settings(config)
-        if self.options.global_lr is not None:
-            settings = replace(settings, lr=self.options.global_lr)
-        return settings
+        return with_lr(super().train_settings(config), self.options.global_lr)
 
     def personal_step(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         """v_k ← ``personal_epochs`` epochs of SGD on F_k(v) + (λ/2)‖v − w^t‖² (+ (μ/2)‖v‖²)."""
         set_weights(self.model, self.state.get_arrays(PERSONAL) or global_weights)
-        settings = replace(
-            super().train_settings(config),
-            epochs=self.options.personal_epochs,
-            steps=None,
-        )
-        if self.options.personal_lr is not None:
-            settings = replace(settings, lr=self.options.personal_lr)
+        settings = with_lr(super().train_settings(config), self.options.personal_lr)
+        settings = replace(settings, epochs=self.options.personal_epochs, steps=None)
         term = None
         if self.options.lambda_ or self.options.mu_l2:
             anchors = anchor_tensors(self.model, self.personal_anchor(global_weights, config))

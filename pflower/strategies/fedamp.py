@@ -132,6 +132,10 @@ class FedAMPClient(OwnModelClient["FedAMPOptions"]):
         return proximal_to(self.model, global_weights, self.options.lam / alpha_k)
 
 
+_SEARCH_SOURCE = "FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1"
+"""Where the search ranges of α_K, σ and λ come from."""
+
+
 @register_algorithm("fedamp", strategy=FedAMPStrategy, client=FedAMPClient)
 @dataclass
 class FedAMPOptions(MixingOptions):
@@ -150,27 +154,17 @@ class FedAMPOptions(MixingOptions):
         Collapse("local", (("lam", 0.0),)),
     )  # λ = 0 is local training
 
-    alpha_k: float = tunable(
-        1e4,
-        low=1e3,
-        high=1e5,
-        log=True,
-        source="FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1",
-    )
-    sigma: float = tunable(
-        100.0,
-        choices=(1.0, 10.0, 100.0),
-        source="FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1",
-    )
+    alpha_k: float = tunable(1e4, low=1e3, high=1e5, log=True, source=_SEARCH_SOURCE)
+    sigma: float = tunable(100.0, choices=(1.0, 10.0, 100.0), source=_SEARCH_SOURCE)
     lam: float = tunable(
         1.0,
         low=0.1,
         high=1e4,
         log=True,
         source=(
-            "FedAMP (Huang et al., AAAI 2021), Sec. 5: around α_K = 1e4, σ = 100, λ = 1; λ up to "
-            "1e4 so that the client's pull λ/α_K (at most 0.01 within the paper's values) spans "
-            "FedProx's μ and Ditto's λ ranges, up to 1 (1e3 first; tuning chose 716 on MNIST)"
+            f"{_SEARCH_SOURCE}; λ up to 1e4 so that the client's pull λ/α_K (at most 0.01 within "
+            "the paper's values) spans FedProx's μ and Ditto's λ ranges, up to 1 (1e3 first; "
+            "tuning chose 716 on MNIST)"
         ),
     )
     alpha_decay: float = 0.1

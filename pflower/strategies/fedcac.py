@@ -169,6 +169,10 @@ class FedCACClient(PersonalClient["FedCACOptions"]):
         return stored if stored is not None else global_weights
 
 
+_SEARCH_SOURCE = "FedCAC (Wu et al., ICCV 2023), Sec. 5: sensitivity of τ and β"
+"""Where the search ranges of τ and β come from."""
+
+
 @register_algorithm("fedcac", strategy=FedCACStrategy, client=FedCACClient)
 @dataclass
 class FedCACOptions(AlgorithmOptions):
@@ -180,19 +184,8 @@ class FedCACOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedCAC"
     display_rank: ClassVar[int] = 45
 
-    tau_c: float = tunable(
-        0.5,
-        low=0.1,
-        high=0.9,
-        source="FedCAC (Wu et al., ICCV 2023), Sec. 5: sensitivity of τ and β",
-    )
-    beta: float = tunable(
-        100.0,
-        low=1.0,
-        high=300.0,
-        log=True,
-        source="FedCAC (Wu et al., ICCV 2023), Sec. 5: sensitivity of τ and β",
-    )
+    tau_c: float = tunable(0.5, low=0.1, high=0.9, source=_SEARCH_SOURCE)
+    beta: float = tunable(100.0, low=1.0, high=300.0, log=True, source=_SEARCH_SOURCE)
 
     def __post_init__(self) -> None:
         super().__post_init__()

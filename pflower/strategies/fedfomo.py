@@ -232,12 +232,7 @@ class FedFomoOptions(AlgorithmOptions):
     display_name: ClassVar[str] = "FedFomo"
     display_rank: ClassVar[int] = 41
 
-    num_models: int = tunable(
-        5,
-        low=1,
-        high=10,
-        source="FedFomo (Zhang et al., ICLR 2021), Sec. 5",
-    )
+    num_models: int = tunable(5, low=1, high=10, source="FedFomo (Zhang et al., ICLR 2021), Sec. 5")
     epsilon: float = 0.0
     holdout: float = 0.2
 

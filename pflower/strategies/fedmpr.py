@@ -224,6 +224,10 @@ PAPER_SETTING = (0.4, 0.2, 0.4)
 """(p, d, σ) of FedMPR in Tables II-IV."""
 
 
+_SEARCH_SOURCE = "FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off"
+"""Where the search choices of the three mechanisms' strengths come from."""
+
+
 @register_algorithm("fedmpr", strategy=FedMPRStrategy, client=FedMPRClient)
 @dataclass
 class FedMPROptions(AlgorithmOptions):
@@ -244,23 +248,11 @@ class FedMPROptions(AlgorithmOptions):
         Collapse("fedavg", (("prune_ratio", 0.0), ("dropout", 0.0), ("noise_sigma", 0.0))),
     )  # p = d = σ = 0 is FedAvg
 
-    prune_ratio: float = tunable(
-        0.4,
-        choices=(0.0, 0.2, 0.4),
-        source="FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off",
-    )
+    prune_ratio: float = tunable(0.4, choices=(0.0, 0.2, 0.4), source=_SEARCH_SOURCE)
     prune_scope: PruneScope = PruneScope.conv_linear_weights
     prune_granularity: PruneGranularity = GLOBAL
-    dropout: float = tunable(
-        0.2,
-        choices=(0.0, 0.2, 0.8),
-        source="FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off",
-    )
-    noise_sigma: float = tunable(
-        0.4,
-        choices=(0.0, 0.2, 0.4),
-        source="FedMPR, Sec. V ablation: p and σ in {0.2, 0.4}, d in {0.2, 0.8}, 0 = off",
-    )
+    dropout: float = tunable(0.2, choices=(0.0, 0.2, 0.8), source=_SEARCH_SOURCE)
+    noise_sigma: float = tunable(0.4, choices=(0.0, 0.2, 0.4), source=_SEARCH_SOURCE)
     noise_mode: NoiseMode = NoiseMode.weight_relative
     reg_stages: list[int] = field(default_factory=lambda: [1, 2, 3, 4])
 

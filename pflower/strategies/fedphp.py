@@ -142,6 +142,10 @@ class FedPHPClient(PersonalClient["FedPHPOptions"]):
         return super().fit(parameters, config)
 
 
+_SEARCH_SOURCE = "FedPHP (Li et al., ECML-PKDD 2021), Sec. 5: around μ = 0.9, λ = 0.01"
+"""Where the search ranges of μ and λ come from."""
+
+
 @register_algorithm("fedphp", strategy=FedPHPStrategy, client=FedPHPClient)
 @dataclass
 class FedPHPOptions(AlgorithmOptions):
@@ -156,19 +160,8 @@ class FedPHPOptions(AlgorithmOptions):
         Collapse("fedavg", (("mu", 0.0), ("lam", 0.0))),
     )  # μ = λ = 0 is FedAvg
 
-    mu: float = tunable(
-        0.9,
-        low=0.5,
-        high=0.99,
-        source="FedPHP (Li et al., ECML-PKDD 2021), Sec. 5: around μ = 0.9, λ = 0.01",
-    )
-    lam: float = tunable(
-        0.01,
-        low=1e-3,
-        high=1.0,
-        log=True,
-        source="FedPHP (Li et al., ECML-PKDD 2021), Sec. 5: around μ = 0.9, λ = 0.01",
-    )
+    mu: float = tunable(0.9, low=0.5, high=0.99, source=_SEARCH_SOURCE)
+    lam: float = tunable(0.01, low=1e-3, high=1.0, log=True, source=_SEARCH_SOURCE)
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -41,20 +41,18 @@ import torch
 from flwr.common import NDArrays, Parameters, Scalar, ndarrays_to_parameters
 from torch import nn
 
-from pflower.api import AlgorithmOptions, PersonalizedStrategy, register_algorithm
+from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy, register_algorithm
 from pflower.config import require
-from pflower.core.augment import augmenter
 from pflower.core.declared import state
 from pflower.core.strategy import ClientUpdate
 from pflower.core.training import (
     Regularizer,
     TrainSettings,
-    batch_indices,
     model_device,
 )
 from pflower.models.split import head, head_shape, represent
 from pflower.searchspace import tunable
-from pflower.strategies.batches import data_generator
+from pflower.strategies.batches import train_batches
 from pflower.strategies.model_mixing import OwnModelClient
 
 MODEL = "proto_model"
@@ -206,17 +204,7 @@ class FedProtoClient(OwnModelClient["FedProtoOptions"]):
     ) -> float:
         """CE + λ_p·MSE(f(x), C̄^{(y)}) over the client's train split (same batches as the
         shared loop: data order seeded per round and client)."""
-        generator = data_generator(self, config)
-        return prototype_train(
-            self.model,
-            self.data.train.images,
-            self.data.train.labels,
-            self.data.prepare,
-            settings,
-            generator,
-            self._global,
-            self.options.lam,
-        )
+        return prototype_train(self, settings, config, self._global, self.options.lam)
 
     def upload(
         self, trained: NDArrays, global_weights: NDArrays, config: dict[str, Scalar]
@@ -242,29 +230,23 @@ class FedProtoClient(OwnModelClient["FedProtoOptions"]):
 
 
 def prototype_train(
-    model: nn.Module,
-    images: torch.Tensor,
-    labels: torch.Tensor,
-    prepare: Callable[[torch.Tensor], torch.Tensor],
+    client: PersonalClient,
     settings: TrainSettings,
-    generator: torch.Generator,
+    config: dict[str, Scalar],
     prototypes: tuple[torch.Tensor, torch.Tensor] | None,
     lam: float,
 ) -> float:
-    """FedProto's local objective with the shared loop's batches and optimizer; returns
-    the mean cross-entropy."""
+    """FedProto's local objective on ``client``'s model with the shared loop's batches
+    ([`train_batches`][pflower.strategies.batches.train_batches]) and optimizer; returns the
+    mean cross-entropy."""
+    model = client.model
     model.train()
-    device = model_device(model)
     optimizer = settings.make_optimizer(model.parameters())
     criterion = nn.CrossEntropyLoss()
     total, batches = 0.0, 0
-    augment = augmenter(settings.augment, generator)
-    for index in batch_indices(
-        len(labels), settings.batch_size, generator, settings.epochs, settings.steps
-    ):
+    for inputs, y in train_batches(client, settings, config):
         optimizer.zero_grad(set_to_none=True)
-        y = labels[index].to(device)
-        features = represent(model, prepare(augment(images[index])).to(device))
+        features = represent(model, inputs)
         loss = criterion(head(model)(features), y)
         total += float(loss.detach())
         if prototypes is not None and lam > 0:

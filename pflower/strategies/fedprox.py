@@ -45,6 +45,18 @@ class FedProxClient(PersonalClient[ProxOptionsT]):
         return proximal_to(self.model, global_weights, self.options.mu)
 
 
+def tunable_mu(default: float) -> float:
+    """The tunable ``mu`` field: FedProx's proximal weight μ with ``default``, searched on a log
+    scale over 1e-4..1 (FedProx, Sec. 5.2: μ in {0.001, 0.01, 0.1, 1})."""
+    return tunable(
+        default,
+        low=1e-4,
+        high=1.0,
+        log=True,
+        source="FedProx (Li et al., MLSys 2020), Sec. 5.2: μ in {0.001, 0.01, 0.1, 1}",
+    )
+
+
 @register_algorithm("fedprox", strategy=FedProxStrategy, client=FedProxClient)
 @dataclass
 class FedProxOptions(AlgorithmOptions):
@@ -58,13 +70,7 @@ class FedProxOptions(AlgorithmOptions):
         Collapse("fedavg", (("mu", 0.0),)),
     )  # μ = 0 is FedAvg
 
-    mu: float = tunable(
-        0.01,
-        low=1e-4,
-        high=1.0,
-        log=True,
-        source="FedProx (Li et al., MLSys 2020), Sec. 5.2: μ in {0.001, 0.01, 0.1, 1}",
-    )
+    mu: float = tunable_mu(0.01)
 
     def __post_init__(self) -> None:
         super().__post_init__()

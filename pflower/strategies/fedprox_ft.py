@@ -35,7 +35,7 @@ from pflower.config import require
 from pflower.core.client import server_round
 from pflower.core.training import get_weights, set_weights
 from pflower.searchspace import tunable
-from pflower.strategies.fedprox import FedProxClient, FedProxOptions
+from pflower.strategies.fedprox import FedProxClient, FedProxOptions, tunable_mu
 
 
 class FedProxFTStrategy(PersonalizedStrategy["FedProxFTOptions"]):
@@ -77,13 +77,7 @@ class FedProxFTOptions(FedProxOptions):
     display_rank: ClassVar[int] = 3
     collapses: ClassVar[tuple[Collapse, ...]] = ()  # μ = 0 is FedAvg-C, which its label names
 
-    mu: float = tunable(
-        0.001,
-        low=1e-4,
-        high=1.0,
-        log=True,
-        source="FedProx (Li et al., MLSys 2020), Sec. 5.2: μ in {0.001, 0.01, 0.1, 1}",
-    )
+    mu: float = tunable_mu(0.001)
     finetune_epochs: int = tunable(
         1,
         low=1,

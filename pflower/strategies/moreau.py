@@ -10,6 +10,8 @@ line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
   the per-pass updates run);
 - [`float_or`][pflower.strategies.moreau.float_or]: an elementwise closed-form update that leaves
   non-float arrays alone;
+- [`with_lr`][pflower.strategies.moreau.with_lr]: a step's own learning rate option (null: the
+  round's ``train.lr``);
 - [`PersonalAndGlobalClient`][pflower.strategies.moreau.PersonalAndGlobalClient]: stage L1 evaluates
   the stored personalized model (PM) and
   the received global model (GM), and reports the hybrid model (HM, the better of the two on the
@@ -19,6 +21,7 @@ line 8), and APFL's model pair (Deng, Kamani and Mahdavi, arXiv 2003.13461).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import ClassVar
 
 import numpy as np
@@ -27,7 +30,7 @@ from flwr.common import NDArrays, Scalar
 from pflower.api import PersonalClient
 from pflower.config import SelectionSplit
 from pflower.core.options import OptionsT
-from pflower.core.training import evaluate, set_weights
+from pflower.core.training import TrainSettings, evaluate, set_weights
 
 
 def steps_per_epoch(num_samples: int, batch_size: int) -> int:
@@ -40,6 +43,11 @@ def float_or(reference: np.ndarray, value: np.ndarray) -> np.ndarray:
     if not np.issubdtype(reference.dtype, np.floating):
         return reference.copy()
     return np.asarray(value).astype(reference.dtype)
+
+
+def with_lr(settings: TrainSettings, lr: float | None) -> TrainSettings:
+    """``settings`` with learning rate ``lr``; ``None`` keeps theirs (the round's ``train.lr``)."""
+    return settings if lr is None else replace(settings, lr=lr)
 
 
 class PersonalAndGlobalClient(PersonalClient[OptionsT]):

@@ -40,7 +40,7 @@ plain SGD, i.e. ``train.momentum=0``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import ClassVar
 
@@ -59,7 +59,12 @@ from pflower.core.training import (
 )
 from pflower.searchspace import tunable
 from pflower.strategies.batches import train_batches
-from pflower.strategies.moreau import PersonalAndGlobalClient, float_or, steps_per_epoch
+from pflower.strategies.moreau import (
+    PersonalAndGlobalClient,
+    float_or,
+    steps_per_epoch,
+    with_lr,
+)
 from pflower.strategies.proximal import anchor_tensors, proximal_term, set_anchors
 
 THETA = "pfedme_theta"
@@ -107,10 +112,7 @@ class PFedMeClient(PersonalAndGlobalClient["PFedMeOptions"]):
     personal_key: ClassVar[str] = THETA
 
     def train_settings(self, config: dict[str, Scalar]) -> TrainSettings:
-        settings = super().train_settings(config)
-        if self.options.personal_lr is not None:
-            settings = replace(settings, lr=self.options.personal_lr)
-        return settings
+        return with_lr(super().train_settings(config), self.options.personal_lr)
 
     def start_model(self, global_weights: NDArrays, config: dict[str, Scalar]) -> NDArrays:
         if self.options.profile == PFedMeProfile.original:

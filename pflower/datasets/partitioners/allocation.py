@@ -211,3 +211,22 @@ class CountMatrixPartitioner(IndexPartitioner):
     @abstractmethod
     def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """Real ``clients x classes`` allocation whose column ``j`` sums to ``class_counts[j]``."""
+
+
+class CappedCountMatrixPartitioner(CountMatrixPartitioner):
+    """A count-matrix scheme whose ``samples_per_class`` option caps how many samples of each
+    class a client keeps (the rest stay unassigned; null: no cap)."""
+
+    def __init__(
+        self, num_partitions: int, seed: int, samples_per_class: int | None = None
+    ) -> None:
+        super().__init__(num_partitions, seed)
+        if samples_per_class is not None:
+            check_count("samples_per_class", samples_per_class)
+        self._samples_per_class = samples_per_class
+
+    def _capped(self, counts: np.ndarray) -> np.ndarray:
+        """``counts`` with every entry at most ``samples_per_class``."""
+        if self._samples_per_class is None:
+            return counts
+        return np.minimum(counts, self._samples_per_class)

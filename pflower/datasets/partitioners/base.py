@@ -225,6 +225,21 @@ class SampleSharingScheme(Protocol):
         ...
 
 
+class DisjointOption:
+    """Mixin of the schemes with a ``disjoint`` option (the scheme sets ``_disjoint``).
+
+    ``disjoint: false`` lets clients' shares intersect: such a scheme is a
+    [`SampleSharingScheme`][pflower.datasets.partitioners.base.SampleSharingScheme].
+    """
+
+    _disjoint: bool
+
+    @property
+    def shares_samples(self) -> bool:
+        """True with ``disjoint: false``: clients' shares may intersect."""
+        return not self._disjoint
+
+
 def shares_samples(partitioner: Partitioner) -> bool:
     """Whether ``partitioner`` may give one sample to several clients.
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from pflower.datasets.partitioners.base import (
     PARTITIONERS,
+    DisjointOption,
     TestAwarePartitioner,
     check_concentration,
     check_count,
@@ -59,7 +60,7 @@ class Recipe:
         return counts
 
 
-class FixedSizePartitioner(TestAwarePartitioner):
+class FixedSizePartitioner(DisjointOption, TestAwarePartitioner):
     """Base of the DiversiFed schemes: recipes first (all clients), then train and test draws."""
 
     def __init__(
@@ -69,11 +70,6 @@ class FixedSizePartitioner(TestAwarePartitioner):
         check_count("train_size", train_size)
         check_count("test_size", test_size)
         self._train_size, self._test_size, self._disjoint = train_size, test_size, disjoint
-
-    @property
-    def shares_samples(self) -> bool:
-        """True with ``disjoint: false``: clients' shares may intersect."""
-        return not self._disjoint
 
     def _partition_with_test(
         self, labels: np.ndarray, test_labels: np.ndarray, rng: np.random.Generator

@@ -33,10 +33,14 @@ from flwr_datasets.partitioner import (
     ShardPartitioner,
 )
 
-from pflower.datasets.partitioners.allocation import CountMatrixPartitioner
+from pflower.datasets.partitioners.allocation import (
+    CappedCountMatrixPartitioner,
+    CountMatrixPartitioner,
+)
 from pflower.datasets.partitioners.base import (
     LABEL,
     PARTITIONERS,
+    DisjointOption,
     IndexPartitioner,
     check_concentration,
     check_count,
@@ -211,7 +215,7 @@ class LabelSkewPartitioner(CountMatrixPartitioner):
 
 
 @PARTITIONERS.register("class_groups")
-class ClassGroupsPartitioner(CountMatrixPartitioner):
+class ClassGroupsPartitioner(CappedCountMatrixPartitioner):
     """FedMPR high shift (FedMPR, Sec. V-A): the sorted classes cut into ``K`` contiguous groups.
 
     Client ``k`` gets every sample of the classes of group ``k`` (``K = 2`` on 10 classes: 0-4 and
@@ -220,14 +224,6 @@ class ClassGroupsPartitioner(CountMatrixPartitioner):
     samples of each class a client keeps (the paper's samples-per-client sweep, Fig. 8b).
     """
 
-    def __init__(
-        self, num_partitions: int, seed: int, samples_per_class: int | None = None
-    ) -> None:
-        super().__init__(num_partitions, seed)
-        if samples_per_class is not None:
-            check_count("samples_per_class", samples_per_class)
-        self._samples_per_class = samples_per_class
-
     def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         num_classes, k = len(class_counts), self.num_partitions
         if k > num_classes:
@@ -235,9 +231,7 @@ class ClassGroupsPartitioner(CountMatrixPartitioner):
                 f"{k} clients but only {num_classes} classes to group; allowed: "
                 f"at most {num_classes} clients (use 'dirichlet' for more clients)"
             )
-        kept = class_counts.astype(np.float64)
-        if self._samples_per_class is not None:
-            kept = np.minimum(kept, self._samples_per_class)
+        kept = self._capped(class_counts.astype(np.float64))
         allocation = np.zeros((k, num_classes))
         for client, group in enumerate(np.array_split(np.arange(num_classes), k)):
             allocation[client, group] = kept[group]
@@ -310,7 +304,7 @@ def dir_label_skew(
     return DirichletLabelPartitioner(num_partitions, seed, beta, min_size, False, disjoint)
 
 
-class DirichletLabelPartitioner(IndexPartitioner):
+class DirichletLabelPartitioner(DisjointOption, IndexPartitioner):
     """Per-class Dir(concentration) proportions over clients, the NIID-Bench/PFLlib variant.
 
     For each class (in label order) its proportions over clients are drawn; with ``balance``
@@ -334,11 +328,6 @@ class DirichletLabelPartitioner(IndexPartitioner):
         check_count("min_size", min_size, minimum=0)
         self._concentration, self._min_size = concentration, min_size
         self._balance, self._disjoint = balance, disjoint
-
-    @property
-    def shares_samples(self) -> bool:
-        """True with ``disjoint: false``: clients' shares may intersect."""
-        return not self._disjoint
 
     def _partition(
         self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator

@@ -23,6 +23,7 @@ import numpy as np
 from pflower.datasets.partitioners.allocation import CountMatrixPartitioner, largest_remainder
 from pflower.datasets.partitioners.base import (
     PARTITIONERS,
+    DisjointOption,
     IndexPartitioner,
     check_concentration,
     check_count,
@@ -127,7 +128,7 @@ def dirichlet_size_shares(
 
 
 @PARTITIONERS.register("dir_quantity_skew")
-class DirQuantitySkewPartitioner(IndexPartitioner):
+class DirQuantitySkewPartitioner(DisjointOption, IndexPartitioner):
     """FLAME quantity skew "Dir(beta)" (FLAME, Sec. VI-A); see
     [`dirichlet_size_shares`][pflower.datasets.partitioners.quantity_skew.dirichlet_size_shares].
 
@@ -148,11 +149,6 @@ class DirQuantitySkewPartitioner(IndexPartitioner):
         check_count("min_size", min_size)
         self._beta, self._min_size, self._disjoint = beta, min_size, disjoint
 
-    @property
-    def shares_samples(self) -> bool:
-        """True with ``disjoint: false``: clients' shares may intersect."""
-        return not self._disjoint
-
     def _partition(
         self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator
     ) -> Sequence[np.ndarray]:
@@ -162,7 +158,7 @@ class DirQuantitySkewPartitioner(IndexPartitioner):
 
 
 @PARTITIONERS.register("hybrid_skew")
-class HybridSkewPartitioner(IndexPartitioner):
+class HybridSkewPartitioner(DisjointOption, IndexPartitioner):
     """FLAME hybrid skew "#label = q, Dir(beta)" (FLAME paper, Sec. VI-A: half the clients each).
 
     Clients ``0 .. ceil(K/2)-1`` get the "#label = q" split
@@ -191,11 +187,6 @@ class HybridSkewPartitioner(IndexPartitioner):
         check_concentration("beta", beta)
         check_count("min_size", min_size)
         self._q, self._beta, self._min_size, self._disjoint = q, beta, min_size, disjoint
-
-    @property
-    def shares_samples(self) -> bool:
-        """True with ``disjoint: false``: clients' shares may intersect."""
-        return not self._disjoint
 
     def _partition(
         self, labels: np.ndarray, groups: np.ndarray | None, rng: np.random.Generator

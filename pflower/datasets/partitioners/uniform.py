@@ -14,8 +14,8 @@ import datasets
 import numpy as np
 from flwr_datasets.partitioner import IidPartitioner
 
-from pflower.datasets.partitioners.allocation import CountMatrixPartitioner
-from pflower.datasets.partitioners.base import PARTITIONERS, check_count, check_num_partitions
+from pflower.datasets.partitioners.allocation import CappedCountMatrixPartitioner
+from pflower.datasets.partitioners.base import PARTITIONERS, check_num_partitions
 
 
 class ShuffledIidPartitioner(IidPartitioner):
@@ -46,7 +46,7 @@ def iid(num_partitions: int, seed: int) -> ShuffledIidPartitioner:
 
 
 @PARTITIONERS.register("stratified_iid")
-class StratifiedIidPartitioner(CountMatrixPartitioner):
+class StratifiedIidPartitioner(CappedCountMatrixPartitioner):
     """Each class split evenly over all clients (FedMPR's low shift, Sec. V-A).
 
     Args:
@@ -54,16 +54,6 @@ class StratifiedIidPartitioner(CountMatrixPartitioner):
             (FedMPR's Fig. 8a sweep over samples per client); the rest stay unassigned.
     """
 
-    def __init__(
-        self, num_partitions: int, seed: int, samples_per_class: int | None = None
-    ) -> None:
-        super().__init__(num_partitions, seed)
-        if samples_per_class is not None:
-            check_count("samples_per_class", samples_per_class)
-        self._samples_per_class = samples_per_class
-
     def _allocation(self, class_counts: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        share = class_counts / self.num_partitions
-        if self._samples_per_class is not None:
-            share = np.minimum(share, self._samples_per_class)
+        share = self._capped(class_counts / self.num_partitions)
         return np.tile(share, (self.num_partitions, 1))
