@@ -16,7 +16,14 @@ from pflower.registry import ConfigError
 
 def _fake_compose(overrides: Sequence[str]) -> DictConfig:
     """Stands for Hydra: a config that remembers what it was composed from."""
-    return OmegaConf.create({"composed_from": list(overrides)})
+    values = dict(override.split("=", 1) for override in overrides)
+    return OmegaConf.create(
+        {
+            "composed_from": list(overrides),
+            "output_dir": values.get("output_dir"),
+            "checkpoint": {"resume": values.get("checkpoint.resume") == "true"},
+        }
+    )
 
 
 @pytest.mark.parametrize(
@@ -57,6 +64,15 @@ def test_the_folder_and_resume_point_are_read_out_of_a_command_line() -> None:
         ["output_dir=/given", "checkpoint.resume=true"], run_dir=Path("/mine"), resume=False
     )
     assert (decided.run_dir, decided.resume) == (Path("/mine"), False)
+
+
+def test_a_composed_record_takes_its_folder_and_resume_point_from_the_configuration() -> None:
+    """What the configuration composed counts (an interpolated ``output_dir``, a resume point
+    set by a preset), not the override's text."""
+    config = OmegaConf.create({"output_dir": "/composed", "checkpoint": {"resume": True}})
+    record = RunRecord.from_overrides(["output_dir=${oc.env:RUNS}", "rounds=2"], config)
+    assert record == RunRecord(("rounds=2",), Path("/composed"), resume=True)
+    assert record.composed is config
 
 
 def test_a_default_is_put_first_unless_the_overrides_set_its_key() -> None:

@@ -113,25 +113,21 @@ class RunRecord:
     ) -> RunRecord:
         """The run that Hydra ``overrides`` describe (and ``config`` holds, if composed).
 
-        ``output_dir=`` and ``checkpoint.resume=`` are read out of the overrides (the last of
-        each counts, as in Hydra; ``output_dir=null`` names no folder). ``run_dir`` and
-        ``resume``, where given, replace what the overrides say: the caller decided them.
+        ``output_dir=`` and ``checkpoint.resume=`` are taken out of the overrides; the folder
+        and the resume point are what ``config`` composed of them, or, in a record not composed
+        here, what they say (the last of each counts, as in Hydra; ``output_dir=null`` names no
+        folder). ``run_dir`` and ``resume``, where given, replace both: the caller decided them.
 
         Raises:
             ConfigError: a ``checkpoint.resume`` value that is not a boolean, or a run that
                 resumes without a folder.
         """
-        experiment: list[str] = []
-        given_dir: Path | None = None
-        given_resume = False
-        for override in overrides:
-            key, _, value = override.partition("=")
-            if _key(override) == RUN_DIR_KEY:
-                given_dir = None if value in ("", "null") else Path(value)
-            elif _key(override) == RESUME_KEY:
-                given_resume = _boolean(key, value)
-            else:
-                experiment.append(override)
+        experiment = [o for o in overrides if _key(o) not in (RUN_DIR_KEY, RESUME_KEY)]
+        if config is None:
+            given_dir, given_resume = _written_run(overrides)
+        else:
+            given_dir = Path(config.output_dir) if config.output_dir else None
+            given_resume = bool(config.checkpoint.resume)
         return cls(
             tuple(experiment),
             given_dir if run_dir is None else run_dir,
@@ -154,6 +150,19 @@ class RunRecord:
 def _key(override: str) -> str:
     """The key an override sets (``+key=`` and ``++key=`` set ``key``)."""
     return override.partition("=")[0].lstrip("+")
+
+
+def _written_run(overrides: Sequence[str]) -> tuple[Path | None, bool]:
+    """The folder and the resume point that ``overrides`` write (the last of each counts)."""
+    run_dir: Path | None = None
+    resume = False
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if _key(override) == RUN_DIR_KEY:
+            run_dir = None if value in ("", "null") else Path(value)
+        elif _key(override) == RESUME_KEY:
+            resume = _boolean(key, value)
+    return run_dir, resume
 
 
 def _boolean(key: str, value: str) -> bool:
