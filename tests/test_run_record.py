@@ -104,3 +104,22 @@ def test_the_tuning_command_carries_the_record(tmp_path: Path) -> None:
         f"hydra.run.dir={tmp_path}",
         "progress=false",
     ]
+
+
+def test_a_composed_run_builds_a_strategy_complete_at_construction(tmp_path: Path) -> None:
+    """The ServerApp's strategy is given its trainable mask and the clients' training-set sizes
+    by its constructor; nothing is set on it afterwards."""
+    from pflower.compose import compose_record
+    from pflower.core.experiment import Experiment
+    from pflower.core.training import trainable_mask
+    from pflower.server.app import build_strategy
+
+    record = compose_record(
+        ["dataset=digits", "model=small_cnn", "num_clients=3", "output_dir=/ignored"],
+        run_dir=tmp_path,
+    )
+    assert record.run_dir == tmp_path and record.composed.output_dir == str(tmp_path)
+    experiment = Experiment.of(record.composed)
+    strategy = build_strategy(record.composed, tmp_path)
+    assert strategy.trainable_mask == trainable_mask(experiment.new_model())
+    assert strategy.roster.train_sizes == [len(c.train) for c in experiment.federation.clients]
