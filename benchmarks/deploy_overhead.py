@@ -61,6 +61,7 @@ from typing import Any
 
 import psutil
 
+from pflower.config import RunRecord
 from pflower.deploy.local import Deployment
 from pflower.deploy.topology import Endpoints
 
@@ -173,7 +174,7 @@ def run_deployment(directory: Path, overrides: list[str], fast: bool) -> dict[st
             deployment.start_supernode(index, runtime_port=free_port())
         deployment.wait_for_nodes(num_nodes, timeout=120)
         ready = time.time()
-        run_id = deployment.submit([*overrides, f"output_dir={run_dir}"])
+        run_id = deployment.submit(RunRecord((*overrides,), run_dir))
         status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
         finished = time.time()
     finally:

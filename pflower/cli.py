@@ -6,7 +6,7 @@
   histograms and write a heatmap PNG, without training.
 - ``pflower partition import pflib|leaf <path> [overrides]``: turn a PFLlib or LEAF dataset
   folder into a ``partition=from_file`` file that keeps each client's own train/test split
-  (see `IMPORT_HELP`).
+  ([`pflower.partition_import`][pflower.partition_import]).
 - ``pflower report <sweep or run dirs>...``: compare methods over partitions and seeds
   ([`pflower.reporting.report`][pflower.reporting.report]); it takes paths, not Hydra overrides.
 - ``pflower tune [methods] --suite cpu``: tune methods on validation with the same Optuna budget
@@ -24,25 +24,29 @@ A configuration error, a missing or corrupt dataset, or a tracker (``tracking=..
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything
 starts; so does an ``output_dir`` that holds another run (without ``overwrite=true``) or that a
 live run is writing (``pflower.results.ownership``), and a sweep with a value that does not
-compose.
+compose ([`pflower.precompose`][pflower.precompose]).
+
+A run is handed on as one [`RunRecord`][pflower.config.record.RunRecord] (its overrides, run
+directory and resume point), composed once here.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import itertools
-import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING
 
 from pflower.commands import HelpFormatter, answer, resolve, subcommand
+from pflower.console import console, escape
 from pflower.core.errors import ResultsNotWrittenError
-from pflower.quickcheck import check_before_imports, hold_numerics_of, write_schema_cache
+from pflower.partition_import import partition_import
+from pflower.precompose import check_overrides
+from pflower.quickcheck import check_before_imports, hold_numerics_of
 from pflower.registry import ConfigError
 from pflower.results.ownership import (
     RunDirClaim,
@@ -54,7 +58,6 @@ from pflower.runtime.logs import plain_flower_console_unless_tty
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
-    from rich.console import Console
 
     from pflower.config import ExperimentConfig
 
@@ -72,36 +75,6 @@ def __getattr__(name: str) -> type[Exception]:
 
         return CorruptDatasetError
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-@functools.cache
-def _rich_console() -> Console:
-    """rich's console, made on first use: importing rich takes 0.05-0.25 s on a 2-core VM,
-    which ``pflower --help`` does not pay ([`pflower.commands`][pflower.commands]). Piped to a
-    file or a CI log, tables are laid out 160 columns wide and a message stays on one line
-    however long its paths are (soft wrap), so that scripts can read it back."""
-    from rich.console import Console
-
-    piped = not sys.stdout.isatty()
-    return Console(width=160 if piped else None, soft_wrap=piped)
-
-
-class _FirstUseConsole:
-    """Stands for `_rich_console` until first used."""
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(_rich_console(), name)
-
-
-console = cast("Console", _FirstUseConsole())
-
-
-def escape(text: str) -> str:
-    """``text`` with rich's markup escaped (`rich.markup.escape`, imported on first use
-    like the console)."""
-    from rich.markup import escape as escape_markup
-
-    return escape_markup(text)
 
 
 def _task_overrides() -> list[str]:
@@ -190,7 +163,9 @@ def _simulate(cfg: DictConfig) -> None:
     with _claimed(run_dir, cfg):
         try:
             _quiet_flower_console(settings.progress)
-            overrides = [o for o in _task_overrides() if not o.startswith("output_dir=")]
+            from pflower.config import RunRecord
+
+            record = RunRecord.from_overrides(_task_overrides(), cfg, run_dir=run_dir.resolve())
             console.print(
                 f"[bold]pflower[/] {settings.strategy.label()} on {cfg.dataset.name} / "
                 f"{cfg.partition.name}, {settings.num_clients} clients, {settings.rounds} rounds "
@@ -200,7 +175,7 @@ def _simulate(cfg: DictConfig) -> None:
             from pflower.simulation import run_experiment
 
             with summary_on_signal(run_dir, cfg):
-                run_experiment(settings, overrides, run_dir)
+                run_experiment(settings, record)
         except Exception as error:
             _job_failed(run_dir, cfg, error)
 
@@ -347,86 +322,15 @@ def _check_before_imports(arguments: Sequence[str]) -> None:
         sys.exit(2)
 
 
-MULTIRUN_FLAGS = ("-m", "--multirun")
-
-
 def _check_overrides(arguments: Sequence[str]) -> None:
-    """Compose a single run's overrides before Hydra does, so that a wrong key, type or value
-    ends with our message (naming what is allowed) and exit code 2. A sweep (``-m``) is checked
-    the same way, each value of each swept key composed once (``_sweep_variants``), before
-    Hydra makes the sweep's folder: a bad value ends it with exit code 2 and nothing written.
-    Hydra's other flags are left to Hydra, which reports such errors itself."""
-    sweep = any(argument in MULTIRUN_FLAGS for argument in arguments)
-    arguments = [a for a in arguments if a not in MULTIRUN_FLAGS]
-    if any(argument.startswith("-") for argument in arguments):
-        return
-    overrides = [a for a in arguments if not a.lstrip("+~").startswith("hydra")]
+    """Compose a run's overrides, or each value of a sweep's, before Hydra does
+    ([`pflower.precompose.check_overrides`][pflower.precompose.check_overrides]): a wrong key,
+    type or value ends with our message (naming what is allowed) and exit code 2."""
     try:
-        from pflower.compose import compose_config
-
-        write_schema_cache()  # for the check above, next time
-        for variant in _sweep_variants(overrides) if sweep else [overrides]:
-            compose_config(variant, check_scheme=False)
-        if sweep:
-            _claim_sweep_dir(arguments)
+        check_overrides(arguments)
     except ConfigError as error:
         console.print(f"[red]configuration error:[/] {escape(str(error))}")
         sys.exit(2)
-
-
-def _claim_sweep_dir(arguments: Sequence[str]) -> None:
-    """A sweep into the folder of an earlier sweep (``hydra.sweep.dir``, holding its
-    ``multirun.yaml``) is refused, before Hydra writes its own there, unless ``overwrite=true``:
-    then the earlier sweep's job folders are deleted, each under its claim (refused while a
-    live run writes it), so that none of its jobs mixes with the new sweep's."""
-    given = [a.split("=", 1)[1] for a in arguments if a.startswith("hydra.sweep.dir=")]
-    if not given or not (sweep_dir := Path(given[-1])).joinpath("multirun.yaml").is_file():
-        return
-    if "overwrite=true" not in arguments:
-        raise RunDirTakenError(
-            f"{sweep_dir} holds another sweep (multirun.yaml): choose another "
-            "hydra.sweep.dir, or pass overwrite=true to replace its runs"
-        )
-    for job in sweep_dir.iterdir():
-        if job.name.isdigit() and job.is_dir():
-            with claim_run_dir(job, overwrite=True, resuming=False):
-                shutil.rmtree(job)
-
-
-def _sweep_variants(overrides: Sequence[str]) -> list[list[str]]:
-    """The overrides of a sweep's first job, and for each further value of each swept key the
-    same with that value: every value is composed once (not every combination, which Hydra
-    composes again before it launches the jobs). None for a sweep over ``glob(...)`` choices or
-    a range that is not discrete (another sweeper's), which only Hydra can expand.
-
-    Raises:
-        ConfigError: an override that does not parse.
-    """
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    if any("glob(" in override for override in overrides):
-        return []
-    try:
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-    except HydraException as error:
-        raise ConfigError(f"{error}".strip()) from error
-    by_key: dict[str, list[str]] = {}  # a key given twice: the last one counts, as in Hydra
-    for override in parsed:
-        key = override.get_key_element()
-        if not override.is_sweep_override():
-            by_key[key] = [f"{key}={override.get_value_element_as_str()}"]
-        elif override.is_discrete_sweep():
-            by_key[key] = [f"{key}={value}" for value in override.sweep_string_iterator()]
-        else:
-            return []
-    choices = list(by_key.values())
-    first = [values[0] for values in choices]
-    return [first] + [
-        [*first[:index], value, *first[index + 1 :]]
-        for index, values in enumerate(choices)
-        for value in values[1:]
-    ]
 
 
 RESUME_HELP = """\
@@ -454,7 +358,7 @@ def resume_parser() -> argparse.ArgumentParser:
 def resume(argv: Sequence[str]) -> int:
     """``pflower resume <run_dir> [overrides]``: continue a run from its checkpoint."""
     args = resume_parser().parse_args(list(argv))
-    from pflower.compose import compose_config, validate
+    from pflower.compose import compose_record, validate
     from pflower.core.checkpoint import completed, load_checkpoint
     from pflower.datasets.base import DatasetNotFoundError
     from pflower.datasets.sources import CorruptDatasetError
@@ -463,8 +367,10 @@ def resume(argv: Sequence[str]) -> int:
     run_dir: Path = args.run_dir.resolve()
     try:
         checkpoint = load_checkpoint(run_dir)
-        overrides = [*checkpoint.overrides, *args.overrides, "checkpoint.resume=true"]
-        cfg = compose_config([*overrides, f"output_dir={run_dir}"], check_scheme=False)
+        record = compose_record(
+            [*checkpoint.overrides, *args.overrides], run_dir=run_dir, resume=True
+        )
+        cfg = record.composed
         settings = validate(cfg, check_scheme=False)
         resumable_checkpoint(cfg, run_dir)
         if completed(checkpoint, run_dir, settings.rounds):
@@ -488,68 +394,10 @@ def resume(argv: Sequence[str]) -> int:
 
     with claim, summary_on_signal(run_dir, cfg):
         try:
-            run_experiment(settings, overrides, run_dir)
+            run_experiment(settings, record)
         except ResultsNotWrittenError as error:
             console.print(f"[red]run failed:[/] {escape(str(error))}")
             return 1
-    return 0
-
-
-IMPORT_HELP = """\
-Write a partition=from_file file from a PFLlib or LEAF dataset folder, keeping each client's own
-train and test samples (run it with split=file, which uses those tests instead of redrawing them).
-
-  pflib <folder> dataset=<name>: PFLlib's train/<i>.npz and test/<i>.npz of the dataset named
-        (e.g. dataset=mnist); every image is matched to its sample of that dataset.
-  leaf  <folder> [dataset.*=...]: LEAF's train/*.json and test/*.json (dataset=leaf, FEMNIST
-        by default); each user becomes a client with its own train and test samples.
-
-It prints the run's overrides (partition=from_file partition.path=<out> split=file
-num_clients=<K> and the dataset)."""
-
-
-def partition_import(argv: Sequence[str]) -> int:
-    """``pflower partition import <format> <path> [overrides]``: write a from_file partition."""
-    parser = argparse.ArgumentParser(
-        prog="pflower partition import", description=IMPORT_HELP, formatter_class=HelpFormatter
-    )
-    parser.add_argument("format", choices=("pflib", "leaf"), help="the folder's format")
-    parser.add_argument("path", type=Path, help="the dataset folder")
-    parser.add_argument("overrides", nargs="*", help="the dataset (pflib: e.g. dataset=mnist)")
-    parser.add_argument(
-        "--out",
-        type=Path,
-        default=Path("partition_indices.json"),
-        help="the file to write (default: partition_indices.json in this folder)",
-    )
-    args = parser.parse_args(list(argv))
-    from pflower.datasets.base import DatasetNotFoundError
-    from pflower.datasets.partitioners.from_file import import_folder
-    from pflower.datasets.sources import CorruptDatasetError
-
-    folder: Path = args.path.resolve()
-    overrides = list(args.overrides)
-    if args.format == "leaf":
-        overrides = ["dataset=leaf", f"dataset.path={folder}", *overrides]
-    try:
-        from pflower.compose import compose_config
-        from pflower.datasets.loaders import load_dataset
-        from pflower.registry import name_and_options
-
-        cfg = compose_config(overrides, check_scheme=False)
-        dataset = load_dataset(*name_and_options(cfg.dataset))
-        imported = import_folder(args.format, folder, dataset, args.out)
-    except (ConfigError, DatasetNotFoundError, CorruptDatasetError) as error:
-        console.print(f"[red]cannot import:[/] {escape(str(error))}")
-        return 2
-    out = args.out.resolve()
-    trained = sum(len(share) for share in imported.trains)
-    tested = sum(len(share) for share in imported.tests)
-    console.print(
-        f"{len(imported.trains)} clients, {trained} train and {tested} test samples -> {out}\n"
-        f"run with: pflower {' '.join(overrides)} partition=from_file partition.path={out} "
-        f"split=file num_clients={len(imported.trains)}"
-    )
     return 0
 
 

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
@@ -46,6 +47,7 @@ from pflower.blocks import (
 )
 from pflower.config import (
     ExperimentConfig,
+    RunRecord,
     conf_dir,
     overrides_from_run_config,
 )
@@ -259,6 +261,27 @@ def warm_config(overrides: Sequence[str]) -> DictConfig:
     [`config_from_run_config`][pflower.compose.config_from_run_config]; the
     configuration composed."""
     return _compose_cached(tuple(overrides))
+
+
+def compose_record(
+    overrides: Sequence[str], *, run_dir: Path | None = None, resume: bool | None = None
+) -> RunRecord:
+    """The run that Hydra ``overrides`` describe, composed (into this process's cache, where
+    the ServerApp of a run in this process finds it). ``run_dir`` and ``resume``, where given,
+    replace the overrides' ``output_dir`` and ``checkpoint.resume``
+    ([`RunRecord.from_overrides`][pflower.config.record.RunRecord.from_overrides]).
+
+    Raises:
+        ConfigError: the overrides do not compose.
+    """
+    record = RunRecord.from_overrides(overrides, run_dir=run_dir, resume=resume)
+    return record.with_config(warm_config(record.to_overrides()))
+
+
+def record_from_run_config(run_config: Mapping[str, Any]) -> RunRecord:
+    """The run that a Flower run config carries, composed as
+    [`config_from_run_config`][pflower.compose.config_from_run_config] composes it."""
+    return RunRecord.from_run_config(run_config, warm_config)
 
 
 def group_options(group: str) -> list[str]:

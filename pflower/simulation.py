@@ -1,7 +1,9 @@
 """Run one experiment as a Flower simulation in this process (what ``pflower <overrides>`` does).
 
-The apps receive the experiment exactly as ``flwr run`` delivers it: the Hydra overrides (plus the
-pinned run directory) in the run config, fused with the app's declared defaults. Processes forked
+The apps receive the experiment exactly as ``flwr run`` delivers it: the run record (the Hydra
+overrides, the run directory, the resume point:
+[`RunRecord.to_run_config`][pflower.config.record.RunRecord.to_run_config]) in the run config,
+fused with the app's declared defaults. Processes forked
 from this one run the ClientApps (``backend=fork``, the default:
 [`pflower.runtime.forkbackend`][pflower.runtime.forkbackend]), or Flower's Ray backend
 (``backend=ray``,
@@ -19,11 +21,10 @@ import contextlib
 import functools
 import logging
 import os
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
-from pflower.config import RUN_CONFIG_KEY, ExperimentConfig, app_dir, overrides_to_string
+from pflower.config import ExperimentConfig, RunRecord, app_dir
 
 QUIET_RAY_ENVIRONMENT = {
     # Ray >= 2.48 warns on every start that it will stop clearing CUDA_VISIBLE_DEVICES for
@@ -67,7 +68,7 @@ def _ray_workers() -> Iterator[None]:
 
 
 def _backend_workers(
-    settings: ExperimentConfig, client_app: Any, run_config: dict[str, Any]
+    settings: ExperimentConfig, client_app: Any, record: RunRecord
 ) -> contextlib.AbstractContextManager[None]:
     """What runs the engine's ClientApps: forked workers for ``backend=fork``, else Ray (with a
     lean head, leaving pflower's signal handlers in place)."""
@@ -75,17 +76,16 @@ def _backend_workers(
     if backend.name != "fork":
         return _ray_workers()
     from pflower.client.app import prepare_ahead
-    from pflower.compose import overrides_from_run_config
     from pflower.runtime.forkbackend import default_worker_count, forked_workers
 
     count = backend.workers or default_worker_count(backend.num_cpus_per_client)
-    prepare = functools.partial(prepare_ahead, overrides_from_run_config(run_config))
+    prepare = functools.partial(prepare_ahead, record.to_overrides())
     return forked_workers(client_app, prepare, count)
 
 
-def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> Path:
-    """Run the experiment that ``overrides`` compose as a Flower simulation (on forked workers,
-    or on Ray with ``backend=ray``); returns ``run_dir``. With ``backend=fork`` on a GPU the
+def run_experiment(settings: ExperimentConfig, record: RunRecord) -> None:
+    """Run ``record`` (whose typed settings are ``settings``) as a Flower simulation (on forked
+    workers, or on Ray with ``backend=ray``). With ``backend=fork`` on a GPU the
     run has a process of its own, forked from this one, which never uses CUDA itself
     ([`pflower.runtime.forkbackend.run_in_forked_process`][pflower.runtime.forkbackend.run_in_forked_process]).
 
@@ -105,10 +105,9 @@ def run_experiment(settings: ExperimentConfig, overrides: Sequence[str], run_dir
         # it is a child, and this process stays free of CUDA for a sweep's next job.
         from pflower.runtime.forkbackend import run_in_forked_process
 
-        run_in_forked_process(functools.partial(_simulate, settings, overrides, run_dir))
+        run_in_forked_process(functools.partial(_simulate, settings, record))
     else:
-        _simulate(settings, overrides, run_dir)
-    return run_dir
+        _simulate(settings, record)
 
 
 def _check_numerics(settings: ExperimentConfig) -> None:
@@ -132,7 +131,7 @@ def _check_numerics(settings: ExperimentConfig) -> None:
         )
 
 
-def _simulate(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Path) -> None:
+def _simulate(settings: ExperimentConfig, record: RunRecord) -> None:
     """Flower's simulation engine on this process: the ServerApp on a thread, the ClientApps on
     the backend's workers."""
     from flwr.app import Context, RecordDict
@@ -143,14 +142,13 @@ def _simulate(settings: ExperimentConfig, overrides: Sequence[str], run_dir: Pat
 
     for key, value in QUIET_RAY_ENVIRONMENT.items():
         os.environ.setdefault(key, value)
-    overrides = [*overrides, f"output_dir={run_dir.resolve()}"]
     run_id = settings.seed + 1
-    override_config = {RUN_CONFIG_KEY: overrides_to_string(overrides)}
+    override_config = record.to_run_config()
     run_config = fused_run_config(app_dir(), override_config)
     server_context = Context(
         run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=run_config
     )
-    with _backend_workers(settings, client_app, run_config):
+    with _backend_workers(settings, client_app, record):
         run_engine(
             client_app=client_app,
             server_app=server_app,

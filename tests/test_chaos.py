@@ -39,8 +39,9 @@ from typing import Any
 import psutil
 import pytest
 
+from pflower.config import RunRecord
 from pflower.core.checkpoint import CheckpointError, load_checkpoint
-from pflower.deploy.cli import resume_overrides
+from pflower.deploy.cli import resume_record
 from pflower.deploy.local import CONNECTION, SERVERAPP_PROGRAM
 from pflower.deploy.processes import launch, tagged_pids, terminate
 from pflower.results.rundir import read_rows
@@ -193,7 +194,7 @@ def test_a_deployment_killed_at_random_ends_with_the_uninterrupted_rows(
     with federation(tmp_path / "deploy", 3) as fed:
         deployment = fed.deployment
         tag = deployment.tag
-        run_id = deployment.submit([*EXPERIMENT, f"output_dir={run_dir}"])
+        run_id = deployment.submit(RunRecord((*EXPERIMENT,), run_dir))
         for _ in range(DEPLOYMENT_FAULTS):
             if not in_the_next_round(run_dir, rng, lambda: deployment.alive("superlink")):
                 break
@@ -211,7 +212,7 @@ def test_a_deployment_killed_at_random_ends_with_the_uninterrupted_rows(
                 for index in range(3):
                     fed.start_node(index)
                 deployment.wait_for_nodes(3, timeout=180)
-            run_id = deployment.submit(resume_overrides(run_dir, []))
+            run_id = deployment.submit(resume_record(run_dir, []))
         status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", f"faults {faults}\n{diagnostics(deployment)}"
     assert_same_results(read_rows(run_dir), reference)

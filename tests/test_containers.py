@@ -44,6 +44,7 @@ from flwr.app import Context, RecordDict
 from flwr.client import Client
 
 from pflower.client.app import client_fn
+from pflower.config import RunRecord
 from pflower.deploy.compose import render_compose
 from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.topology import Endpoints, Security
@@ -308,7 +309,7 @@ def test_host_network_overlay_covers_every_service(num_clients: int) -> None:
 @pytest.mark.timeout(BUILD_TIMEOUT + 2 * RUN_TIMEOUT)
 def test_compose_stack_runs_a_stateful_algorithm(stack: Stack, tmp_path: Path) -> None:
     cli = stack.cli
-    run_id = cli.submit([*EXPERIMENT, f"output_dir={RESULTS}"])
+    run_id = cli.submit(RunRecord((*EXPERIMENT,), Path(RESULTS)))
     status = cli.wait_for_run(run_id, RUN_TIMEOUT)
     run_log = (cli.logs / f"run-{run_id}.log").read_text(errors="replace")
     assert status == "finished:completed", f"{status}\n{run_log[-3000:]}\n{stack.diagnostics()}"

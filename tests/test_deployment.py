@@ -30,8 +30,9 @@ from typing import Any
 
 import pytest
 
+from pflower.config import RunRecord
 from pflower.core.checkpoint import CheckpointError, load_checkpoint
-from pflower.deploy.cli import main, resume_overrides
+from pflower.deploy.cli import main, resume_record
 from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
 from pflower.results.rundir import read_rows
@@ -127,7 +128,7 @@ def test_deployment_matches_simulation(
             )
             assert identify.stdout.strip() == three_nodes.spaces.name(index)
     run_dir = tmp_path / "run"
-    run_id = three_nodes.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
+    run_id = three_nodes.deployment.submit(RunRecord((*COMPARED,), run_dir))
     status = three_nodes.deployment.wait_for_run(run_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(three_nodes.deployment)
     rows = read_rows(run_dir)
@@ -159,14 +160,16 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
     run_dir = tmp_path / "run"
     deployment = three_nodes.deployment
     run_id = deployment.submit(
-        [
-            *EXPERIMENT,
-            "num_clients=3",
-            f"rounds={REJOIN_ROUNDS}",
-            f"eval.every={REJOIN_ROUNDS}",
-            "round_timeout=120",
-            f"output_dir={run_dir}",
-        ]
+        RunRecord(
+            (
+                *EXPERIMENT,
+                "num_clients=3",
+                f"rounds={REJOIN_ROUNDS}",
+                f"eval.every={REJOIN_ROUNDS}",
+                "round_timeout=120",
+            ),
+            run_dir,
+        )
     )
     log = Path(deployment.processes["supernode-2"].log)
     wait_until(
@@ -220,15 +223,17 @@ def test_a_dead_supernode_is_waited_for_once_not_in_every_phase(
     deployment = three_nodes.deployment
     rounds = 4
     run_id = deployment.submit(
-        [
-            *EXPERIMENT,
-            "num_clients=3",
-            f"rounds={rounds}",
-            f"connect_timeout={CONNECT_TIMEOUT}",
-            "connect_log_every=5",
-            "round_timeout=120",
-            f"output_dir={run_dir}",
-        ]
+        RunRecord(
+            (
+                *EXPERIMENT,
+                "num_clients=3",
+                f"rounds={rounds}",
+                f"connect_timeout={CONNECT_TIMEOUT}",
+                "connect_log_every=5",
+                "round_timeout=120",
+            ),
+            run_dir,
+        )
     )
     wait_until(
         lambda: any(r["stage"] == "time" and r["round"] == 1 for r in read_rows(run_dir)),
@@ -326,7 +331,14 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
         # it tries to join while the registered nodes train, over TLS
         deployment.start_supernode(2, runtime_port=free_port())
         run_id = deployment.submit(
-            [*EXPERIMENT, "num_clients=2", "rounds=1", f"output_dir={run_dir}"]
+            RunRecord(
+                (
+                    *EXPERIMENT,
+                    "num_clients=2",
+                    "rounds=1",
+                ),
+                run_dir,
+            )
         )
         wait_until(lambda: not deployment.alive("supernode-2"), 60, "supernode-2 to be refused")
         assert (
@@ -370,7 +382,7 @@ def test_killed_serverapp_resumes_to_the_same_results(
     reference, _ = run_inprocess(experiment, tmp_path / "reference")
     deployment = three_nodes.deployment
     run_dir = tmp_path / "run"
-    run_id = deployment.submit([*experiment, f"output_dir={run_dir}"])
+    run_id = deployment.submit(RunRecord((*experiment,), run_dir))
 
     def checkpointed() -> int:
         with contextlib.suppress(CheckpointError):
@@ -385,7 +397,7 @@ def test_killed_serverapp_resumes_to_the_same_results(
     assert 1 <= checkpointed() < 3 and not (run_dir / "summary.json").exists()
     deployment.flwr("stop", run_id, CONNECTION, check=False)  # the SuperLink's record of it
 
-    resumed_id = deployment.submit(resume_overrides(run_dir, []))
+    resumed_id = deployment.submit(resume_record(run_dir, []))
     status = deployment.wait_for_run(resumed_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(deployment)
     rows = read_rows(run_dir)

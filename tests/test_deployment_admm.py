@@ -19,6 +19,7 @@ import pytest
 from flwr.app import RecordDict
 
 from pflower.client.app import client_fn
+from pflower.config import RunRecord
 from pflower.results.rundir import read_rows
 from pflower.strategies.flame import DUAL, LOCAL_COPY, THETA
 from tests.deploy_helpers import (
@@ -61,7 +62,7 @@ def test_flame_admm_state_survives_deployment(tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         fed = stack.enter_context(federation(tmp_path / "federation", 3, in_namespaces))
         run_dir = tmp_path / "run"
-        run_id = fed.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
+        run_id = fed.deployment.submit(RunRecord((*COMPARED,), run_dir))
         status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(fed.deployment)
     rows = read_rows(run_dir)

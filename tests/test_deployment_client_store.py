@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from pflower.config import RunRecord
 from pflower.results.rundir import read_rows
 from tests.deploy_helpers import (
     ACC_TOLERANCE,
@@ -55,7 +56,7 @@ def test_deployment_with_a_server_side_client_store_matches_in_process(tmp_path:
     in_namespaces = netns_unavailable() is None
     with federation(tmp_path / "federation", 3, in_namespaces) as fed:
         run_dir = tmp_path / "run"
-        run_id = fed.deployment.submit([*COMPARED, f"output_dir={run_dir}"])
+        run_id = fed.deployment.submit(RunRecord((*COMPARED,), run_dir))
         status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(fed.deployment)
         logs = diagnostics(fed.deployment)

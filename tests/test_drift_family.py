@@ -47,11 +47,9 @@ def hand_built(name: str, options: list[str], initial: NDArrays, mask, tmp_path:
     settings = _experiment(
         ["dataset=digits", "num_clients=4", f"strategy={name}", *options], tmp_path
     ).settings
-    strategy = get_algorithm(name).strategy(
-        options=settings.strategy, settings=settings, initial_weights=initial
+    return get_algorithm(name).strategy(
+        options=settings.strategy, settings=settings, initial_weights=initial, trainable_mask=mask
     )
-    strategy.trainable_mask = mask
-    return strategy
 
 
 # ------------------------------------------------------------------ communication metric

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from flwr.clientapp.client_app import ClientAppException
 
-from pflower.config import BackendConfig
+from pflower.config import BackendConfig, RunRecord
 from pflower.registry import ConfigError
 from pflower.runtime import forkbackend
 from pflower.runtime.forkbackend import (
@@ -258,5 +258,5 @@ def test_only_gpu_runs_on_forked_workers_get_a_process_of_their_own(
         lambda task: ran.append("child") or task(),
     )
     settings = validate(compose_config([f"backend={backend}"], check_scheme=False))
-    assert pflower.simulation.run_experiment(settings, [], tmp_path) == tmp_path
+    pflower.simulation.run_experiment(settings, RunRecord((), tmp_path))
     assert ran == (["child", "simulated"] if in_child else ["simulated"])

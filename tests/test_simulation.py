@@ -172,15 +172,15 @@ def test_the_default_fork_backend_runs_the_same_simulation_without_ray(tmp_path:
 FORKED_RUNS_SCRIPT = """
 import functools, sys
 from pathlib import Path
-from pflower.compose import compose_config, validate
+from pflower.compose import compose_record, validate
 from pflower.runtime.forkbackend import run_in_forked_process
 from pflower.simulation import _simulate
 
 for seed in (0, 1):
     overrides = ["num_clients=2", "rounds=2", "backend.workers=2", f"seed={seed}"]
-    run_dir = Path(sys.argv[1]) / str(seed)
-    settings = validate(compose_config([*overrides, f"output_dir={run_dir}"]))
-    run_in_forked_process(functools.partial(_simulate, settings, overrides, run_dir))
+    record = compose_record(overrides, run_dir=Path(sys.argv[1]) / str(seed))
+    settings = validate(record.composed)
+    run_in_forked_process(functools.partial(_simulate, settings, record))
 """
 
 

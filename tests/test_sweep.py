@@ -22,7 +22,7 @@ import yaml
 from hydra.core.global_hydra import GlobalHydra
 
 from pflower import cli, simulation
-from pflower.config import ExperimentConfig
+from pflower.config import ExperimentConfig, RunRecord
 from pflower.reporting.stats import over_seeds
 from pflower.reporting.tables import format_cell
 from tests.inprocess import run_inprocess
@@ -45,9 +45,9 @@ Cli = Callable[..., None]
 def pflower(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cli]:
     """Call ``pflower <args>`` in this process, with experiments run in-process (no Ray)."""
 
-    def run_in_process(settings: ExperimentConfig, overrides: list[str], run_dir: Path) -> Path:
-        run_inprocess(overrides, run_dir)
-        return run_dir
+    def run_in_process(settings: ExperimentConfig, record: RunRecord) -> None:
+        assert record.run_dir is not None
+        run_inprocess(record.overrides, record.run_dir)
 
     monkeypatch.setattr(simulation, "run_experiment", run_in_process)
 

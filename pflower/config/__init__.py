@@ -34,6 +34,7 @@ from pflower.config.base import (
     overrides_to_string,
     require,
 )
+from pflower.config.record import RunRecord
 from pflower.config.sections import (
     AttackConfig,
     AttackKind,
@@ -81,6 +82,7 @@ __all__ = [
     "Optimizer",
     "RobustConfig",
     "RobustKind",
+    "RunRecord",
     "SelectionConfig",
     "SelectionSplit",
     "StateStore",

@@ -17,6 +17,7 @@ connected node holds, is refused (logged and recorded) and asked again later.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -59,9 +60,17 @@ class NodeRoster:
         ``connect_log_every``, ``round_timeout``).
     recorder:
         Where nodes that fail to answer and a run that cannot start are recorded.
+    train_sizes:
+        Every partition's training-set size, if the server knows them (see
+        [`train_sizes`][pflower.core.roster.NodeRoster.train_sizes]).
     """
 
-    def __init__(self, settings: ExperimentConfig, recorder: Recorder) -> None:
+    def __init__(
+        self,
+        settings: ExperimentConfig,
+        recorder: Recorder,
+        train_sizes: Sequence[int] | None = None,
+    ) -> None:
         self.settings = settings
         self.recorder = recorder
         self.partition_of: dict[str, int] = {}
@@ -69,9 +78,9 @@ class NodeRoster:
         self.num_train: dict[int, int] = {}
         """Partition id -> its training-set size (as its node reported, or
         [`train_sizes`][pflower.core.roster.NodeRoster.train_sizes])."""
-        self.train_sizes: list[int] | None = None
+        self.train_sizes: list[int] | None = None if train_sizes is None else list(train_sizes)
         """Training-set size of every partition, from the server's own copy of the federation
-        (set by the ServerApp): with it, a simulation's nodes need not be asked."""
+        (None: unknown): with it, a simulation's nodes need not be asked."""
         self.absent: set[int] = set()
         """Partitions whose node missed a deadline: not waited for until a node of theirs
         reconnects."""

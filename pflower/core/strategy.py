@@ -161,7 +161,12 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         initial_weights: NDArrays,
         evaluate_global: GlobalEvaluator | None = None,
         recorder: Recorder | None = None,
+        trainable_mask: Sequence[bool] | None = None,
+        train_sizes: Sequence[int] | None = None,
     ) -> None:
+        """``trainable_mask``: per array of the model (``state_dict`` order), whether it is a
+        trainable parameter; ``train_sizes``: every client's training-set size, from the
+        server's own copy of the federation (the ServerApp gives both; None: unknown)."""
         super().__init__(
             fraction_fit=settings.fraction,
             fraction_evaluate=settings.eval.fraction,
@@ -180,7 +185,7 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         """Partition ids of the Byzantine clients (``attack``); they are never scored."""
         self.unseen = unseen_clients(settings, self.malicious)
         """Partition ids held out of training (``eval.unseen_fraction``), scored as stage U."""
-        self.roster = NodeRoster(settings, self.recorder)
+        self.roster = NodeRoster(settings, self.recorder, train_sizes)
         """Which node holds which partition; the bounded wait for nodes."""
         self.policy = UpdatePolicy(settings, self.recorder, self.roster.mark_absent)
         """What is accepted from clients; failed and rejected clients; when a round fails."""
@@ -190,9 +195,11 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         """Each round's seeded samples of the reachable clients."""
         self.client_models = ClientModelStore()
         """Every client's latest upload (filled only if ``keeps_client_models``)."""
-        self.trainable_mask: list[bool] | None = None
+        self.trainable_mask: list[bool] | None = (
+            None if trainable_mask is None else list(trainable_mask)
+        )
         """Per array of the model (``state_dict`` order): whether it is a trainable parameter
-        (False for buffers such as BatchNorm statistics); set by the ServerApp, None if unknown."""
+        (False for buffers such as BatchNorm statistics); None if unknown."""
         self.message_keys: dict[str, Scalar] = {CODE_KEY: CODE_FINGERPRINT}
         """Sent with every fit and evaluate instruction: the server's code fingerprint (clients
         refuse other code, [`pflower.provenance`][pflower.provenance]) and, from the server loop,

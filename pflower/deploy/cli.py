@@ -8,10 +8,12 @@ experiment to it; ``compose`` writes the docker-compose files.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pflower.commands import HelpFormatter
 from pflower.deploy.compose import render_compose
@@ -27,6 +29,9 @@ from pflower.deploy.local import (
 )
 from pflower.deploy.topology import Endpoints, Security
 from pflower.registry import ConfigError
+
+if TYPE_CHECKING:
+    from pflower.config import RunRecord
 
 
 def _security_from(args: argparse.Namespace) -> Security:
@@ -127,30 +132,24 @@ class NothingToResume(Exception):
     """The run to resume already completed the rounds asked for."""
 
 
-def resume_overrides(run_dir: Path, extra: list[str]) -> list[str]:
-    """The overrides that continue the run in ``run_dir`` from its checkpoint (the run's own,
-    then ``extra``, e.g. ``rounds=N``), checked against the checkpoint before anything runs;
+def resume_record(run_dir: Path, extra: list[str]) -> RunRecord:
+    """The run that continues ``run_dir`` from its checkpoint (the run's own overrides, then
+    ``extra``, e.g. ``rounds=N``), checked against the checkpoint before anything runs;
     [`NothingToResume`][pflower.deploy.cli.NothingToResume] if the run already completed those
     rounds."""
-    from pflower.compose import compose_config
+    from pflower.compose import compose_record
     from pflower.core.checkpoint import completed, load_checkpoint
     from pflower.server.app import resumable_checkpoint
 
     checkpoint = load_checkpoint(run_dir)
-    overrides = [
-        *checkpoint.overrides,
-        *extra,
-        "checkpoint.resume=true",
-        f"output_dir={run_dir}",
-    ]
-    cfg = compose_config(overrides)
-    resumable_checkpoint(cfg, run_dir)
-    if completed(checkpoint, run_dir, int(cfg.rounds)):
+    record = compose_record([*checkpoint.overrides, *extra], run_dir=run_dir, resume=True)
+    resumable_checkpoint(record.composed, run_dir)
+    if completed(checkpoint, run_dir, int(record.composed.rounds)):
         raise NothingToResume(
             f"nothing to resume: {run_dir} completed its {checkpoint.round} rounds "
             "(summary.json); pass rounds=N to extend it"
         )
-    return overrides
+    return record
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -161,30 +160,31 @@ def _run(args: argparse.Namespace) -> int:
     from its checkpoint (the ServerApp runs on this machine in a local deployment), with its
     own overrides followed by the given ones.
     """
+    from pflower.config import RunRecord
+
     directory = Path(args.dir)
     if not (directory / STATE_FILE).exists():
         print(f"no deployment in {directory}; `pflower deploy up` first")
         return 1
     deployment = Deployment.load(directory)
     deployment.flwr_timeout = args.flwr_timeout
-    overrides = list(args.overrides)
-    if args.resume:
-        try:
-            overrides = resume_overrides(Path(args.resume).resolve(), overrides)
-        except ConfigError as error:
-            print(f"cannot resume: {error}")
-            return 2
-        except NothingToResume as done:
-            print(done)
-            return 0
-    if not any(o.startswith("num_clients=") for o in overrides):
-        overrides.insert(0, f"num_clients={deployment.num_clients}")
-    if not any(o.startswith("output_dir=") for o in overrides):
-        stamp = time.strftime("%Y-%m-%d/%H-%M-%S")
-        overrides.append(f"output_dir={Path('runs').resolve() / stamp}")
-    run_dir = next(o for o in reversed(overrides) if o.startswith("output_dir="))[11:]
     try:
-        run_id = deployment.submit(overrides)
+        if args.resume:
+            record = resume_record(Path(args.resume).resolve(), list(args.overrides))
+        else:
+            record = RunRecord.from_overrides(args.overrides)
+    except ConfigError as error:
+        print(f"{'cannot resume' if args.resume else 'configuration error'}: {error}")
+        return 2
+    except NothingToResume as done:
+        print(done)
+        return 0
+    run_dir = record.run_dir or Path("runs").resolve() / time.strftime("%Y-%m-%d/%H-%M-%S")
+    record = dataclasses.replace(
+        record.with_default("num_clients", deployment.num_clients), run_dir=run_dir
+    )
+    try:
+        run_id = deployment.submit(record)
     except DeployTimeoutError as error:
         print(f"error: {error}")
         return 1
@@ -192,7 +192,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
     except (SuperLinkGoneError, DeployTimeoutError) as error:
-        print(f"\n{_interrupted(run_id, Path(run_dir)) or _gone(run_id, run_dir, error)}")
+        print(f"\n{_interrupted(run_id, run_dir) or _gone(run_id, str(run_dir), error)}")
         return 1
     except KeyboardInterrupt:
         print(
@@ -200,7 +200,7 @@ def _run(args: argparse.Namespace) -> int:
             f"FLWR_HOME={deployment.cli_home} flwr stop {run_id} {CONNECTION}"
         )
         return 130
-    if status != "finished:completed" and (line := _interrupted(run_id, Path(run_dir))):
+    if status != "finished:completed" and (line := _interrupted(run_id, run_dir)):
         print(f"\n{line}")
         return 1
     print(f"run {run_id}: {status}")

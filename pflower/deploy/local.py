@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import tomli_w
 
@@ -39,6 +39,9 @@ from pflower.deploy.topology import (
     supernode_args,
 )
 from pflower.runtime.launcher import SUPERLINK_IN_MEMORY_DB
+
+if TYPE_CHECKING:
+    from pflower.config import RunRecord
 
 IN_MEMORY_STATE = SUPERLINK_IN_MEMORY_DB
 """The SuperLink's ``--database`` value that keeps its state in memory."""
@@ -281,17 +284,17 @@ class Deployment:
                 )
             time.sleep(2.0)
 
-    def submit(self, overrides: Sequence[str]) -> str:
-        """Start a run of the pflower app with Hydra ``overrides`` (``flwr run``); its run id.
+    def submit(self, record: RunRecord) -> str:
+        """Start ``record``'s run of the pflower app (``flwr run``); its run id.
 
-        The overrides travel in a TOML file: ``--run-config`` key=value pairs cannot carry a
+        The run config travels in a TOML file: ``--run-config`` key=value pairs cannot carry a
         double quote.
         """
         # Imported here: pflower.config loads Hydra, which the other commands do not need.
-        from pflower.config import RUN_CONFIG_KEY, app_dir, overrides_to_string
+        from pflower.config import app_dir
 
         with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
-            file.write(tomli_w.dumps({RUN_CONFIG_KEY: overrides_to_string(overrides)}))
+            file.write(tomli_w.dumps(record.to_run_config()))
         try:
             result = self.flwr(
                 "run", str(app_dir()), CONNECTION, "--run-config", file.name, "--format", "json"

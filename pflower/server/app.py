@@ -13,8 +13,8 @@ from flwr.common.logger import log
 from flwr.server import ServerApp, ServerAppComponents, ServerConfig
 from omegaconf import DictConfig
 
-from pflower.compose import config_from_run_config
-from pflower.config import overrides_from_run_config
+from pflower.compose import record_from_run_config
+from pflower.config import RunRecord
 from pflower.core.algorithm import algorithm_of
 from pflower.core.checkpoint import (
     CHECKPOINT_FILE,
@@ -33,10 +33,10 @@ from pflower.runtime.polling import PromptClientManager
 from pflower.server.loop import CheckpointingServer
 
 
-def run_directory(cfg: DictConfig) -> Path:
+def run_directory(record: RunRecord) -> Path:
     """Where this run writes its results (``output_dir``, else ``runs/<timestamp>``)."""
-    if cfg.output_dir:
-        return Path(cfg.output_dir)
+    if record.run_dir is not None:
+        return record.run_dir
     return Path("runs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
 
 
@@ -61,20 +61,25 @@ def build_strategy(
     cfg: DictConfig, run_dir: Path, resume_at: RecorderPosition | None = None
 ) -> PersonalizedStrategy:
     """The configured algorithm's Strategy, wired to a recorder writing into ``run_dir``
-    (continuing after ``resume_at`` in a resumed run)."""
+    (continuing after ``resume_at`` in a resumed run), complete when its constructor returns:
+    it is given the model's trainable mask and every client's training-set size, from the
+    server's own copy of the federation."""
     experiment = Experiment.of(cfg)
     options = experiment.settings.strategy
-    strategy = algorithm_of(options).strategy(
+    initial_weights = experiment.initial_weights()
+    evaluate_global = global_evaluator(experiment)
+    recorder = RunRecorder(run_dir, cfg, resume_at=resume_at)
+    with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
+        mask = trainable_mask(experiment.new_model())
+    return algorithm_of(options).strategy(
         options=options,
         settings=experiment.settings,
-        initial_weights=experiment.initial_weights(),
-        evaluate_global=global_evaluator(experiment),
-        recorder=RunRecorder(run_dir, cfg, resume_at=resume_at),
+        initial_weights=initial_weights,
+        evaluate_global=evaluate_global,
+        recorder=recorder,
+        trainable_mask=mask,
+        train_sizes=[len(client.train) for client in experiment.federation.clients],
     )
-    with torch.random.fork_rng(devices=[]):  # leaves the global RNG as it was
-        strategy.trainable_mask = trainable_mask(experiment.new_model())
-    strategy.roster.train_sizes = [len(client.train) for client in experiment.federation.clients]
-    return strategy
 
 
 def resumable_checkpoint(cfg: DictConfig, run_dir: Path) -> ServerCheckpoint:
@@ -102,27 +107,23 @@ def server_fn(context: Context) -> ServerAppComponents:
     directory's checkpoint if asked to), which holds the run directory's claim
     (``pflower.results.ownership``) until the run ends: a deployment's ServerApp refuses a folder
     that holds another run, or that a live run is writing, as ``pflower`` does."""
-    cfg = config_from_run_config(context.run_config)
-    run_dir = run_directory(cfg)
-    checkpoint = resumable_checkpoint(cfg, run_dir) if cfg.checkpoint.resume else None
+    record = record_from_run_config(context.run_config)
+    cfg = record.composed
+    run_dir = run_directory(record)
+    checkpoint = resumable_checkpoint(cfg, run_dir) if record.resume else None
     resume_at = None if checkpoint is None else checkpoint.position
-    claim = claim_run_dir(run_dir, overwrite=cfg.overwrite, resuming=cfg.checkpoint.resume)
+    claim = claim_run_dir(run_dir, overwrite=cfg.overwrite, resuming=record.resume)
     try:
         strategy = build_strategy(cfg, run_dir, resume_at)
     except BaseException:
         claim.release()
         raise
     settings = strategy.settings
-    overrides = [
-        o
-        for o in overrides_from_run_config(context.run_config)
-        if not o.startswith(("output_dir=", "checkpoint.resume="))
-    ]
     server = CheckpointingServer(
         client_manager=PromptClientManager(),  # prompt reply polls in a deployment
         strategy=strategy,
         run_dir=run_dir,
-        overrides=overrides,
+        overrides=list(record.overrides),
         every=checkpoint_every(cfg),
         resume_from=checkpoint,
         claim=claim,

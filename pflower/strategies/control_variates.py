@@ -63,11 +63,11 @@ def cast_like(arrays: Sequence[np.ndarray], references: Sequence[np.ndarray]) ->
 
 
 def require_mask(strategy: PersonalizedStrategy) -> list[bool]:
-    """The strategy's trainable mask (the ServerApp sets it); a clear error if it is missing."""
+    """The strategy's trainable mask (the ServerApp gives it); a clear error if it is missing."""
     if strategy.trainable_mask is None:
         raise RuntimeError(
-            f"{type(strategy).__name__} needs strategy.trainable_mask (which model arrays are "
-            "trainable parameters); the ServerApp sets it, a hand-built strategy must set it too"
+            f"{type(strategy).__name__} needs a trainable_mask (which model arrays are "
+            "trainable parameters); the ServerApp gives it, a hand-built strategy needs it too"
         )
     return strategy.trainable_mask
 

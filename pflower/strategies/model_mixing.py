@@ -98,7 +98,7 @@ def mix(xi: np.ndarray, vectors: np.ndarray) -> np.ndarray:
 
 
 def parameter_mask(strategy: PersonalizedStrategy, weights: NDArrays) -> list[bool]:
-    """The strategy's trainable mask, or (if the ServerApp set none) every floating array."""
+    """The strategy's trainable mask, or (if it was given none) every floating array."""
     if strategy.trainable_mask is not None:
         return list(strategy.trainable_mask)
     return [np.issubdtype(np.asarray(a).dtype, np.floating) for a in weights]

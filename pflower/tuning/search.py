@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pflower.config import RunRecord
 from pflower.registry import ConfigError
 from pflower.results.rundir import read_rows
 from pflower.searchspace import Param, format_value
@@ -141,19 +142,21 @@ def study_name(method: str, study: int | None) -> str:
 
 # ---------------------------------------------------------------------------------- commands
 def run_command(overrides: Sequence[str], run_dir: Path) -> list[str]:
-    """The command of one pflower run writing into ``run_dir``.
+    """The command of one pflower run of ``overrides`` writing into ``run_dir`` (its run
+    record, [`RunRecord.to_overrides`][pflower.config.record.RunRecord.to_overrides], on the
+    command line).
 
     Checkpoints are off (``checkpoint.every=0``) unless the overrides turn them on: a trial or a
     final run that stops before its ``summary.json`` is started afresh, never resumed, so its
     checkpoint and its clients' state snapshots would only fill the disk (37 of the cpu suite's
     37.3 GiB). They do not change what a run computes (``tests/test_resume.py``)."""
+    record = RunRecord.from_overrides(overrides, run_dir=run_dir)
     return [
         sys.executable,
         "-m",
         "pflower",
         "checkpoint.every=0",
-        *overrides,
-        f"output_dir={run_dir}",
+        *record.to_overrides(),
         f"hydra.run.dir={run_dir}",
         "progress=false",
     ]
