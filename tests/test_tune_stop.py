@@ -52,6 +52,13 @@ def test_a_stopped_tune_says_how_to_go_on_in_one_line(
     assert "run the same command again" in err and str(tmp_path / "out") in err
 
 
+def _catches(pid: int, signum: signal.Signals) -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux: ``SigCgt``)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))[7:], 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
 def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> None:
     """Ctrl-C in a terminal reaches the fork server too (it is in the driver's process group),
     and the driver then stops it with SIGTERM: both while it is still importing. It used to
@@ -70,7 +77,10 @@ def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> 
     )
     listener.close()
     try:
-        time.sleep(1.0)  # importing torch (seconds)
+        deadline = time.monotonic() + 120
+        while not _catches(server.pid, signal.SIGTERM):  # its handlers are in: importing torch
+            assert server.poll() is None and time.monotonic() < deadline, "it never started"
+            time.sleep(0.02)
         server.send_signal(signal.SIGINT)
         time.sleep(0.05)
         if server.poll() is None:
