@@ -1,5 +1,6 @@
 """Every symbol of Flower 1.39 (and of the Ray that Flower 1.39 pins) that pflower replaces, or
-relies on outside Flower's API reference, in one table:
+relies on outside Flower's API reference, and every private part of Optuna that ``pflower tune``
+uses, in one table:
 [`INTERNALS`][pflower.runtime.fence.INTERNALS].
 
 Each entry names the symbol, the parameters pflower was written against (names and kinds; which
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import sys
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +28,8 @@ from typing import Any
 
 
 class FlowerChanged(RuntimeError):
-    """A Flower or Ray internal that pflower relies on is not what pflower was written for."""
+    """A Flower, Ray or Optuna internal that pflower relies on is not what pflower was written
+    for."""
 
 
 def parameters_of(function: Any) -> str:
@@ -53,7 +56,7 @@ def parameters_of(function: Any) -> str:
 
 @dataclass(frozen=True)
 class Internal:
-    """One Flower (or Ray) symbol outside Flower's API reference that pflower uses."""
+    """One Flower (or Ray, or Optuna) symbol outside its API reference that pflower uses."""
 
     module: str
     name: str
@@ -62,6 +65,8 @@ class Internal:
     """What [`parameters_of`][pflower.runtime.fence.parameters_of] gives for the symbol in Flower
     1.39; None for a module."""
     why: str
+    written_for: str = "Flower 1.39 (flwr[simulation]>=1.39,<1.40)"
+    """The package and versions pflower was written against (Ray: the one Flower pins)."""
 
     @property
     def qualified(self) -> str:
@@ -86,8 +91,8 @@ class Internal:
 
     def _changed(self, what: str) -> FlowerChanged:
         return FlowerChanged(
-            f"{self.qualified} {what}: pflower.runtime was written against Flower 1.39 "
-            f"(flwr[simulation]>=1.39,<1.40), where pflower uses it because {self.why}"
+            f"{self.qualified} {what}: pflower.runtime was written against {self.written_for}, "
+            f"where pflower uses it because {self.why}"
         )
 
     def check(self) -> None:
@@ -118,6 +123,34 @@ class Internal:
                 setattr(owner, attribute, original)
             else:
                 delattr(owner, attribute)
+
+    @contextlib.contextmanager
+    def module_stands_in(self, replacement: Any, imported_by: Internal) -> Iterator[None]:
+        """While active, importing the symbol's module gives a module of that name whose symbol
+        is ``replacement``, and the real module is not imported (Ray's backend module imports
+        Ray); the real module's entry in ``sys.modules`` (or its absence) comes back at the end.
+
+        ``imported_by`` is the function that imports the symbol from the module when it runs;
+        it is checked, and so is that its source still says ``<module> import <symbol>``."""
+        imported_by.check()
+        leaf = self.module.rpartition(".")[2]
+        try:
+            source = inspect.getsource(imported_by.current())
+        except (OSError, TypeError):  # no source to read: nothing says it imports the symbol
+            source = ""
+        if f"{leaf} import {self.name}" not in source:
+            raise imported_by._changed(f"no longer imports {self.name} from {self.module}")
+        stand_in = types.ModuleType(self.module)
+        setattr(stand_in, self.name, replacement)
+        real = sys.modules.get(self.module)
+        sys.modules[self.module] = stand_in
+        try:
+            yield
+        finally:
+            if real is None:
+                sys.modules.pop(self.module, None)
+            else:
+                sys.modules[self.module] = real
 
     def replace_for_process(self, replacement: Any) -> Any:
         """Put ``replacement`` where the symbol is for the rest of this process; the original.
@@ -331,6 +364,36 @@ CONSOLE_HANDLER_CLASS = Internal(
     "stream is no terminal (pflower.runtime.logs)",
 )
 
+_OPTUNA = "Optuna 5.1 (optuna>=4)"
+_OPTUNA_RDB = "optuna.storages._rdb.storage"
+
+OPTUNA_RECORD_HEARTBEAT = Internal(
+    _OPTUNA_RDB,
+    "RDBStorage.record_heartbeat",
+    "(self, trial_id)",
+    "`pflower tune` runs trials with ask and tell, so it records their heartbeats itself, "
+    "through the study's storage (Study._storage) by the trial's id (Trial._trial_id) "
+    "(pflower.runtime.optuna_storage)",
+    _OPTUNA,
+)
+OPTUNA_GET_TRIAL = Internal(
+    _OPTUNA_RDB,
+    "RDBStorage.get_trial",
+    "(self, trial_id)",
+    "a trial refused before its run started is re-enqueued by Optuna's heartbeat-stale callback, "
+    "which takes the trial as stored (pflower.runtime.optuna_storage)",
+    _OPTUNA,
+)
+OPTUNA_ALL_TRIALS = Internal(
+    _OPTUNA_RDB,
+    "RDBStorage.get_all_trials",
+    "(self, study_id, deepcopy=..., states=...)",
+    "a study's budget counts the trials of every `pflower tune` process sharing it, read past "
+    "the per-process cache (_CachedStorage._backend) by the study's id (Study._study_id) "
+    "(pflower.runtime.optuna_storage)",
+    _OPTUNA,
+)
+
 INTERNALS: tuple[Internal, ...] = (
     REGISTER_NODES,
     ADD_MESSAGES_TO_QUEUE,
@@ -360,5 +423,8 @@ INTERNALS: tuple[Internal, ...] = (
     SUPERNODE_TIME,
     CONSOLE_HANDLER,
     CONSOLE_HANDLER_CLASS,
+    OPTUNA_RECORD_HEARTBEAT,
+    OPTUNA_GET_TRIAL,
+    OPTUNA_ALL_TRIALS,
 )
-"""Every Flower/Ray internal pflower uses (``tests/test_runtime_fence.py`` checks each)."""
+"""Every Flower/Ray/Optuna internal pflower uses (``tests/test_runtime_fence.py`` checks each)."""
