@@ -28,6 +28,52 @@ def test_flower_internal_is_the_one_pflower_was_written_for(internal: Internal) 
     internal.check()  # raises FlowerChanged: "<symbol> takes (...), not (...): ... because ..."
 
 
+@pytest.mark.parametrize(
+    "internal", [pytest.param(i, id=i.qualified) for i in INTERNALS if i.defaults]
+)
+def test_the_defaults_pflower_relies_on_are_flowers(internal: Internal) -> None:
+    internal.check_defaults()  # raises FlowerChanged: "<symbol> has x=..., not ...: ..."
+
+
+def test_a_changed_default_fails_naming_it() -> None:
+    changed = Internal(
+        "textwrap", "indent", "(text, prefix, predicate=...)", "why", defaults=(("predicate", 1),)
+    )
+    with pytest.raises(FlowerChanged, match=r"textwrap\.indent has predicate=None, not 1"):
+        changed.check_defaults()
+
+
+PATCH_TESTS = {
+    fence.REGISTER_NODES: "test_register_nodes_maps_each_new_node_to_the_next_partition",
+    fence.ADD_MESSAGES_TO_QUEUE: "test_delivery_hands_on_what_flowers_loop_hands_on_in_its_order",
+    fence.RAY_BACKEND: "test_the_fork_backend_stands_in_for_the_module_the_engine_imports_from",
+    fence.RAY_START_MONITOR: "test_a_lean_ray_head_keeps_sigterm",
+    fence.RAY_START_API_SERVER: "test_a_lean_ray_head_keeps_sigterm",
+    fence.RAY_INIT: "test_a_lean_ray_head_keeps_sigterm",
+    fence.HTTP_GRID_SEND_AND_RECEIVE: "test_http_grid_pulls_as_prompt_grid_does",
+    fence.GRID_CLIENT_PROXY: "test_a_grid_client_proxy_sends_through_the_grid_it_holds",
+    fence.PULL_OBJECTS: (
+        "test_deploy_fastpath.py::test_an_array_not_there_yet_is_pulled_again_promptly"
+    ),
+    fence.PULL_AND_INFLATE: "test_pull_and_inflate_passes_its_backoff_defaults_to_pull_objects",
+    fence.INSTALL_FROM_FAB: "test_flower_installs_the_same_fab_into_the_same_directory",
+    fence.LOAD_APP: "test_flower_loads_an_imported_app_module_as_it_is",
+    fence.SUPERNODE_TIME: "test_the_supernode_waits_for_a_reply_through_its_modules_time",
+    fence.CONSOLE_HANDLER_CLASS: "test_console.py::test_flower_colours_only_a_terminal",
+}
+"""Each replaced symbol of the table (one with a measured saving) and the test of the behaviour
+of Flower's (Ray's) symbol that the replacement relies on (in this file, or ``file::test``)."""
+
+
+def test_every_replacement_has_a_measured_saving_and_a_behaviour_test() -> None:
+    measured = {i.qualified for i in INTERNALS if i.measured}
+    assert measured == {i.qualified for i in PATCH_TESTS}
+    for test in PATCH_TESTS.values():
+        file, _, name = test.rpartition("::")
+        source = (ROOT / "tests" / (file or Path(__file__).name)).read_text()
+        assert f"def {name}(" in source, test
+
+
 def test_each_internal_is_listed_once_with_its_reason() -> None:
     assert len({i.qualified for i in INTERNALS}) == len(INTERNALS)
     assert all(i.why for i in INTERNALS)
@@ -374,7 +420,7 @@ def _http_grid_pulling(ready_after: int) -> object:
     return Grid()
 
 
-def test_http_grid_pulls_until_every_reply_came_or_the_timeout_as_prompt_grid_does(
+def test_http_grid_pulls_as_prompt_grid_does(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import time
@@ -524,7 +570,7 @@ def test_the_supernode_waits_for_a_reply_through_its_modules_time(
 
 
 @pytest.mark.slow
-def test_a_lean_ray_head_starts_no_monitor_nor_api_server_and_keeps_sigterm() -> None:
+def test_a_lean_ray_head_keeps_sigterm() -> None:
     probe = textwrap.dedent(
         """
         import signal
