@@ -140,3 +140,30 @@ def test_the_runtime_names_no_module_of_a_layer_above_it() -> None:
         if isinstance(node, ast.Constant) and names_a_module_of(node.value, upper)
     ]
     assert not named, "\n".join(named)
+
+
+def test_the_launcher_gives_the_fork_server_pflowers_clientapp_to_preload(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pflower.deploy import launcher
+    from pflower.runtime import launcher as runtime_launcher
+    from pflower.runtime.forkserver import PRELOAD, ForkServerProcess
+
+    given: list[object] = []
+    monkeypatch.setattr(runtime_launcher, "main", lambda argv, app: given.append((argv, app)))
+    launcher.main(["supernode"])
+    assert given == [(["supernode"], launcher.CLIENTAPP_PRELOAD)]
+    assert "pflower.client.app" in launcher.CLIENTAPP_PRELOAD
+    assert not any(m.startswith("pflower.client") for m in PRELOAD)
+
+    started: list[dict[str, object]] = []
+    monkeypatch.setattr(ForkServerProcess, "start", lambda *a, **k: started.append(k) or _Env())
+    runtime_launcher.start_fork_server(launcher.CLIENTAPP_PRELOAD)
+    assert started[0]["app"] == launcher.CLIENTAPP_PRELOAD
+
+
+class _Env:
+    """A started fork server's environment changes: none."""
+
+    def environment(self) -> dict[str, str]:
+        return {}

@@ -79,9 +79,8 @@ class Internal:
     """For a symbol pflower replaces: what the replacement saves (seconds, or a failure it
     prevents), measured side by side with the symbol as it is (``python
     benchmarks/fence_patches.py --pairs 3 --ray``, medians of 3 alternating pairs, on the 2-core
-    development VM at load 23, 2026-12-05); empty for a symbol pflower only calls or implements.
+    development VM at load 23-27, 2026-12-05); empty for a symbol pflower only calls or implements.
     A replacement whose saving no longer justifies it is dropped."""
-
     defaults: tuple[tuple[str, Any], ...] = ()
     """Default values pflower relies on: its replacement repeats them, or its measured saving
     rests on them (checked by
