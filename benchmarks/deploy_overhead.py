@@ -232,14 +232,15 @@ def clientapp_cold_start() -> float:
 
 
 def fork_start(repeats: int = 3) -> float:
-    """Median wall time of a task through the fork server: connect, fork, import pflower's
-    ClientApp in the child (imported in the server already), exit; the server's own imports
-    happen before and are not timed."""
+    """Median wall time of a task through the fork server: connect, fork, exit, with pflower's
+    ClientApp imported in the server; the server's own imports happen before and are not
+    timed."""
+    from pflower.deploy.launcher import CLIENTAPP_PRELOAD
     from pflower.runtime.forkserver import ForkServerProcess
 
     with tempfile.TemporaryDirectory(prefix="pff-") as tmp:
         server = ForkServerProcess.start(
-            Path(tmp), target="pflower.runtime.forkserver:import_clientapp_probe"
+            Path(tmp), target="pflower.runtime.forkserver:empty_task", app=CLIENTAPP_PRELOAD
         )
         try:
             server.wait_ready(timeout=300)

@@ -59,6 +59,22 @@ class HelpFormatter(argparse.HelpFormatter):
         return "\n\n".join(paragraphs)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """An argparse parser that keeps its subcommands' parsers, by name, in ``subcommands``
+    (argparse has no public accessor for them; [`subparsers`][pflower.commands.subparsers] reads
+    them). The parsers of its subcommands are ``CommandParser``s too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.subcommands: dict[str, argparse.ArgumentParser] = {}
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        """argparse's ``add_subparsers``; the parsers it adds are kept in ``subcommands``."""
+        group = super().add_subparsers(**kwargs)
+        self.subcommands = group.choices  # the name -> parser map that add_parser fills
+        return group
+
+
 @dataclass(frozen=True)
 class Subcommand:
     """One ``pflower <name> ...`` command.
@@ -187,14 +203,9 @@ def parser_of(command: Subcommand) -> argparse.ArgumentParser:
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    """The parsers of ``parser``'s own subcommands (``pflower deploy up`` ...), by name (read
-    from its actions: argparse has no public accessor for them)."""
-    return {
-        name: sub
-        for action in parser._actions
-        if isinstance(action, argparse._SubParsersAction)
-        for name, sub in action.choices.items()
-    }
+    """The parsers of ``parser``'s own subcommands (``pflower deploy up`` ...), by name: a
+    [`CommandParser`][pflower.commands.CommandParser]'s; none for another parser."""
+    return dict(parser.subcommands) if isinstance(parser, CommandParser) else {}
 
 
 def _rows(rows: Sequence[tuple[str, str]], width: int) -> list[str]:

@@ -448,7 +448,7 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(
 
 def test_a_study_resumes_only_the_search_it_started(tmp_path: Path) -> None:
     from pflower.searchspace import Param
-    from pflower.tuning.search import check_study_space, search_record
+    from pflower.tuning.ledger import check_study_space, search_record
 
     suite = load_suite(_suite_file(tmp_path))
     setting = suite.settings[0]

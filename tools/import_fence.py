@@ -5,7 +5,9 @@ import-linter's own ``forbidden`` contract cannot name a subpackage of an extern
 (``flwr.supernode``): its import graph keeps each external package as one module (``flwr``).
 This contract reads the import statements behind each import of such a package (the graph keeps
 the text of their first line) and fails every one, outside ``allowed_importers``, that names a
-module in ``forbidden_modules`` or below it (:func:`imported_modules`). Registered in
+module in ``forbidden_modules`` or below it, or a private module (one whose dotted name has a part
+starting with ``_``) of a package in ``private_modules_of`` (:func:`imported_modules`,
+:func:`fenced_by`). Registered in
 ``pyproject.toml`` (``[tool.importlinter] contract_types``); ``lint-imports`` puts the working
 directory on the path.
 """
@@ -41,19 +43,34 @@ def _within(name: str, prefixes: list[str]) -> str | None:
     return next((p for p in prefixes if name == p or name.startswith(p + ".")), None)
 
 
+def fenced_by(name: str, forbidden: list[str], private_of: list[str]) -> str | None:
+    """What fences the module ``name``: the entry of ``forbidden`` it is or is below, or, for a
+    private module of a package in ``private_of`` (``optuna.storages._rdb``), its name up to its
+    first private part (``optuna.storages._rdb``); None if nothing does."""
+    fenced = _within(name, forbidden)
+    if fenced or not _within(name, private_of):
+        return fenced
+    parts = name.split(".")
+    private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
+    return None if private is None else ".".join(parts[: private + 1])
+
+
 class FencedExternalsContract(Contract):
-    """Modules of external packages (``forbidden_modules``, dotted, e.g. ``flwr.supernode``)
-    that no module of the root package outside ``allowed_importers`` may import."""
+    """Modules of external packages (``forbidden_modules``, dotted, e.g. ``flwr.supernode``; the
+    private modules of ``private_modules_of``, e.g. ``optuna``) that no module of the root package
+    outside ``allowed_importers`` may import."""
 
     type_name = "fenced_externals"
 
     forbidden_modules = fields.ListField(subfield=fields.StringField())
     allowed_importers = fields.ListField(subfield=fields.StringField())
+    private_modules_of = fields.ListField(subfield=fields.StringField(), required=False)
 
     def check(self, graph: ImportGraph, verbose: bool) -> ContractCheck:
         forbidden = [str(m) for m in self.forbidden_modules]  # type: ignore[attr-defined]
         allowed = [str(m) for m in self.allowed_importers]  # type: ignore[attr-defined]
-        roots = {name.split(".")[0] for name in forbidden}
+        private_of = [str(m) for m in self.private_modules_of or []]  # type: ignore[attr-defined]
+        roots = {name.split(".")[0] for name in [*forbidden, *private_of]}
         violations: list[dict[str, object]] = []
         for importer in sorted(graph.modules):
             if importer in roots or _within(importer, allowed):
@@ -61,7 +78,7 @@ class FencedExternalsContract(Contract):
             for root in sorted(roots & graph.find_modules_directly_imported_by(importer)):
                 for detail in graph.get_import_details(importer=importer, imported=root):
                     for name in imported_modules(str(detail["line_contents"])):
-                        fenced = _within(name, forbidden)
+                        fenced = fenced_by(name, forbidden, private_of)
                         if fenced:
                             violations.append(
                                 {

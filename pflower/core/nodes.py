@@ -10,7 +10,7 @@ from flwr.common import Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
-from pflower.runtime.engine import is_in_memory_grid, published_partitions
+from pflower.runtime.engine import is_simulated, published_partitions
 
 
 class NodeQuestions:
@@ -63,7 +63,7 @@ def simulated_nodes(client_manager: ClientManager) -> int | None:
     reached through an in-memory grid, a deployment's through the SuperLink.
     """
     proxies = list(client_manager.all().values())
-    if proxies and all(is_in_memory_grid(getattr(p, "grid", None)) for p in proxies):
+    if proxies and all(is_simulated(p) for p in proxies):
         return len(proxies)
     return None
 
@@ -73,7 +73,7 @@ def simulated_partitions(client_manager: ClientManager) -> dict[str, int] | None
     otherwise, e.g. in a deployment or under ``flwr run``, where nodes are asked)."""
     partitions: dict[str, int] = {}
     for cid, proxy in client_manager.all().items():
-        published = published_partitions(getattr(proxy, "grid", None))
+        published = published_partitions(proxy)
         if published is None or int(cid) not in published:
             return None
         partitions[cid] = int(published[int(cid)])

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pflower.commands import HelpFormatter
+from pflower.commands import CommandParser, HelpFormatter
 from pflower.deploy.compose import render_compose
 from pflower.deploy.local import (
     CONNECTION,
@@ -252,7 +252,7 @@ def _compose(args: argparse.Namespace) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     """The parser of ``pflower deploy``; each subcommand sets its ``handler``."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="pflower deploy",
         description="A SuperLink and N SuperNodes as local processes (up/status/run/down), "
         "or the docker-compose files for N nodes (compose).",

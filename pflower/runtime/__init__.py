@@ -1,6 +1,7 @@
-"""The only part of pflower that touches Flower's or Ray's internals (anything outside Flower's
-API reference): an import-linter contract in ``pyproject.toml`` (``fenced_externals``) fails any
-other module of pflower that imports one.
+"""The only part of pflower that touches Flower's, Ray's or Optuna's internals (anything outside
+Flower's API reference, and their private modules and attributes): an import-linter contract in
+``pyproject.toml`` (``fenced_externals``) fails any other module of pflower that imports one, and
+``tests/test_fence_scan.py`` any that reads a private or string-named attribute.
 
 [`fence`][pflower.runtime.fence] lists every internal symbol used, the parameters pflower was
 written against and why it is used (``tests/test_runtime_fence.py`` checks each, so a Flower
@@ -25,4 +26,6 @@ the end of the run where the process outlives the run.
 - [`signals`][pflower.runtime.signals]: a signal caught by a thread other than the main one is
   handled at once, though the main thread waits in the simulation engine.
 - [`logs`][pflower.runtime.logs]: Flower's console logging.
+- [`optuna_storage`][pflower.runtime.optuna_storage]: a tuning trial's heartbeat and a shared
+  study's trials, from Optuna's storage.
 """

@@ -112,10 +112,17 @@ def scaled_to_many_clients() -> Iterator[None]:
         yield
 
 
-def is_in_memory_grid(grid: object) -> bool:
-    """Whether ``grid`` is a simulation's in-memory grid (Flower's server-side grid modules are
-    imported on the first call: a ClientApp never needs them)."""
-    return isinstance(grid, _in_memory_grid_class())
+def grid_of(proxy: object) -> object | None:
+    """The grid that the legacy server's proxy of a node talks through (the ``grid`` attribute of
+    Flower's ``GridClientProxy``, `GRID_CLIENT_PROXY`; None for a proxy without one, such as
+    the in-process test's)."""
+    return getattr(proxy, "grid", None)
+
+
+def is_simulated(proxy: object) -> bool:
+    """Whether ``proxy``'s node is reached through a simulation's in-memory grid (Flower's
+    server-side grid modules are imported on the first call: a ClientApp never needs them)."""
+    return isinstance(grid_of(proxy), _in_memory_grid_class())
 
 
 @functools.cache
@@ -124,14 +131,14 @@ def _in_memory_grid_class() -> type:
     return grid_class
 
 
-def published_partitions(grid: object) -> dict[int, int] | None:
-    """The node-id -> partition-id map published on an in-memory ``grid``'s link state (None
-        where the grid is no simulation's, or none was published: under ``flwr run``); the published
-    dict itself, not a copy (a round asks it once per node)."""
-    if not is_in_memory_grid(grid):
+def published_partitions(proxy: object) -> dict[int, int] | None:
+    """The node-id -> partition-id map published on the link state of the in-memory grid that
+    ``proxy`` talks through (None where the grid is no simulation's, or none was published: under
+    ``flwr run``); the published dict itself, not a copy (a round asks it once per node)."""
+    if not is_simulated(proxy):
         return None
     published: dict[int, int] | None = getattr(
-        getattr(grid, "state", None), SIMULATED_PARTITIONS, None
+        getattr(grid_of(proxy), "state", None), SIMULATED_PARTITIONS, None
     )
     return published
 

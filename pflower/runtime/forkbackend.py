@@ -49,9 +49,7 @@ import multiprocessing
 import os
 import queue
 import signal
-import sys
 import traceback
-import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -59,7 +57,7 @@ from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING
 
 from pflower.registry import ConfigError
-from pflower.runtime.fence import RAY_BACKEND
+from pflower.runtime.fence import RAY_BACKEND, START_VCE
 from pflower.runtime.processes import die_with_parent
 
 if TYPE_CHECKING:
@@ -327,17 +325,10 @@ def forked_workers(app: ClientApp, prepare: Callable[[], None], count: int) -> I
         )
     prepare()
     workers = ForkWorkers(app, count)
-    stand_in = types.ModuleType(RAY_BACKEND_MODULE)
-    stand_in.RayBackend = ForkBackend  # type: ignore[attr-defined]  # a module built here
-    real = sys.modules.get(RAY_BACKEND_MODULE)
-    sys.modules[RAY_BACKEND_MODULE] = stand_in
     ForkBackend.workers = workers
     try:
-        yield
+        with RAY_BACKEND.module_stands_in(ForkBackend, imported_by=START_VCE):
+            yield
     finally:
         ForkBackend.workers = None
-        if real is None:
-            sys.modules.pop(RAY_BACKEND_MODULE, None)
-        else:
-            sys.modules[RAY_BACKEND_MODULE] = real
         workers.close()

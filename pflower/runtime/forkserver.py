@@ -27,7 +27,8 @@ The fork server imports those libraries once, then forks a child per task:
 
 What the child runs is what ``flwr-clientapp`` runs: the same Flower function, the same arguments
 (runtime address, token, TLS root certificates, ``--parent-pid``), the same environment. The server
-imports ``pflower.client.app`` (and with it torch, torchvision, Flower, Hydra, datasets, ...),
+imports the app's modules named by the process that starts it (the launcher's: pflower's ClientApp,
+and with it torch, torchvision, Flower, Hydra, datasets, ...),
 ``torch._dynamo`` (which torch imports when the first optimizer is built) and composes the default
 configuration once (Hydra's lazy imports). Before it forks it also changes two things in Flower's
 ClientApp runtime that its children inherit: a FAB installed by an earlier task of the node is not
@@ -100,14 +101,16 @@ DEFAULT_TARGET = f"{FLWR_CLIENTAPP.module}:{FLWR_CLIENTAPP.name}"
 
 PRELOAD = (
     FLWR_CLIENTAPP.module,
-    "pflower.client.app",
-    "pflower.client.app:warm_up",
     "pflower.runtime.polling:prompt_object_pulls",
     "pflower.runtime.forkapp:install_fabs_once",
     "sklearn.datasets",
     "torch._dynamo",
 )
-"""Imported (``module``) or called (``module:function``) by the server before it serves.
+"""Imported (``module``) or called (``module:function``) by the server before it serves, after
+the application's own modules, which the process that starts the server names
+([`ForkServerProcess.start`][pflower.runtime.forkserver.ForkServerProcess.start]'s ``app``:
+pflower's launcher, [`pflower.deploy.launcher`][pflower.deploy.launcher], gives its ClientApp's;
+the runtime names no module of the layers above it).
 
 ``torch._dynamo``: torch imports it the first time an optimizer is built (``Optimizer.__init__``
 is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
@@ -326,9 +329,9 @@ def exit_code(done: SystemExit) -> int:
     return 1
 
 
-def import_clientapp_probe() -> None:
-    """A task that imports pflower's ClientApp and exits (what the benchmark times)."""
-    importlib.import_module("pflower.client.app")
+def empty_task() -> None:
+    """A task that does nothing: what a task costs the fork server and its child (the benchmark
+    times it)."""
 
 
 # ---------------------------------------------------------------------- starting a server
@@ -369,10 +372,12 @@ class ForkServerProcess:
         python: str = sys.executable,
         preload_modules: Sequence[str] = PRELOAD,
         command: str = forkclient.COMMAND,
+        app: Sequence[str] = (),
     ) -> ForkServerProcess:
         """Write the stand-in ``bin/<command>`` (without a server it runs the next ``command``
         on ``PATH``), bind the socket and start the server (it imports in the background; tasks
-        that arrive meanwhile wait in the socket's backlog)."""
+        that arrive meanwhile wait in the socket's backlog). The server imports (or calls) the
+        ``app``'s modules (``module`` or ``module:function``), then ``preload_modules``."""
         bin_dir = directory / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         shim = bin_dir / command
@@ -394,7 +399,7 @@ class ForkServerProcess:
                 "--remove",
                 str(directory),
                 "--preload",
-                ",".join(preload_modules),
+                ",".join([*app, *preload_modules]),
             ]
             if watch_pid is not None:
                 argv += ["--watch-pid", str(watch_pid)]

@@ -121,11 +121,13 @@ def isolation_of(arguments: Sequence[str]) -> str:
     return "subprocess"
 
 
-def start_fork_server() -> ForkServerProcess:
-    """A fork server for this process's ClientApp tasks, its stand-in put on this process's
-    ``PATH`` (inherited by the SuperExec it starts); it ends when this process does, whatever
-    ends it."""
-    server = ForkServerProcess.start(server_directory("pflower-fork-"), watch_pid=os.getpid())
+def start_fork_server(app: Sequence[str] = ()) -> ForkServerProcess:
+    """A fork server for this process's ClientApp tasks, which imports the ``app``'s modules
+    first, its stand-in put on this process's ``PATH`` (inherited by the SuperExec it starts); it
+    ends when this process does, whatever ends it."""
+    server = ForkServerProcess.start(
+        server_directory("pflower-fork-"), watch_pid=os.getpid(), app=app
+    )
     os.environ.update(server.environment())
     return server
 
@@ -159,13 +161,15 @@ def parse(argv: Sequence[str]) -> tuple[str, bool, list[str]]:
     return component, fork_server, arguments
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def main(argv: Sequence[str] | None = None, app: Sequence[str] = ()) -> None:
+    """Run the SuperNode or SuperExec of ``argv`` (default: this process's arguments); a fork
+    server, if one is started, imports the ClientApp's modules ``app`` first."""
     component, fork_server, arguments = parse(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault(SUPEREXEC_POLL_VARIABLE, str(POLLING.superexec_s))
     runs_clientapps = component == "superexec" or isolation_of(arguments) == "subprocess"
     asks_help = bool({"-h", "--help", "-V", "--version"} & set(arguments))
     if runs_clientapps and fork_server and not asks_help:
-        start_fork_server()
+        start_fork_server(app)
     if component == "supernode":
         cap_supernode_sleeps(float(os.environ.get(SUPERNODE_POLL_VARIABLE, POLLING.supernode_s)))
         from pflower.runtime.polling import prompt_object_pulls  # after the fork server started

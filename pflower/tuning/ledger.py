@@ -1,25 +1,19 @@
 """What a study's trials say: which count toward its budget, what they spent, which repeat
 another's configuration, and where the quasi-random sequence stands (`.search` asks,
-`.finals` and the leaderboard read)."""
+`.finals` and the leaderboard read); and what a study searches, so that a resumed study searches
+the same space."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pflower.registry import ConfigError
+from pflower.runtime.optuna_storage import retry_callback, trials_of
+from pflower.searchspace import Param
 from pflower.tuning.schedule import SearchPlan, configuration, distinct
-
-
-def retry_callback() -> tuple[str, Any]:
-    """Optuna's callback that re-enqueues a heartbeat-stale trial, and the storage keyword that
-    takes it (renamed in Optuna 4.9)."""
-    import optuna
-
-    if hasattr(optuna.storages, "RetryHeartbeatStaleTrialCallback"):
-        callback = optuna.storages.RetryHeartbeatStaleTrialCallback
-        return "heartbeat_stale_trial_callback", callback
-    return "failed_trial_callback", optuna.storages.RetryFailedTrialCallback
+from pflower.tuning.suite import Setting
 
 
 def retried_numbers(trials: Sequence[Any]) -> set[int]:
@@ -115,12 +109,46 @@ def budget_counts(study: Any) -> tuple[int, int]:
     """(finished trials that count toward the budget, running trials)."""
     from optuna.trial import TrialState
 
-    storage = study._storage
-    backend = getattr(storage, "_backend", storage)  # past Optuna's per-process trial cache
-    trials = backend.get_all_trials(study._study_id, deepcopy=False)
+    trials = trials_of(study)  # past Optuna's per-process trial cache
     counted, _ = counted_trials(trials)
     finished = sum(
         t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL) for t in counted
     )
     running = sum(t.state == TrialState.RUNNING for t in trials)
     return finished, running
+
+
+SEARCH_ATTR = "search"
+"""The study's user attribute holding what it searches (see
+[`check_study_space`][pflower.tuning.ledger.check_study_space])."""
+
+
+def search_record(
+    space: Mapping[str, Param], setting: Setting, method: str, plan: SearchPlan | None = None
+) -> dict[str, Any]:
+    """What a study searches: every key's range and the method's own overrides here, and how
+    it draws and stops trials (`SearchPlan.how`; not recorded for TPE with the median
+    pruner, the only search before plans existed, so those studies still resume)."""
+    record: dict[str, Any] = {
+        "space": {key: param.describe() for key, param in space.items()},
+        "method_overrides": list(setting.own_overrides(method)),
+    }
+    if plan is not None and (plan.sampler, plan.scheduler) != ("tpe", "median"):
+        record["plan"] = plan.how()
+    return record
+
+
+def check_study_space(study: Any, record: Mapping[str, Any], setting: str) -> None:
+    """Record what a new study searches; refuse to resume one that searched something else (a
+    changed range or a changed per-method override would mix trials of two searches, and the
+    best of them would be run with the new overrides)."""
+    stored = study.user_attrs.get(SEARCH_ATTR)
+    if stored is None:
+        study.set_user_attr(SEARCH_ATTR, dict(record))
+    elif stored != dict(record):
+        raise ConfigError(
+            f"the study of {study.study_name} in setting {setting} searched {stored}, but the "
+            f"suite now says {dict(record)}: restore the suite's entry, or delete the study "
+            f"(optuna delete-study --study-name {study.study_name} --storage <setting>/study.db) "
+            "and its chosen file to search again"
+        )

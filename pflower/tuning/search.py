@@ -43,17 +43,23 @@ from pathlib import Path
 from typing import Any
 
 from pflower.config import RunRecord
-from pflower.registry import ConfigError
 from pflower.results.rundir import read_rows
+from pflower.runtime.optuna_storage import (
+    heartbeat,
+    record_heartbeat,
+    retry_callback,
+    stored_trial,
+)
 from pflower.searchspace import Param, format_value
 from pflower.tuning.ledger import (
     QMC_ATTR,
     REPEAT_ATTR,
     REPEAT_LIMIT,
     ROUNDS_ATTR,
+    check_study_space,
     next_point,
     repeated,
-    retry_callback,
+    search_record,
     spending,
 )
 from pflower.tuning.runner import (
@@ -319,7 +325,6 @@ def _run_and_tell(
 ) -> None:
     from optuna.trial import TrialState
 
-    storage = study._storage
     name = f"{study.study_name} trial {trial.number}"
 
     def ran() -> None:
@@ -330,7 +335,7 @@ def _run_and_tell(
             command,
             run_dir,
             on_round,
-            heartbeat=lambda: storage.record_heartbeat(trial._trial_id),
+            heartbeat=heartbeat(study, trial),
             timeout_s=timeout_s,
         )
     except Pruned as stop:
@@ -348,7 +353,7 @@ def _run_and_tell(
         # not the values' doing: retried with them, as an interrupted trial is, once the
         # cause is fixed, and not counted toward the budget (see retried_numbers)
         _, callback = retry_callback()
-        callback()(study, storage.get_trial(trial._trial_id))
+        callback()(study, stored_trial(study, trial))
         trial.set_user_attr("error", f"refused before it started: {error}"[:2000])
         study.tell(trial, state=TrialState.FAIL)
         raise
@@ -380,7 +385,7 @@ def _draw(
         study.enqueue_trial(point, user_attrs={QMC_ATTR: index}, skip_if_exists=False)
     study.sampler = trial_sampler(seed, len(trials), parallel)
     trial = study.ask()
-    study._storage.record_heartbeat(trial._trial_id)  # a dead driver leaves a stale trial
+    record_heartbeat(study, trial)  # a dead driver leaves a stale trial
     values = {key: param.suggest(trial, key) for key, param in space.items()}
     return trial, values, repeated(study.get_trials(deepcopy=False), trial)
 
@@ -472,39 +477,3 @@ def tune(
     if errors:
         raise errors[0]
     return open_study(layout, setting.name, method, seed, parallel, None, study_id)
-
-
-SEARCH_ATTR = "search"
-"""The study's user attribute holding what it searches (see
-[`check_study_space`][pflower.tuning.search.check_study_space])."""
-
-
-def search_record(
-    space: Mapping[str, Param], setting: Setting, method: str, plan: SearchPlan | None = None
-) -> dict[str, Any]:
-    """What a study searches: every key's range and the method's own overrides here, and how
-    it draws and stops trials (`SearchPlan.how`; not recorded for TPE with the median
-    pruner, the only search before plans existed, so those studies still resume)."""
-    record: dict[str, Any] = {
-        "space": {key: param.describe() for key, param in space.items()},
-        "method_overrides": list(setting.own_overrides(method)),
-    }
-    if plan is not None and (plan.sampler, plan.scheduler) != ("tpe", "median"):
-        record["plan"] = plan.how()
-    return record
-
-
-def check_study_space(study: Any, record: Mapping[str, Any], setting: str) -> None:
-    """Record what a new study searches; refuse to resume one that searched something else (a
-    changed range or a changed per-method override would mix trials of two searches, and the
-    best of them would be run with the new overrides)."""
-    stored = study.user_attrs.get(SEARCH_ATTR)
-    if stored is None:
-        study.set_user_attr(SEARCH_ATTR, dict(record))
-    elif stored != dict(record):
-        raise ConfigError(
-            f"the study of {study.study_name} in setting {setting} searched {stored}, but the "
-            f"suite now says {dict(record)}: restore the suite's entry, or delete the study "
-            f"(optuna delete-study --study-name {study.study_name} --storage <setting>/study.db) "
-            "and its chosen file to search again"
-        )
