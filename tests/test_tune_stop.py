@@ -90,3 +90,36 @@ def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> 
         server.kill()
     assert server.returncode == 0, err
     assert "Traceback" not in err, err
+
+
+def test_a_trial_left_running_by_a_stopped_tune_is_retried_at_once(tmp_path: Path) -> None:
+    """A ``pflower tune`` that was killed leaves its trial RUNNING. While another driver holds
+    the setting (it may be running that trial), the trial is left to the heartbeat check; once
+    no driver is left, the next one fails it at once and its values are enqueued again, where
+    it used to sit out the heartbeat's 90 s grace period first."""
+    import fcntl
+
+    from optuna.trial import TrialState
+
+    from pflower.tuning.ledger import driving
+    from pflower.tuning.search import Layout, open_study
+
+    layout = Layout(tmp_path / "out")
+    study = open_study(layout, "digits", "fedavg", 0, parallel=True)
+    left = study.ask()
+    lr = left.suggest_float("train.lr", 1e-3, 1e-1, log=True)
+    said: list[str] = []
+    lock = layout.drivers_file("digits")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with lock.open("a") as other:  # another driver, alive
+        fcntl.flock(other, fcntl.LOCK_SH)
+        with driving(lock, study, said.append):
+            assert [t.state for t in study.get_trials()] == [TrialState.RUNNING]
+    assert said == []
+    with driving(lock, study, said.append):  # nobody else: the trial was left behind
+        trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.WAITING]
+    assert trials[1].params == {"train.lr": lr}  # retried with its values
+    assert said == [
+        "fedavg: trial 0 was left running by a stopped pflower tune (retried with the same values)"
+    ]

@@ -483,6 +483,15 @@ OPTUNA_ALL_TRIALS = Internal(
     "(pflower.runtime.optuna_storage)",
     _OPTUNA,
 )
+OPTUNA_FAIL_TRIAL = Internal(
+    _OPTUNA_RDB,
+    "RDBStorage.set_trial_state_values",
+    "(self, trial_id, state, values=...)",
+    "a trial left RUNNING by a stopped `pflower tune` is failed as soon as no driver holds the "
+    "setting, as fail_stale_trials fails a late heartbeat's, by the trial's id "
+    "(pflower.runtime.optuna_storage.fail_running_trials)",
+    _OPTUNA,
+)
 
 INTERNALS: tuple[Internal, ...] = (
     REGISTER_NODES,
@@ -516,5 +525,6 @@ INTERNALS: tuple[Internal, ...] = (
     OPTUNA_RECORD_HEARTBEAT,
     OPTUNA_GET_TRIAL,
     OPTUNA_ALL_TRIALS,
+    OPTUNA_FAIL_TRIAL,
 )
 """Every Flower/Ray/Optuna internal pflower uses (``tests/test_runtime_fence.py`` checks each)."""

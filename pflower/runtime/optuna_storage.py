@@ -1,5 +1,6 @@
 """What ``pflower tune`` asks of an Optuna study's storage that Optuna's ``Study`` and ``Trial``
-do not offer: a trial's heartbeat, a trial as stored, and every trial as the database holds it.
+do not offer: a trial's heartbeat, a trial as stored, every trial as the database holds it, and
+failing the trials a stopped ``pflower tune`` left running.
 
 Heartbeats are meant for ``Study.optimize``; pflower's tuning runs its trials with ask and tell
 (several ``pflower tune`` processes may share one study), so it records a running trial's
@@ -9,8 +10,8 @@ a study holds is a per-process cache in front of the database (``_CachedStorage.
 these functions are in the fence, with
 [`retry_callback`][pflower.runtime.optuna_storage.retry_callback], which follows a renaming in
 Optuna ([`pflower.runtime.fence`][pflower.runtime.fence]:
-`OPTUNA_RECORD_HEARTBEAT`, `OPTUNA_GET_TRIAL`, `OPTUNA_ALL_TRIALS`); tuning code calls only
-them.
+`OPTUNA_RECORD_HEARTBEAT`, `OPTUNA_GET_TRIAL`, `OPTUNA_ALL_TRIALS`, `OPTUNA_FAIL_TRIAL`); tuning
+code calls only them.
 """
 
 from __future__ import annotations
@@ -61,3 +62,28 @@ def trials_of(study: Any) -> list[Any]:
     backend = getattr(storage, "_backend", storage)
     trials: list[Any] = backend.get_all_trials(study._study_id, deepcopy=False)
     return trials
+
+
+def fail_running_trials(study: Any) -> list[int]:
+    """Fail every trial of ``study`` that is RUNNING now and pass each to the storage's
+    heartbeat-stale callback, as ``optuna.storages.fail_stale_trials`` does for a trial whose
+    heartbeat is late: for a caller that knows no live process runs them. Returns their numbers
+    (a trial another process finished meanwhile is left as it is)."""
+    from optuna.exceptions import UpdateFinishedTrialError
+    from optuna.trial import TrialState
+
+    storage = study._storage
+    failed = []
+    for trial in trials_of(study):
+        if trial.state != TrialState.RUNNING:
+            continue
+        try:
+            if storage.set_trial_state_values(_storage_id(trial), state=TrialState.FAIL):
+                failed.append(trial)
+        except UpdateFinishedTrialError:
+            continue
+    callback = storage.get_heartbeat_stale_trial_callback()
+    for trial in failed:
+        if callback is not None:
+            callback(study, stored_trial(study, trial))
+    return [trial.number for trial in failed]

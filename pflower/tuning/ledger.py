@@ -5,12 +5,15 @@ the same space."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import fcntl
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pflower.registry import ConfigError
-from pflower.runtime.optuna_storage import retry_callback, trials_of
+from pflower.runtime.optuna_storage import fail_running_trials, retry_callback, trials_of
 from pflower.searchspace import Param
 from pflower.tuning.schedule import SearchPlan, configuration, distinct
 from pflower.tuning.suite import Setting
@@ -32,6 +35,37 @@ def counted_trials(trials: Sequence[Any]) -> tuple[list[Any], set[int]]:
     interrupted = retried_numbers(trials)
     counted = [t for t in trials if t.number not in interrupted and REPEAT_ATTR not in t.user_attrs]
     return counted, interrupted
+
+
+@contextlib.contextmanager
+def driving(path: Path, study: Any, log: Callable[[str], None]) -> Iterator[None]:
+    """Hold ``path`` shared while this process runs trials of ``study``'s setting. A driver
+    that finds nobody else holding it (an exclusive lock is free: the kernel drops the lock of a
+    process that ended, however it ended) knows that a trial still RUNNING was left by a
+    ``pflower tune`` that was stopped: it fails such trials at once, and Optuna's retry
+    callback enqueues their values again, instead of waiting out the heartbeat's grace period
+    (``GRACE_S``, which still covers a driver whose lock this one cannot see, e.g. on a file
+    system without shared locks)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # another driver is running: its trials are its own
+        else:
+            left = fail_running_trials(study)
+            if left:
+                numbers = ", ".join(str(n) for n in left)
+                which = f"trial {numbers} was" if len(left) == 1 else f"trials {numbers} were"
+                log(
+                    f"{study.study_name}: {which} left running by a stopped pflower tune "
+                    "(retried with the same values)"
+                )
+        fcntl.flock(handle, fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 REPEAT_LIMIT = 200

@@ -57,6 +57,7 @@ from pflower.tuning.ledger import (
     REPEAT_LIMIT,
     ROUNDS_ATTR,
     check_study_space,
+    driving,
     next_point,
     repeated,
     search_record,
@@ -133,6 +134,10 @@ class Layout:
 
     def lock_file(self, setting: str) -> Path:
         return self.setting_dir(setting) / ".study.lock"
+
+    def drivers_file(self, setting: str) -> Path:
+        """Held shared by every ``pflower tune`` running trials of the setting (`driving`)."""
+        return self.setting_dir(setting) / ".drivers.lock"
 
 
 def _in_study(folder: Path, study: int | None) -> Path:
@@ -465,7 +470,10 @@ def tune(
         study = open_study(layout, setting.name, method, seed, parallel, None, study_id)
         record = search_record(space, setting, method, plan)
         check_study_space(study, record, setting.name)
-    with runs_stop_together():  # Ctrl-C stops the worker threads' runs too
+    with (
+        driving(layout.drivers_file(setting.name), study, log),
+        runs_stop_together(),  # Ctrl-C stops the worker threads' runs too
+    ):
         if workers == 1:
             worker()
         else:
