@@ -43,7 +43,7 @@ from pflower.core.checkpoint import CheckpointError, load_checkpoint
 from pflower.deploy.cli import resume_overrides
 from pflower.deploy.local import CONNECTION, SERVERAPP_PROGRAM
 from pflower.deploy.processes import launch, tagged_pids, terminate
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import (
     RUN_TIMEOUT,
     assert_same_results,

@@ -27,7 +27,7 @@ from pflower.deploy.cli import main
 from pflower.deploy.local import FLWR_TIMEOUT_S, STATE_FILE, Deployment
 from pflower.deploy.processes import tagged_pids
 from pflower.deploy.topology import Endpoints
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import REPO, free_port, free_port_block, wait_until
 
 RUN_TIMEOUT = 600.0

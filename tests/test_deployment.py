@@ -34,7 +34,7 @@ from pflower.core.checkpoint import CheckpointError, load_checkpoint
 from pflower.deploy.cli import main, resume_overrides
 from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import (
     REPO,
     RUN_TIMEOUT,

@@ -19,7 +19,7 @@ import pytest
 from flwr.app import RecordDict
 
 from pflower.client.app import client_fn
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from pflower.strategies.flame import DUAL, LOCAL_COPY, THETA
 from tests.deploy_helpers import (
     RUN_TIMEOUT,

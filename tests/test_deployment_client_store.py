@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import (
     ACC_TOLERANCE,
     LOSS_RTOL,

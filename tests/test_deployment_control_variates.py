@@ -17,7 +17,7 @@ import pytest
 from flwr.app import RecordDict
 
 from pflower.client.app import client_fn
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import (
     RUN_TIMEOUT,
     assert_same_results,

@@ -210,7 +210,7 @@ def _run(args: argparse.Namespace) -> int:
 def _interrupted(run_id: str, run_dir: Path) -> str | None:
     """The follower's one line for a run whose ServerApp recorded an interruption (``pflower
     deploy down`` while it ran), None for any other run."""
-    from pflower.results.rundir import was_interrupted
+    from pflower.results.failures import was_interrupted
 
     try:
         summary = json.loads((run_dir / "summary.json").read_text())

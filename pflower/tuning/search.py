@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pflower.registry import ConfigError
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from pflower.searchspace import Param, format_value
 from pflower.tuning.ledger import (
     QMC_ATTR,
