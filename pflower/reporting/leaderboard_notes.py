@@ -19,6 +19,8 @@ from pflower.tuning.profile import chosen_at_ends, describe_profile
 
 
 def inversion_notes(entries: Sequence[Entry]) -> list[str]:
+    """The methods ranked above a higher mean
+    ([`ranked_above_higher_means`][pflower.reporting.leaderboard_ranks.ranked_above_higher_means])."""
     inversions = ranked_above_higher_means(entries)
     if not inversions:
         return []
@@ -51,6 +53,8 @@ def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str
 
 
 def range_end_notes(entries: Sequence[Entry]) -> list[str]:
+    """The chosen values at an end of their searched range (`range_ends`), each with its
+    profile where one was run."""
     ends = [(e, found) for e in entries if (found := range_ends(e.chosen))]
     if not ends:
         return []
@@ -77,6 +81,7 @@ def range_end_notes(entries: Sequence[Entry]) -> list[str]:
 
 
 def collapse_notes(entries: Sequence[Entry]) -> list[str]:
+    """The methods whose final runs are another method (``Entry.collapse``), with why."""
     collapsed = [e for e in entries if e.collapse[0]]
     if not collapsed:
         return []
@@ -93,6 +98,7 @@ def collapse_notes(entries: Sequence[Entry]) -> list[str]:
 
 
 def failure_notes(entries: Sequence[Entry]) -> list[str]:
+    """The final runs that failed by themselves, with the first line of their error."""
     failures = [(e, seed, error) for e in entries for seed, error in sorted(e.failed.items())]
     if not failures:
         return []
@@ -106,6 +112,7 @@ def failure_notes(entries: Sequence[Entry]) -> list[str]:
 
 
 def rejection_notes(entries: Sequence[Entry]) -> list[str]:
+    """The completed final runs that did without some clients' replies."""
     runs = [(e, seed, r) for e in entries for seed, r in sorted(e.rejected.items())]
     if not runs:
         return []

@@ -28,6 +28,7 @@ def _seeds(entry: Entry) -> str:
 
 
 def mean_std(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
+    """``mean ± std`` (ddof=1) of ``values`` times ``scale`` (percent by default); "-" for none."""
     if not values:
         return "-"
     mean = statistics.fmean(values) * scale
@@ -75,6 +76,7 @@ def trials_drawn(trials: Any) -> str:
 
 
 def table(entries: Sequence[Entry]) -> list[list[str]]:
+    """A setting's table: the header, then one row per method, in the order of ``entries``."""
     header = [
         "rank",
         "FDR rank",
@@ -124,6 +126,7 @@ def method_row(entry: Entry) -> studies.MethodRow:
 
 
 def markdown_table(rows: Sequence[Sequence[str]]) -> list[str]:
+    """``rows`` (the first the header) as the lines of a Markdown table, ``|`` escaped."""
     lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += [
         "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows[1:]
