@@ -9,7 +9,6 @@ personalized-FL protocol to named collaborators:
 - [`ModelAveraging`][pflower.core.averaging.ModelAveraging] (``averaging``): the FedAvg mean,
   sample-weighted or uniform, or the ``robust`` aggregate in its place, over partial uploads
   where the algorithm allows them;
-
 - [`NodeRoster`][pflower.core.roster.NodeRoster] (``roster``): clients are known by the
   ``partition_id`` they report, never by node id, so per-client memory survives node restarts;
   no unbounded wait for nodes (``connect_timeout``);
