@@ -172,10 +172,10 @@ def run_deployment(directory: Path, overrides: list[str], fast: bool) -> dict[st
         deployment.start_superlink()
         for index in range(num_nodes):
             deployment.start_supernode(index, runtime_port=free_port())
-        deployment.wait_for_nodes(num_nodes, timeout=120)
+        deployment.control.wait_for_nodes(num_nodes, timeout=120)
         ready = time.time()
-        run_id = deployment.submit(RunRecord((*overrides,), run_dir))
-        status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        run_id = deployment.control.submit(RunRecord((*overrides,), run_dir))
+        status = deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
         finished = time.time()
     finally:
         deployment.stop_all()

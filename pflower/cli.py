@@ -131,7 +131,7 @@ class UnwritableRunDirError(ConfigError):
 
 def _writable(run_dir: Path) -> None:
     """Refuse (exit code 2) a run directory that cannot be written, before anything starts."""
-    from pflower.results.rundir import check_writable
+    from pflower.results.disk import check_writable
 
     try:
         check_writable(run_dir)
@@ -171,7 +171,7 @@ def _simulate(cfg: DictConfig) -> None:
                 f"{cfg.partition.name}, {settings.num_clients} clients, {settings.rounds} rounds "
                 f"-> {run_dir}"
             )
-            from pflower.results.rundir import summary_on_signal
+            from pflower.results.failures import summary_on_signal
             from pflower.simulation import run_experiment
 
             with summary_on_signal(run_dir, cfg):
@@ -200,7 +200,7 @@ def _job_failed(run_dir: Path, cfg: DictConfig, error: Exception) -> None:
         error, UnwritableRunDirError | RunDirTakenError
     ):
         raise error
-    from pflower.results.rundir import record_failure
+    from pflower.results.failures import record_failure
 
     if not isinstance(error, ResultsNotWrittenError):  # that one recorded itself
         with _claimed(run_dir, cfg):
@@ -389,7 +389,7 @@ def resume(argv: Sequence[str]) -> int:
     console.print(
         f"[bold]pflower[/] resuming {run_dir} after round {checkpoint.round} of {settings.rounds}"
     )
-    from pflower.results.rundir import summary_on_signal
+    from pflower.results.failures import summary_on_signal
     from pflower.simulation import run_experiment
 
     with claim, summary_on_signal(run_dir, cfg):

@@ -130,7 +130,7 @@ def check_compatible(settings: ExperimentConfig) -> None:
     images, an algorithm that cannot run with the chosen model, partition or optimizer (each
     algorithm's [`check_experiment`][pflower.core.options.AlgorithmOptions.check_experiment]), and a
     robust aggregator that cannot act on the clients the algorithm aggregates per round
-    ([`idle_robust`][pflower.core.strategy.PersonalizedStrategy.idle_robust]; what it only warns
+    ([`idle_robust`][pflower.core.hooks.StrategyHooks.idle_robust]; what it only warns
     about, the server logs).
 
     The model is built once per (model, input shape) on PyTorch's ``meta`` device: no memory,

@@ -70,6 +70,8 @@ COMPONENTS: dict[str, tuple[str, ...]] = {
         "client/",
         "robust/",
         "results/statistics.py",
+        "results/rows.py",
+        "results/summary.py",
         "results/rundir.py",
     ),
     "configuration": ("config/", "blocks/", "compose.py", "conf/"),

@@ -211,7 +211,7 @@ def _differences(recorded: Any, rerun: Any) -> list[str]:
 
 def _metric_rows(run_dir: Path) -> list[dict[str, Any]]:
     """The rows of ``metrics.jsonl`` that are metrics (not the rows timing the rounds)."""
-    from pflower.results.rundir import TIME, read_rows
+    from pflower.results.rows import TIME, read_rows
 
     return [dict(row) for row in read_rows(run_dir) if row.get("stage") != TIME]
 
@@ -257,7 +257,7 @@ def _check_composes(overrides: Sequence[str], record: Record) -> list[str]:
     """Compose ``overrides`` with this code (exit 2 where it refuses them); notes naming the
     keys the record lacks (their defaults are used)."""
     from pflower.compose import compose_config, validate
-    from pflower.results.rundir import resolved_config
+    from pflower.results.summary import resolved_config
 
     cfg = compose_config(list(overrides), check_scheme=False)
     validate(cfg, check_scheme=False)

@@ -234,7 +234,7 @@ def federation(
         started = list(range(num_nodes) if nodes is None else nodes)
         for index in started:
             fed.start_node(index)
-        deployment.wait_for_nodes(len(started), timeout=60)
+        deployment.control.wait_for_nodes(len(started), timeout=60)
         yield fed
     finally:
         deployment.stop_all()

@@ -42,9 +42,10 @@ import pytest
 from pflower.config import RunRecord
 from pflower.core.checkpoint import CheckpointError, load_checkpoint
 from pflower.deploy.cli import resume_record
-from pflower.deploy.local import CONNECTION, SERVERAPP_PROGRAM
+from pflower.deploy.control import CONNECTION
+from pflower.deploy.local import SERVERAPP_PROGRAM
 from pflower.deploy.processes import launch, tagged_pids, terminate
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import (
     RUN_TIMEOUT,
     assert_same_results,
@@ -194,7 +195,7 @@ def test_a_deployment_killed_at_random_ends_with_the_uninterrupted_rows(
     with federation(tmp_path / "deploy", 3) as fed:
         deployment = fed.deployment
         tag = deployment.tag
-        run_id = deployment.submit(RunRecord((*EXPERIMENT,), run_dir))
+        run_id = deployment.control.submit(RunRecord((*EXPERIMENT,), run_dir))
         for _ in range(DEPLOYMENT_FAULTS):
             if not in_the_next_round(run_dir, rng, lambda: deployment.alive("superlink")):
                 break
@@ -203,7 +204,8 @@ def test_a_deployment_killed_at_random_ends_with_the_uninterrupted_rows(
             faults.append(victim)
             if victim == SERVERAPP_PROGRAM:
                 terminate(tag, grace=5, sig=signal.SIGKILL, program=SERVERAPP_PROGRAM)
-                deployment.flwr("stop", run_id, CONNECTION, check=False)  # the SuperLink's run
+                # the SuperLink's run
+                deployment.control.flwr("stop", run_id, CONNECTION, check=False)
             else:  # the process itself: what it started ends with it, as after an OOM kill
                 os.kill(deployment.processes[victim].pid, signal.SIGKILL)
                 # bring the deployment back: what the fault left is stopped, all start again
@@ -211,9 +213,9 @@ def test_a_deployment_killed_at_random_ends_with_the_uninterrupted_rows(
                 deployment.start_superlink()
                 for index in range(3):
                     fed.start_node(index)
-                deployment.wait_for_nodes(3, timeout=180)
-            run_id = deployment.submit(resume_record(run_dir, []))
-        status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
+                deployment.control.wait_for_nodes(3, timeout=180)
+            run_id = deployment.control.submit(resume_record(run_dir, []))
+        status = deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", f"faults {faults}\n{diagnostics(deployment)}"
     assert_same_results(read_rows(run_dir), reference)
     assert finished(run_dir)

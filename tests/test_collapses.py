@@ -15,8 +15,9 @@ from pflower.compose import compose_config, validate
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import Collapse, collapse_of
 from pflower.models import build_model
-from pflower.reporting.leaderboard import collapse, table
-from pflower.results.rundir import resolved_config
+from pflower.reporting.leaderboard_runs import collapse
+from pflower.reporting.leaderboard_table import table
+from pflower.results.summary import resolved_config
 from pflower.searchspace import Param, declared_space, format_value
 from tests.helpers import comparable, tiny
 from tests.inprocess import run_inprocess

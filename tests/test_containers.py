@@ -46,7 +46,8 @@ from flwr.client import Client
 from pflower.client.app import client_fn
 from pflower.config import RunRecord
 from pflower.deploy.compose import render_compose
-from pflower.deploy.local import CONNECTION, Deployment
+from pflower.deploy.control import CONNECTION
+from pflower.deploy.local import Deployment
 from pflower.deploy.topology import Endpoints, Security
 from tests.deploy_helpers import REPO, rows_by_client, wait_until
 from tests.inprocess import run_inprocess
@@ -231,7 +232,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     certs = directory / "certs"
     cli = Deployment(root / "flwr-cli", NUM_CLIENTS, Endpoints(), Security(certs, certs))
     cli.logs.mkdir(parents=True)
-    cli.write_cli_config()
+    cli.control.write_config()
     stack = Stack(directory, cli)
     stack.down()  # a stack left behind by an interrupted run
     busy = _ports_in_use()
@@ -240,15 +241,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         started = stack.compose("up", "-d", "--no-build", "superlink")
         assert started.returncode == 0, started.stderr[-3000:]
         wait_until(
-            lambda: cli.flwr("supernode", "list", CONNECTION, check=False).returncode == 0,
+            lambda: cli.control.flwr("supernode", "list", CONNECTION, check=False).returncode == 0,
             120,
             "the SuperLink's Control API",
         )
-        cli.register_nodes()
+        cli.control.register_nodes()
         started = stack.compose("up", "-d", "--no-build")
         assert started.returncode == 0, started.stderr[-3000:]
         try:
-            cli.wait_for_nodes(NUM_CLIENTS, timeout=180)
+            cli.control.wait_for_nodes(NUM_CLIENTS, timeout=180)
         except TimeoutError as error:
             raise AssertionError(f"{error}\n{stack.diagnostics()}") from error
         yield stack
@@ -309,8 +310,8 @@ def test_host_network_overlay_covers_every_service(num_clients: int) -> None:
 @pytest.mark.timeout(BUILD_TIMEOUT + 2 * RUN_TIMEOUT)
 def test_compose_stack_runs_a_stateful_algorithm(stack: Stack, tmp_path: Path) -> None:
     cli = stack.cli
-    run_id = cli.submit(RunRecord((*EXPERIMENT,), Path(RESULTS)))
-    status = cli.wait_for_run(run_id, RUN_TIMEOUT)
+    run_id = cli.control.submit(RunRecord((*EXPERIMENT,), Path(RESULTS)))
+    status = cli.control.wait_for_run(run_id, RUN_TIMEOUT)
     run_log = (cli.logs / f"run-{run_id}.log").read_text(errors="replace")
     assert status == "finished:completed", f"{status}\n{run_log[-3000:]}\n{stack.diagnostics()}"
 

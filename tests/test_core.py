@@ -189,7 +189,7 @@ def test_a_round_where_every_client_failed_stops_the_run(tmp_path: Path) -> None
 def test_summary_says_which_shares_the_accuracies_were_scored_on(tmp_path: Path) -> None:
     """A tuning run (``split.evaluate_on=val``) records its validation accuracies under the same
     names as a final run's test accuracies: ``scored_on`` tells the two files apart."""
-    from pflower.results.rundir import write_summary
+    from pflower.results.summary import write_summary
 
     for evaluate_on in ("test", "val"):
         cfg = compose_config([*BASE, "split.val_fraction=0.2", f"split.evaluate_on={evaluate_on}"])
@@ -200,7 +200,7 @@ def test_summary_says_which_shares_the_accuracies_were_scored_on(tmp_path: Path)
 def test_read_rows_leaves_out_a_row_still_being_written(tmp_path: Path) -> None:
     """A live run's last line (or that of a run killed while writing it) may be half written:
     it is left out. A bad line before the last is damage, and raises."""
-    from pflower.results.rundir import read_rows
+    from pflower.results.rows import read_rows
 
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"round": 1, "stage": "time"}\n{"round": 2, "sta')

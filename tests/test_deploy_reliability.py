@@ -2,7 +2,7 @@
 and 8), with real processes:
 
 - every wait on a ``flwr`` command is a setting (``--flwr-timeout``, default
-  :data:`~pflower.deploy.local.FLWR_TIMEOUT_S`); one that expires ends the command with a message
+  :data:`~pflower.deploy.control.FLWR_TIMEOUT_S`); one that expires ends the command with a message
   naming the setting and exit code 1, never a traceback;
 - ``pflower deploy down`` while ``pflower deploy run`` follows the run stops the ServerApp before
   the nodes (issue 61, item 4): it records the run as failed, ``interrupted by SIGTERM``, in
@@ -24,10 +24,11 @@ from pathlib import Path
 import pytest
 
 from pflower.deploy.cli import main
-from pflower.deploy.local import FLWR_TIMEOUT_S, STATE_FILE, Deployment
+from pflower.deploy.control import FLWR_TIMEOUT_S
+from pflower.deploy.local import STATE_FILE, Deployment
 from pflower.deploy.processes import tagged_pids
 from pflower.deploy.topology import Endpoints
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import REPO, free_port, free_port_block, wait_until
 
 RUN_TIMEOUT = 600.0

@@ -33,9 +33,10 @@ import pytest
 from pflower.config import RunRecord
 from pflower.core.checkpoint import CheckpointError, load_checkpoint
 from pflower.deploy.cli import main, resume_record
-from pflower.deploy.local import CONNECTION, Deployment
+from pflower.deploy.control import CONNECTION
+from pflower.deploy.local import Deployment
 from pflower.deploy.processes import tagged_pids
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import (
     REPO,
     RUN_TIMEOUT,
@@ -128,8 +129,8 @@ def test_deployment_matches_simulation(
             )
             assert identify.stdout.strip() == three_nodes.spaces.name(index)
     run_dir = tmp_path / "run"
-    run_id = three_nodes.deployment.submit(RunRecord((*COMPARED,), run_dir))
-    status = three_nodes.deployment.wait_for_run(run_id, RUN_TIMEOUT)
+    run_id = three_nodes.deployment.control.submit(RunRecord((*COMPARED,), run_dir))
+    status = three_nodes.deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(three_nodes.deployment)
     rows = read_rows(run_dir)
     assert (run_dir / "summary.json").is_file()
@@ -159,7 +160,7 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
     """
     run_dir = tmp_path / "run"
     deployment = three_nodes.deployment
-    run_id = deployment.submit(
+    run_id = deployment.control.submit(
         RunRecord(
             (
                 *EXPERIMENT,
@@ -185,7 +186,7 @@ def test_killed_supernode_is_recorded_and_rejoins(three_nodes: Federation, tmp_p
         "the failure of client 2 to be recorded",
     )
     three_nodes.start_node(2)
-    status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
+    status = deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(deployment)
 
     rows = read_rows(run_dir)
@@ -222,7 +223,7 @@ def test_a_dead_supernode_is_waited_for_once_not_in_every_phase(
     run_dir = tmp_path / "run"
     deployment = three_nodes.deployment
     rounds = 4
-    run_id = deployment.submit(
+    run_id = deployment.control.submit(
         RunRecord(
             (
                 *EXPERIMENT,
@@ -243,7 +244,7 @@ def test_a_dead_supernode_is_waited_for_once_not_in_every_phase(
     )
     deployment.stop("supernode-2", signal.SIGKILL)
     try:
-        status = deployment.wait_for_run(run_id, RUN_TIMEOUT + 4 * CONNECT_TIMEOUT)
+        status = deployment.control.wait_for_run(run_id, RUN_TIMEOUT + 4 * CONNECT_TIMEOUT)
     finally:
         three_nodes.start_node(2)
     assert status == "finished:completed", diagnostics(deployment)
@@ -330,7 +331,7 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
         # authentication: supernode-2's key was never registered (`up` registered 0 and 1);
         # it tries to join while the registered nodes train, over TLS
         deployment.start_supernode(2, runtime_port=free_port())
-        run_id = deployment.submit(
+        run_id = deployment.control.submit(
             RunRecord(
                 (
                     *EXPERIMENT,
@@ -345,8 +346,8 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
             "Failed to activate SuperNode"
             in Path(deployment.processes["supernode-2"].log).read_text()
         )
-        assert deployment.online_nodes() == 2
-        status = deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        assert deployment.control.online_nodes() == 2
+        status = deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(deployment)
         assert {c for (_, c) in rows_by_client(read_rows(run_dir), "L2")} == {0, 1}
     finally:
@@ -382,7 +383,7 @@ def test_killed_serverapp_resumes_to_the_same_results(
     reference, _ = run_inprocess(experiment, tmp_path / "reference")
     deployment = three_nodes.deployment
     run_dir = tmp_path / "run"
-    run_id = deployment.submit(RunRecord((*experiment,), run_dir))
+    run_id = deployment.control.submit(RunRecord((*experiment,), run_dir))
 
     def checkpointed() -> int:
         with contextlib.suppress(CheckpointError):
@@ -395,10 +396,10 @@ def test_killed_serverapp_resumes_to_the_same_results(
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     assert 1 <= checkpointed() < 3 and not (run_dir / "summary.json").exists()
-    deployment.flwr("stop", run_id, CONNECTION, check=False)  # the SuperLink's record of it
+    deployment.control.flwr("stop", run_id, CONNECTION, check=False)  # the SuperLink's record of it
 
-    resumed_id = deployment.submit(resume_record(run_dir, []))
-    status = deployment.wait_for_run(resumed_id, RUN_TIMEOUT)
+    resumed_id = deployment.control.submit(resume_record(run_dir, []))
+    status = deployment.control.wait_for_run(resumed_id, RUN_TIMEOUT)
     assert status == "finished:completed", diagnostics(deployment)
     rows = read_rows(run_dir)
     assert_same_results(rows, reference)

@@ -56,8 +56,8 @@ def test_deployment_with_a_server_side_client_store_matches_in_process(tmp_path:
     in_namespaces = netns_unavailable() is None
     with federation(tmp_path / "federation", 3, in_namespaces) as fed:
         run_dir = tmp_path / "run"
-        run_id = fed.deployment.submit(RunRecord((*COMPARED,), run_dir))
-        status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        run_id = fed.deployment.control.submit(RunRecord((*COMPARED,), run_dir))
+        status = fed.deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(fed.deployment)
         logs = diagnostics(fed.deployment)
     rows = read_rows(run_dir)

@@ -58,8 +58,8 @@ def test_scaffold_control_variates_survive_deployment(tmp_path: Path) -> None:
     with contextlib.ExitStack() as stack:
         fed = stack.enter_context(federation(tmp_path / "federation", 3, in_namespaces))
         run_dir = tmp_path / "run"
-        run_id = fed.deployment.submit(RunRecord((*COMPARED,), run_dir))
-        status = fed.deployment.wait_for_run(run_id, RUN_TIMEOUT)
+        run_id = fed.deployment.control.submit(RunRecord((*COMPARED,), run_dir))
+        status = fed.deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
         assert status == "finished:completed", diagnostics(fed.deployment)
     rows = read_rows(run_dir)
     assert_same_results(rows, reference)

@@ -23,7 +23,8 @@ import yaml
 
 from pflower.provenance import CODE_FINGERPRINT, KERNEL_CAPS, numerics
 from pflower.registry import ConfigError
-from pflower.reporting.leaderboard import Entry, _range_end_notes
+from pflower.reporting.leaderboard_notes import range_end_notes
+from pflower.reporting.leaderboard_runs import Entry
 from pflower.searchspace import Param
 from pflower.tuning import cli, finals, search
 from pflower.tuning.profile import (
@@ -172,7 +173,7 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     assert "chosen 10.0: 80.10 %, the chosen trial's run again: +0.0010" in line
     assert f"fedala: {line}" in capsys.readouterr().out
     entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, profiles=profiles)
-    notes = _range_end_notes([entry])
+    notes = range_end_notes([entry])
     position = notes.index("- FedALA: strategy.eta = 10, high end of one of 0.1, 1.0, 10.0")
     assert notes[position + 1] == f"    - {line}"
     # a key the study did not search takes the values it is given
@@ -189,7 +190,7 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     current, stale = current_profiles(layout.setting_dir(setting.name), "fedala", chosen)
     assert current == {} and stale == ["strategy.eta", "strategy.layer_idx"]
     entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, stale_profiles=stale)
-    notes = _range_end_notes([entry])
+    notes = range_end_notes([entry])
     assert notes[position + 1].startswith("    - its profile of strategy.eta was made at the ")
     ran: list[Path] = []
 

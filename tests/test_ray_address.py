@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from pflower.compose import compose_config, validate
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from pflower.runtime.raycluster import (
     ClusterAddress,
     RayClusterUnreachable,

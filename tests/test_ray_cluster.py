@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pflower.deploy.processes import executable, launch, terminate, wait_for_port
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from tests.deploy_helpers import free_port, simulation
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]

@@ -19,7 +19,7 @@ from pflower.reproduce import (
     read_record,
     recorded_numerics,
 )
-from pflower.results.rundir import resolved_config
+from pflower.results.summary import resolved_config
 from tests.inprocess import run_inprocess
 
 SMALL = ["dataset=digits", "num_clients=4", "rounds=2", "strategy=fedavg", "seed=3"]

@@ -36,7 +36,7 @@ from pflower.core.checkpoint import (
     check_compatible,
     load_checkpoint,
 )
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from pflower.server.app import build_strategy
 from tests.helpers import (
     RESUME_TINY,

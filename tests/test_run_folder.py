@@ -28,8 +28,10 @@ from pathlib import Path
 import pytest
 
 from pflower.core.errors import ResultsNotWrittenError
+from pflower.results.disk import RESERVE_FILE
 from pflower.results.ownership import LOCK_FILE, RunDirTakenError, claim_run_dir
-from pflower.results.rundir import RESERVE_FILE, RunRecorder, read_rows
+from pflower.results.rows import read_rows
+from pflower.results.rundir import RunRecorder
 from tests.helpers import tiny
 from tests.inprocess import run_inprocess
 

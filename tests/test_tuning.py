@@ -34,20 +34,17 @@ import pflower.core.experiment as experiment_module
 from pflower.compose import compose_config
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError
-from pflower.reporting.leaderboard import (
-    Entry,
-    _inversion_notes,
-    _range_end_notes,
+from pflower.reporting.leaderboard import load_setting, render
+from pflower.reporting.leaderboard_notes import inversion_notes, range_end_notes, range_ends
+from pflower.reporting.leaderboard_ranks import (
     fdr_better_counts,
-    load_setting,
     paired_test,
-    range_ends,
     rank_with_ties,
     ranked_above_higher_means,
-    render,
     significantly_better,
 )
-from pflower.results.rundir import failed_by_itself
+from pflower.reporting.leaderboard_runs import Entry
+from pflower.results.failures import failed_by_itself
 from pflower.searchspace import Param
 from pflower.tuning import finals, search
 from pflower.tuning import runner as trial_runner
@@ -780,7 +777,7 @@ def test_chosen_values_at_an_end_of_their_range_are_listed() -> None:
         "params": {"train.lr": 1.3e-4, "strategy.epochs": 4, "strategy.alpha": 0.01},
     }  # 5.7% of the log range
     assert range_ends(inside) == []
-    notes = _range_end_notes([Entry("fedprox", final=[0.9, 0.91], chosen=chosen), Entry("local")])
+    notes = range_end_notes([Entry("fedprox", final=[0.9, 0.91], chosen=chosen), Entry("local")])
     assert [line for line in notes if line.startswith("- ")] == [
         "- FedProx: " + "; ".join(range_ends(chosen))
     ]
@@ -882,14 +879,14 @@ def test_a_widely_spread_method_ranked_above_higher_means_is_named() -> None:
     assert [(e.method, [h.method for h in higher]) for e, higher in inversions] == [
         ("scaffold", ["apple"])
     ]
-    notes = "\n".join(_inversion_notes(entries))
+    notes = "\n".join(inversion_notes(entries))
     assert (
         "- SCAFFOLD (rank 1, 83.03 ± 8.00) is ranked above 1 method(s) with a higher mean: APPLE"
         in notes
     )
     ordered = [Entry("a", final=[0.9, 0.91]), Entry("b", final=[0.8, 0.81])]
     rank_with_ties(ordered)
-    assert ranked_above_higher_means(ordered) == [] and _inversion_notes(ordered) == []
+    assert ranked_above_higher_means(ordered) == [] and inversion_notes(ordered) == []
 
 
 # ------------------------------------------------------------------ Hydra's joblib launcher

@@ -20,7 +20,7 @@ from pflower.core.experiment import Experiment
 from pflower.core.strategy import unseen_clients
 from pflower.core.training import evaluate, set_weights
 from pflower.registry import ConfigError
-from pflower.results.rundir import U
+from pflower.results.rows import U
 from tests.helpers import (
     tiny,
 )

@@ -57,7 +57,8 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.config import EXECUTION_KEYS, run_level_defaults
 from pflower.registry import ConfigError
-from pflower.results.rundir import RecorderPosition, metrics_changed, write_atomic
+from pflower.results.disk import write_atomic
+from pflower.results.rundir import RecorderPosition, metrics_changed
 
 FORMAT_VERSION = 1
 """Version of the checkpoint layout; a checkpoint of another version is refused."""

@@ -21,7 +21,8 @@ from pflower.core.client import MEASURE_L2
 from pflower.core.policy import ClientUpdate
 from pflower.core.store import ClientModelStore
 from pflower.core.training import payload_bytes
-from pflower.results.rundir import L1, L2, Recorder, Row, U, client_row
+from pflower.results.rows import L1, L2, Row, U, client_row
+from pflower.results.rundir import Recorder
 
 
 class StageLedger:

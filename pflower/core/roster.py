@@ -17,7 +17,7 @@ connected node holds, is refused (logged and recorded) and asked again later.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any, cast
 
@@ -48,6 +48,59 @@ def failure_text(failure: object) -> str:
         return f"{type(failure).__name__}: {failure}"
     res = cast(tuple[Any, Any], failure)[1]  # Flower's (ClientProxy, FitRes | EvaluateRes)
     return f"status {res.status.code.name}: {res.status.message}"
+
+
+def registration_problem(
+    cid: str,
+    answer: Mapping[str, Scalar],
+    expected: int,
+    partition_of: Mapping[str, int],
+    connected: Mapping[str, ClientProxy],
+) -> str | None:
+    """Why node ``cid``'s registration (its ``answer``: partition id and training-set size) is
+    refused, or None: a partition id outside ``0 .. expected-1``, a size that is not a count, or
+    a partition another ``connected`` node holds (``partition_of``: node id -> partition id)."""
+    partition_id, num_train = answer.get("partition_id"), answer.get("num_train")
+    if not isinstance(partition_id, int) or not 0 <= partition_id < expected:
+        return f"partition_id={partition_id!r:.40} is not in 0..{expected - 1}"
+    if not isinstance(num_train, int) or isinstance(num_train, bool) or num_train < 0:
+        return f"num_train={num_train!r:.40} is not a count"
+    holders = [c for c, p in partition_of.items() if p == partition_id and c != cid]
+    holder = next((c for c in holders if c in connected), None)
+    if holder is not None:
+        return f"claims partition {partition_id}, already held by node {holder}"
+    return None
+
+
+def nodes_report(
+    partition_of: Mapping[str, int],
+    nodes: Mapping[str, ClientProxy],
+    expected: int,
+    refused: Mapping[str, str],
+) -> str:
+    """Which of the connected ``nodes`` hold which partition (``partition_of``), which are not
+    known yet (with why, where ``refused``), and which of the ``expected`` partitions are
+    missing: one line for the logs and the run's error."""
+    known = sorted((partition_of[cid], cid) for cid in nodes if cid in partition_of)
+    unknown = sorted(cid for cid in nodes if cid not in partition_of)
+    parts = [
+        f"connected {len(nodes)} of {expected}: "
+        + (", ".join(f"partition {pid} (node {cid})" for pid, cid in known) or "none")
+    ]
+    if unknown:
+        parts.append(
+            "partition not yet known: "
+            + ", ".join(
+                f"node {cid}" + (f" ({refused[cid]})" if cid in refused else "") for cid in unknown
+            )
+        )
+    present = {pid for pid, _ in known}
+    missing = [pid for pid in range(expected) if pid not in present]
+    if missing and not unknown:
+        parts.append("missing partitions: " + ranges(missing))
+    elif missing:
+        parts.append(f"{len(missing)} partition(s) without a known node")
+    return "; ".join(parts) + "."
 
 
 class NodeRoster:
@@ -196,7 +249,9 @@ class NodeRoster:
             if isinstance(answer, BaseException):  # a broken node must not stop the others
                 problem: str | None = failure_text(answer)
             else:
-                problem = self._registration_problem(cid, answer, client_manager)
+                problem = registration_problem(
+                    cid, answer, self.settings.num_clients, self.partition_of, client_manager.all()
+                )
             if problem or isinstance(answer, BaseException):
                 refused[cid] = problem or "no answer"
                 log(WARNING, "node %s refused: %s", cid, refused[cid])
@@ -206,23 +261,6 @@ class NodeRoster:
             self.partition_of[cid] = partition_id
             self.num_train[partition_id] = int(answer["num_train"])
         return refused
-
-    def _registration_problem(
-        self, cid: str, answer: dict[str, Scalar], client_manager: ClientManager
-    ) -> str | None:
-        """Why a node's registration (its partition id and training-set size) is refused."""
-        partition_id, num_train = answer.get("partition_id"), answer.get("num_train")
-        expected = self.settings.num_clients
-        if not isinstance(partition_id, int) or not 0 <= partition_id < expected:
-            return f"partition_id={partition_id!r:.40} is not in 0..{expected - 1}"
-        if not isinstance(num_train, int) or isinstance(num_train, bool) or num_train < 0:
-            return f"num_train={num_train!r:.40} is not a count"
-        connected = client_manager.all()
-        holders = [c for c, p in self.partition_of.items() if p == partition_id and c != cid]
-        holder = next((c for c in holders if c in connected), None)
-        if holder is not None:
-            return f"claims partition {partition_id}, already held by node {holder}"
-        return None
 
     def await_nodes(self, client_manager: ClientManager, initial: bool) -> dict[str, str]:
         """Wait, at most ``connect_timeout`` seconds, until ``num_clients`` nodes are connected.
@@ -297,30 +335,11 @@ class NodeRoster:
         return refused
 
     def report(self, client_manager: ClientManager, refused: dict[str, str]) -> str:
-        """Which nodes are connected (with their partitions) and which partitions are missing."""
-        expected = self.settings.num_clients
-        nodes = client_manager.all()
-        known = sorted((self.partition_of[cid], cid) for cid in nodes if cid in self.partition_of)
-        unknown = sorted(cid for cid in nodes if cid not in self.partition_of)
-        parts = [
-            f"connected {len(nodes)} of {expected}: "
-            + (", ".join(f"partition {pid} (node {cid})" for pid, cid in known) or "none")
-        ]
-        if unknown:
-            parts.append(
-                "partition not yet known: "
-                + ", ".join(
-                    f"node {cid}" + (f" ({refused[cid]})" if cid in refused else "")
-                    for cid in unknown
-                )
-            )
-        present = {pid for pid, _ in known}
-        missing = [pid for pid in range(expected) if pid not in present]
-        if missing and not unknown:
-            parts.append("missing partitions: " + ranges(missing))
-        elif missing:
-            parts.append(f"{len(missing)} partition(s) without a known node")
-        return "; ".join(parts) + "."
+        """Which nodes are connected (with their partitions) and which partitions are missing
+        ([`nodes_report`][pflower.core.roster.nodes_report])."""
+        return nodes_report(
+            self.partition_of, client_manager.all(), self.settings.num_clients, refused
+        )
 
     def _give_up(self, message: str) -> None:
         """Record ``message`` as the reason the run failed, log it, and stop the run."""

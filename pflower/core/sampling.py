@@ -110,6 +110,16 @@ class ClientSampler:
         rng = round_rng(self.settings.seed, phase, server_round)
         return choose(proxies, fraction, self.settings.min_clients, rng)
 
+    def evaluated(
+        self, reachable: Sequence[T], server_round: int, unscored: frozenset[int]
+    ) -> list[T]:
+        """The clients evaluated in ``server_round``: the seeded evaluation sample of the
+        trainable ``reachable`` ones without the ``unscored`` partitions (malicious clients,
+        ``attack``, are never scored), then every held-out one (always scored, stage U)."""
+        sample = self.draw(self.trainable(reachable), Phase.EVALUATE_SAMPLING, server_round)
+        held_out = [p for p in reachable if self.partition(p) in self.unseen]
+        return [p for p in sample if self.partition(p) not in unscored] + held_out
+
     def l2_partitions(self, server_round: int, trainable: Sequence[T]) -> set[int] | None:
         """The partitions that measure stage L2 in ``server_round`` (None: every one that trains;
         none without L2 in ``eval.stages``).

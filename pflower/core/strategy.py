@@ -2,9 +2,13 @@
 
 It keeps Flower's FedAvg machinery (``Strategy`` methods, parameters, legacy server loop), the
 hooks an algorithm overrides ([`aggregate`][pflower.core.strategy.PersonalizedStrategy.aggregate]
-and the per-client hooks),
-and delegates the rest of the personalized-FL protocol to named collaborators:
+here; the per-client hooks and the class attributes an algorithm declares in its base
+[`StrategyHooks`][pflower.core.hooks.StrategyHooks]), and delegates the rest of the
+personalized-FL protocol to named collaborators:
 
+- [`ModelAveraging`][pflower.core.averaging.ModelAveraging] (``averaging``): the FedAvg mean,
+  sample-weighted or uniform, or the ``robust`` aggregate in its place, over partial uploads
+  where the algorithm allows them;
 - [`NodeRoster`][pflower.core.roster.NodeRoster] (``roster``): clients are known by the
   ``partition_id`` they report, never by node id, so per-client memory survives node restarts;
   no unbounded wait for nodes (``connect_timeout``);
@@ -27,7 +31,7 @@ stage L2 is measured only by the training clients that are also in the round's e
 the others) or by all (``trained``); for server-personalized algorithms
 (``keeps_client_models``), a [`ClientModelStore`][pflower.core.store.ClientModelStore] of every
 client's latest upload, from which
-[`client_messages`][pflower.core.strategy.PersonalizedStrategy.client_messages] computes each
+[`client_messages`][pflower.core.hooks.StrategyHooks.client_messages] computes each
 sampled client's own model once per
 round (its size is recorded every round as a ``server`` row).
 
@@ -62,30 +66,23 @@ from flwr.server.client_proxy import ClientProxy
 from flwr.server.strategy import FedAvg
 
 from pflower.config import ExperimentConfig, RobustKind
-from pflower.core.aggregation import weighted_mean, weighted_mean_partial
+from pflower.core.averaging import ModelAveraging
 from pflower.core.declared import DeclaredState
 from pflower.core.errors import NodesMissingError, RoundFailedError
+from pflower.core.hooks import StrategyHooks
 from pflower.core.ledger import StageLedger
-from pflower.core.options import Aggregation, OptionsT
+from pflower.core.options import OptionsT
 from pflower.core.policy import ClientUpdate, UpdatePolicy
 from pflower.core.roster import SIMULATION_SETTLE_S, NodeRoster
 from pflower.core.sampling import (
     ClientSampler,
     Phase,
     round_rng,
-    sample_size,
     unseen_clients,
 )
 from pflower.core.store import ClientModelStore
 from pflower.provenance import CODE_FINGERPRINT, CODE_KEY
 from pflower.results.rundir import Recorder
-from pflower.robust.aggregators import (
-    Idle,
-    clip_update_norms,
-    idle,
-    robust_average,
-    robust_average_partial,
-)
 from pflower.robust.attacks import malicious_set
 
 __all__ = [
@@ -119,35 +116,10 @@ class GlobalEvaluation:
     record: Callable[[dict[str, float]], tuple[float, dict[str, Scalar]]]
 
 
-class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
-    """Flower FedAvg machinery plus the personalized-FL protocol (see module docstring)."""
-
-    has_global_model: ClassVar[bool] = True
-    """Whether the algorithm keeps a global model (evaluated at stage G)."""
-
-    keeps_client_models: ClassVar[bool] = False
-    """Whether the server keeps every client's latest upload
-    ([`client_models`][pflower.core.strategy.PersonalizedStrategy.client_models])."""
-
-    global_model_label: ClassVar[str | None] = None
-    """Recorded with stage G as ``model`` when what ``aggregate`` returns is not a global model
-    the algorithm trains (e.g. ``mean_of_client_models`` for methods without one)."""
-
-    partial_uploads: ClassVar[bool] = False
-    """Whether clients may leave personal arrays out of a fit upload by sending an empty array
-    (size 0) in their place (split models: FedPer/FedRep keep the head, FedBN the BatchNorm
-    layers). [`average`][pflower.core.strategy.PersonalizedStrategy.average] then averages each
-    array over the clients that sent it and keeps the
-    current global array where none did."""
-
-    robust_aggregation: ClassVar[bool] = True
-    """Whether ``robust=<name>`` changes what the server computes: `aggregate` combines
-    client models through `average` or `robust_mean`. An algorithm that combines
-    them otherwise (per-client mixtures, prototypes, masked means) or adopts one client's model
-    sets False, and composing then refuses ``robust=`` (`idle_robust`)."""
-
-    text_metrics: ClassVar[frozenset[str]] = frozenset()
-    """Metrics the algorithm's clients report as text (every other metric is a number)."""
+class PersonalizedStrategy(DeclaredState, StrategyHooks, FedAvg, Generic[OptionsT]):
+    """Flower FedAvg machinery plus the personalized-FL protocol (see module docstring); what an
+    algorithm declares and its per-client hooks are in
+    [`StrategyHooks`][pflower.core.hooks.StrategyHooks]."""
 
     checkpointed: ClassVar[tuple[str, ...]] = ("_global_weights", "client_models")
     """Attributes that hold what the strategy has learned, saved by `checkpoint_state`.
@@ -193,6 +165,10 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         """Bytes sent to each client and the per-client stage rows."""
         self.sampler = ClientSampler(settings, self.unseen, self.roster.partition)
         """Each round's seeded samples of the reachable clients."""
+        self.averaging = ModelAveraging(
+            options.aggregation, settings.robust, len(self.malicious), self.partial_uploads
+        )
+        """How client models are averaged (``average``, ``robust_mean``)."""
         self.client_models = ClientModelStore()
         """Every client's latest upload (filled only if ``keeps_client_models``)."""
         self.trainable_mask: list[bool] | None = (
@@ -203,131 +179,35 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         self.message_keys: dict[str, Scalar] = {CODE_KEY: CODE_FINGERPRINT}
         """Sent with every fit and evaluate instruction: the server's code fingerprint (clients
         refuse other code, [`pflower.provenance`][pflower.provenance]) and, from the server loop,
-        the run
-        attempt, the last round checkpointed and, in a resumed run, the round it resumed from
-        (see [`pflower.core.checkpoint`][pflower.core.checkpoint])."""
+        the run attempt, the last round checkpointed and, in a resumed run, the round it resumed
+        from (see [`pflower.core.checkpoint`][pflower.core.checkpoint])."""
         idle_robust = self.idle_robust(settings)
         if idle_robust is not None and not idle_robust.refused:
             log(WARNING, "%s", idle_robust.reason)
         self.seal_configuration()  # all set above is configuration or a collaborator
         self.init_declared_state()  # the algorithm's declared server state, before round 1
 
-    # ------------------------------------------------------------------ hooks for algorithms
-    def fit_clients(self, server_round: int, sampled: list[ClientProxy]) -> list[ClientProxy]:
-        """The clients that train this round, from the seeded sample (default: all of it)."""
-        return sampled
-
-    def fit_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
-        """The config sent with client ``partition_id``'s fit instruction."""
-        return {"server-round": server_round}
-
-    def evaluate_config(self, server_round: int, partition_id: int) -> dict[str, Scalar]:
-        """The config sent with client ``partition_id``'s evaluate instruction (stage L1)."""
-        return {"server-round": server_round}
-
-    def client_parameters(
-        self, server_round: int, partition_id: int, global_parameters: Parameters
-    ) -> Parameters:
-        """The model sent to client ``partition_id`` (default: the global model)."""
-        return global_parameters
-
-    def evaluate_parameters(
-        self, server_round: int, partition_id: int, global_parameters: Parameters
-    ) -> Parameters:
-        """The arrays sent with client ``partition_id``'s evaluate instruction (default: those of
-        [`client_parameters`][pflower.core.strategy.PersonalizedStrategy.client_parameters]);
-        algorithms that send more than a model to train override it."""
-        return self.client_parameters(server_round, partition_id, global_parameters)
-
-    def scored_parameters(self, global_parameters: Parameters) -> Parameters:
-        """The model that stages G and L1 score for a round whose global model is
-        ``global_parameters`` (default: that model). FedDyn sends clients a corrected model but,
-        as its official code, scores the plain average of the client models."""
-        return global_parameters
-
-    def expected_upload(self, current: NDArrays) -> NDArrays:
-        """Arrays with the count and shapes a fit upload must have (default: the global model's);
-        algorithms that upload more than a model (e.g. control variates) extend it."""
-        return current
-
+    # ---------------------------------------------------------- aggregation and helpers
     def aggregate(
         self, server_round: int, updates: list[ClientUpdate], current: NDArrays
     ) -> NDArrays:
         """The new global model from this round's updates (default: FedAvg)."""
         return self.average(updates)
 
-    def client_messages(
-        self, server_round: int, partition_ids: list[int], global_weights: NDArrays
-    ) -> dict[int, NDArrays] | None:
-        """Each sampled client's own model for this round's fit, computed once per round
-        (typically from
-        [`client_models`][pflower.core.strategy.PersonalizedStrategy.client_models]); None (the
-        default) sends
-        [`client_parameters`][pflower.core.strategy.PersonalizedStrategy.client_parameters] to
-        each."""
-        return None
-
-    # --------------------------------------------------------------------- shared helpers
     def average(self, updates: Sequence[ClientUpdate]) -> NDArrays:
-        """Mean of the updates' weights: sample-weighted or uniform (``options.aggregation``)."""
-        if self.options.aggregation == Aggregation.uniform:
-            weights = np.ones(len(updates))
-        else:
-            weights = np.array([u.num_examples for u in updates], dtype=np.float64)
+        """Mean of the updates' weights: sample-weighted or uniform (``options.aggregation``),
+        robust with ``robust`` ([`ModelAveraging`][pflower.core.averaging.ModelAveraging])."""
+        weights = self.averaging.client_weights(updates)
         if self.settings.robust.name != RobustKind.none:
             return self.robust_mean([u.weights for u in updates], weights)
-        if self.partial_uploads:
-            return weighted_mean_partial([u.weights for u in updates], weights, self.global_weights)
-        return weighted_mean([u.weights for u in updates], weights)
+        return self.averaging.mean([u.weights for u in updates], weights, self.global_weights)
 
     def robust_mean(self, arrays: Sequence[NDArrays], weights: np.ndarray) -> NDArrays:
-        """The ``robust`` aggregate (Multi-Krum, trimmed mean, median) of client models; Multi-Krum
-        assumes f = the number of malicious clients of ``attack`` unless ``robust.num_malicious`` is
-        set. ``norm_clip`` clips each model's update from the current global model
-        ([`clip_update_norms`][pflower.robust.aggregators.clip_update_norms]) and takes the mean
-        with ``weights``. Where uploads may be partial, each array is aggregated over the clients
-        that sent it and the current global array kept where none did, as `average` does."""
-        robust, current = self.settings.robust, self._global_weights
-        if robust.name == RobustKind.norm_clip:
-            clipped = clip_update_norms(arrays, current, robust.clip_factor)
-            if self.partial_uploads:
-                return weighted_mean_partial(clipped, weights, current)
-            return weighted_mean(clipped, weights)
-        attackers = len(self.malicious)
-        if self.partial_uploads:
-            return robust_average_partial(robust, arrays, list(weights), attackers, current)
-        return robust_average(robust, arrays, list(weights), attackers)
-
-    @classmethod
-    def robust_inputs(cls, settings: ExperimentConfig) -> tuple[int, str]:
-        """How many client vectors `robust_mean` gets each round, as the configuration
-        fixes it (fewer when clients fail), and a phrase saying so for messages: by default the
-        round's training sample."""
-        trainable = settings.num_clients - settings.num_unseen
-        count = sample_size(trainable, settings.fraction, settings.min_clients)
-        if count == trainable:
-            return count, f"the {count} clients of every round"
-        return count, (
-            f"the {count} clients sampled per round (fraction={settings.fraction:g} of "
-            f"{trainable}, min_clients={settings.min_clients})"
-        )
-
-    @classmethod
-    def idle_robust(cls, settings: ExperimentConfig) -> Idle | None:
-        """Why ``robust`` cannot act on `robust_inputs` vectors a round (None if it can, or
-        without ``robust``): composing refuses it, or the server logs it when it starts."""
-        if settings.robust.name == RobustKind.none:
-            return None
-        if not cls.robust_aggregation:
-            return Idle(
-                f"robust={settings.robust.name} changes nothing with "
-                f"strategy={settings.strategy.config_name}: it does not combine client models "
-                "by a mean that a robust aggregator could replace; use robust=none",
-                refused=True,
-            )
-        count, per_round = cls.robust_inputs(settings)
-        attackers = len(malicious_set(settings.attack, settings.seed, settings.num_clients))
-        return idle(settings.robust, count, attackers, per_round)
+        """The ``robust`` aggregate of client models
+        ([`robust_mean`][pflower.core.averaging.ModelAveraging.robust_mean]), clipping for
+        ``norm_clip`` from the current global model; Multi-Krum assumes f = the number of
+        malicious clients of ``attack`` unless ``robust.num_malicious`` is set."""
+        return self.averaging.robust_mean(arrays, weights, self._global_weights)
 
     @property
     def global_weights(self) -> NDArrays:
@@ -345,8 +225,8 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
 
     def check_update(self, weights: NDArrays, current: NDArrays) -> str | None:
         """Why an uploaded model is unusable (wrong count/shapes, NaN/Inf), or None if fine;
-        ``current`` is what
-        [`expected_upload`][pflower.core.strategy.PersonalizedStrategy.expected_upload] gives."""
+        ``current`` is what [`expected_upload`][pflower.core.hooks.StrategyHooks.expected_upload]
+        gives."""
         return self.policy.check_arrays(weights, current, self.partial_uploads)
 
     # -------------------------------------------------------------- Flower Strategy hooks
@@ -423,9 +303,8 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
     ) -> GlobalEvaluation | None:
         """Stage G of ``server_round`` as a
         [`GlobalEvaluation`][pflower.core.strategy.GlobalEvaluation] of the weights
-        [`scored_parameters`][pflower.core.strategy.PersonalizedStrategy.scored_parameters] gives
-        now, or None when the round has no stage G (round 0
-        always has one)."""
+        [`scored_parameters`][pflower.core.hooks.StrategyHooks.scored_parameters] gives now, or
+        None when the round has no stage G (round 0 always has one)."""
         if not self.has_global_model or self.evaluate_global is None:
             return None
         if "G" not in self.settings.eval.stages:
@@ -448,12 +327,7 @@ class PersonalizedStrategy(DeclaredState, FedAvg, Generic[OptionsT]):
         if not self.settings.is_eval_round(server_round):
             return []
         reachable = self.roster.reachable(client_manager)
-        proxies = self.sampler.draw(
-            self.sampler.trainable(reachable), Phase.EVALUATE_SAMPLING, server_round
-        )
-        # Malicious clients (``attack``) are never scored; held-out ones always are (stage U).
-        proxies = [p for p in proxies if self.partition(p) not in self.malicious]
-        proxies += [p for p in reachable if self.partition(p) in self.unseen]
+        proxies = self.sampler.evaluated(reachable, server_round, self.malicious)
         self.policy.expect("evaluate", server_round, {p.cid: self.partition(p) for p in proxies})
         parameters = self.scored_parameters(parameters)
         return [

@@ -17,16 +17,14 @@ from typing import TYPE_CHECKING
 
 from pflower.commands import CommandParser, HelpFormatter
 from pflower.deploy.compose import render_compose
-from pflower.deploy.local import (
+from pflower.deploy.control import (
     CONNECTION,
-    DEFAULT_DIR,
     FLWR_TIMEOUT_S,
     START_TIMEOUT_S,
-    STATE_FILE,
-    Deployment,
     DeployTimeoutError,
     SuperLinkGoneError,
 )
+from pflower.deploy.local import DEFAULT_DIR, STATE_FILE, Deployment
 from pflower.deploy.topology import Endpoints, Security
 from pflower.registry import ConfigError
 
@@ -54,10 +52,10 @@ def _up(args: argparse.Namespace) -> int:
     try:
         deployment.start_superlink(args.timeout)
         if deployment.security.node_keys is not None:
-            deployment.register_nodes()
+            deployment.control.register_nodes()
         for index in range(args.num_clients):
             deployment.start_supernode(index)
-        deployment.wait_for_nodes(args.num_clients, args.timeout)
+        deployment.control.wait_for_nodes(args.num_clients, args.timeout)
     except (RuntimeError, TimeoutError, subprocess.CalledProcessError) as error:
         deployment.stop_all()
         limits = (
@@ -184,13 +182,13 @@ def _run(args: argparse.Namespace) -> int:
         record.with_default("num_clients", deployment.num_clients), run_dir=run_dir
     )
     try:
-        run_id = deployment.submit(record)
+        run_id = deployment.control.submit(record)
     except DeployTimeoutError as error:
         print(f"error: {error}")
         return 1
     print(f"run {run_id} started; following its log (Ctrl-C stops following, not the run)")
     try:
-        status = deployment.wait_for_run(run_id, timeout=None, to_terminal=True)
+        status = deployment.control.wait_for_run(run_id, timeout=None, to_terminal=True)
     except (SuperLinkGoneError, DeployTimeoutError) as error:
         print(f"\n{_interrupted(run_id, run_dir) or _gone(run_id, str(run_dir), error)}")
         return 1
@@ -210,7 +208,7 @@ def _run(args: argparse.Namespace) -> int:
 def _interrupted(run_id: str, run_dir: Path) -> str | None:
     """The follower's one line for a run whose ServerApp recorded an interruption (``pflower
     deploy down`` while it ran), None for any other run."""
-    from pflower.results.rundir import was_interrupted
+    from pflower.results.failures import was_interrupted
 
     try:
         summary = json.loads((run_dir / "summary.json").read_text())

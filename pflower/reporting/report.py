@@ -10,7 +10,8 @@ Reads every run directory at or below the given paths, groups runs that differ o
   stages L1, L2 and G with Acc(L), Acc(G) and Acc = Acc(L) + Acc(G); ρ_ε, loss variance and
   bottom-10% accuracy), cells ``mean ± std (number of seeds)`` at the final round; which config
   keys vary; failed and incomplete runs; completed runs that went on without some clients'
-  replies ([`pflower.results.rundir.rejected_replies`][pflower.results.rundir.rejected_replies]);
+  replies
+  ([`pflower.results.failures.rejected_replies`][pflower.results.failures.rejected_replies]);
   across sections, the robustness
   study (benign accuracy per attack against the share of malicious clients,
   [`pflower.reporting.robustness`][pflower.reporting.robustness]);

@@ -8,7 +8,7 @@ means (as in FLIU's Table I), Acc = Acc(L) + Acc(G), rho_eps counts clients with
 loss variance over clients is the fairness measure, and "bottom-10%" is the mean Acc(L) of the
 worst tenth of the clients. G is the global model's accuracy on the global test set. The last-10%
 value averages a metric over the evaluated rounds among the last 10% of rounds
-([`pflower.results.rundir.last_rounds`][pflower.results.rundir.last_rounds]). Across seeds the
+([`pflower.results.summary.last_rounds`][pflower.results.summary.last_rounds]). Across seeds the
 report gives the mean, the
 population standard deviation (ddof = 0) and the number of seeds. Headline numbers are never the
 best over rounds.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pflower.reporting.groups import Experiment
-from pflower.results.rundir import CLIENT_STAGES, G
+from pflower.results.rows import CLIENT_STAGES, G
 from pflower.results.runs import RunResult
 from pflower.results.statistics import summarize_stage
 
@@ -126,8 +126,8 @@ def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, fl
 
 def run_costs(run: RunResult) -> dict[str, float]:
     """The run's seconds per round and megabytes of arrays one client downloads and uploads per
-    round ([`pflower.results.rundir.run_cost`][pflower.results.rundir.run_cost]), under the report's
-    column names."""
+    round ([`pflower.results.summary.run_cost`][pflower.results.summary.run_cost]), under the
+    report's column names."""
     names = {
         "seconds_per_round": "seconds per round",
         "mb_down_per_client_round": "MB down",

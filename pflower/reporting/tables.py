@@ -17,8 +17,9 @@ from typing import Any, get_args
 
 from pflower.reporting.groups import Experiment, show, varying_keys
 from pflower.reporting.stats import Cell, Metric, experiment_cells, metrics
-from pflower.results.rundir import REJECTION_NOTE, Status
+from pflower.results.failures import REJECTION_NOTE
 from pflower.results.runs import RunResult
+from pflower.results.summary import Status
 
 LEGEND = (
     "Cells: mean ± std over seeds (population std, ddof = 0), with the number of seeds in "

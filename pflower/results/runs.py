@@ -12,18 +12,9 @@ from typing import Any, cast
 
 from omegaconf import OmegaConf
 
-from pflower.results.rundir import (
-    STAGES,
-    Rejected,
-    Row,
-    Status,
-    evaluated_rounds,
-    last_rounds,
-    read_rows,
-    recorded_cost,
-    rejected_replies,
-    was_interrupted,
-)
+from pflower.results.failures import Rejected, rejected_replies, was_interrupted
+from pflower.results.rows import STAGES, Row, read_rows
+from pflower.results.summary import Status, evaluated_rounds, last_rounds, recorded_cost
 
 
 @dataclass(frozen=True)
@@ -38,14 +29,14 @@ class RunResult:
     rows: list[Row] = field(default_factory=list)
     cost: dict[str, float] = field(default_factory=dict)
     """The run's cost figures
-    ([`pflower.results.rundir.run_cost`][pflower.results.rundir.run_cost]): ``summary.json``'s, or
+    ([`pflower.results.summary.run_cost`][pflower.results.summary.run_cost]): ``summary.json``'s, or
     computed from ``metrics.jsonl`` for a run made before pflower recorded them there."""
     code: dict[str, Any] | None = None
     """The pflower code that made the run (``summary.json``'s ``code``), None for an incomplete
     run or one made before pflower recorded it."""
     rejected: Rejected | None = None
     """The client replies a completed run went on without
-    ([`rejected_replies`][pflower.results.rundir.rejected_replies]), if any."""
+    ([`rejected_replies`][pflower.results.failures.rejected_replies]), if any."""
 
     @property
     def seed(self) -> Any:

@@ -187,11 +187,11 @@ def ray_keeps_signal_handlers() -> Iterator[None]:
 
     ``ray.init`` installs its own SIGTERM handler, ``sys.exit``, in place of pflower's, which
     records the run as interrupted and ends the process
-    ([`pflower.results.rundir.summary_on_signal`][pflower.results.rundir.summary_on_signal]); Ray's
-    C++ core, started by the same call, installs one that prints a stack trace. With them a ``kill``
-    of a Ray run wrote no ``summary.json``, and the ``SystemExit`` raised in Flower's engine left
-    the process running. Putting the handlers back (``signal.signal`` sets the process's disposition
-    again) makes a Ray run end on SIGTERM as a forked one does."""
+    ([`pflower.results.failures.summary_on_signal`][pflower.results.failures.summary_on_signal]);
+    Ray's C++ core, started by the same call, installs one that prints a stack trace. With them a
+    ``kill`` of a Ray run wrote no ``summary.json``, and the ``SystemExit`` raised in Flower's
+    engine left the process running. Putting the handlers back (``signal.signal`` sets the
+    process's disposition again) makes a Ray run end on SIGTERM as a forked one does."""
     init_ray = RAY_INIT.current()
 
     @functools.wraps(init_ray)

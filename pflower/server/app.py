@@ -27,7 +27,8 @@ from pflower.core.experiment import Experiment
 from pflower.core.strategy import GlobalEvaluator, PersonalizedStrategy
 from pflower.core.training import evaluate, set_weights, trainable_mask
 from pflower.results.ownership import claim_run_dir
-from pflower.results.rundir import RecorderPosition, RunRecorder, resolved_config
+from pflower.results.rundir import RecorderPosition, RunRecorder
+from pflower.results.summary import resolved_config
 from pflower.runtime.logs import plain_flower_console_unless_tty
 from pflower.runtime.polling import PromptClientManager
 from pflower.server.loop import CheckpointingServer

@@ -50,14 +50,11 @@ from pflower.core.checkpoint import (
 )
 from pflower.core.errors import ResultsNotWrittenError
 from pflower.core.strategy import GlobalEvaluation, PersonalizedStrategy
+from pflower.results.disk import is_write_failure, write_failure
+from pflower.results.failures import summary_on_signal
 from pflower.results.ownership import RunDirClaim
-from pflower.results.rundir import (
-    RunRecorder,
-    is_write_failure,
-    resolved_config,
-    summary_on_signal,
-    write_failure,
-)
+from pflower.results.rundir import RunRecorder
+from pflower.results.summary import resolved_config
 from pflower.runtime.polling import (
     EvaluateResultsAndFailures,
     FitResultsAndFailures,

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from pflower.results.rundir import error_line, failed_by_itself
+from pflower.results.failures import error_line, failed_by_itself
 from pflower.searchspace import format_value
 from pflower.tuning.ledger import counted_trials, rounds_run, spending
 from pflower.tuning.runner import Runner, TrialFailed, read_summary, run_pflower, runs_stop_together

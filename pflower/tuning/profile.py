@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from pflower.registry import ConfigError
-from pflower.results.rundir import error_line, failed_by_itself
+from pflower.results.failures import error_line, failed_by_itself
 from pflower.searchspace import RANGE_END, Param, format_value
 from pflower.tuning.finals import read_chosen
 from pflower.tuning.runner import (

@@ -24,7 +24,8 @@ from typing import Any, Protocol
 
 from pflower.plugins import PLUGINS_ENV
 from pflower.registry import ConfigError
-from pflower.results.rundir import read_rows, write_atomic
+from pflower.results.disk import write_atomic
+from pflower.results.rows import read_rows
 from pflower.runtime.forkserver import ForkServerProcess, server_directory
 from pflower.runtime.signals import handlers_run_promptly
 
@@ -254,7 +255,7 @@ def run_pflower(
 def _record_failed(run_dir: Path, reason: str) -> None:
     """Record in ``summary.json`` that the run failed for ``reason``. A run stopped with SIGTERM
     records itself as interrupted
-    ([`pflower.results.rundir.was_interrupted`][pflower.results.rundir.was_interrupted]), which
+    ([`pflower.results.failures.was_interrupted`][pflower.results.failures.was_interrupted]), which
     reads as
     "not run yet"; a run stopped for taking too long did run, and would time out again."""
     summary = read_summary(run_dir) or {}

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from pflower.config import RunRecord
-from pflower.results.rundir import read_rows
+from pflower.results.rows import read_rows
 from pflower.runtime.optuna_storage import (
     heartbeat,
     record_heartbeat,

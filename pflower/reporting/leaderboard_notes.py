@@ -1,0 +1,173 @@
+"""The notes under a setting's leaderboard table: ranks above a higher mean, collapsed
+methods, failed final runs, runs that did without some clients' replies, chosen values at an end
+of their searched range (with their profiles), the methods run with changes or refused, and the
+methods with no final runs yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from pflower.reporting.leaderboard_ranks import ranked_above_higher_means
+from pflower.reporting.leaderboard_runs import Entry, final_runs
+from pflower.reporting.leaderboard_table import mean_std
+from pflower.results.failures import REJECTION_NOTE, error_line, failed_by_itself
+from pflower.searchspace import RANGE_END
+from pflower.tuning.profile import chosen_at_ends, describe_profile
+
+
+def inversion_notes(entries: Sequence[Entry]) -> list[str]:
+    """The methods ranked above a higher mean
+    ([`ranked_above_higher_means`][pflower.reporting.leaderboard_ranks.ranked_above_higher_means])."""
+    inversions = ranked_above_higher_means(entries)
+    if not inversions:
+        return []
+    lines = [
+        "Ranks above a higher mean (a rank counts the methods significantly better; a method "
+        "whose differences to the others vary from seed to seed is separated from few, so read "
+        "its rank with its per-seed values):",
+        "",
+    ]
+    for entry, higher in inversions:
+        names = ", ".join(other.label for other in higher[:3])
+        more = f" and {len(higher) - 3} more" if len(higher) > 3 else ""
+        lines.append(
+            f"- {entry.label} (rank {entry.rank}, {mean_std(entry.final)}) is ranked above "
+            f"{len(higher)} method(s) with a higher mean: {names}{more}"
+        )
+    return [*lines, ""]
+
+
+def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str]:
+    """The chosen values (``chosen/<method>.yaml``) that lie within ``margin`` of an end of the
+    range searched for them ([`position`][pflower.searchspace.Param.position]), e.g.
+    ``train.lr = 0.0001, low end of log-uniform [0.0001, 0.01]``. A choice counts only where it
+    is a coarse log range (positive numbers spanning a decade or more, such as FedDyn's α in
+    0.001, 0.01, 0.1) and the least or greatest value was chosen."""
+    return [
+        f"{key} = {value:.3g}, {end} end of {description}"
+        for key, value, end, description in chosen_at_ends(chosen, margin)
+    ]
+
+
+def range_end_notes(entries: Sequence[Entry]) -> list[str]:
+    """The chosen values at an end of their searched range (`range_ends`), each with its
+    profile where one was run."""
+    ends = [(e, found) for e in entries if (found := range_ends(e.chosen))]
+    if not ends:
+        return []
+    lines = [
+        f"Chosen at an end of the searched range (within {RANGE_END:.0%} of it, in log scale for "
+        "a log range; the least or greatest value of a choice spanning a decade or more): the "
+        "best value may lie beyond it, so the method may be held back by its declared range "
+        "rather than by the budget. Where a profile was run (`pflower tune --profile`: the "
+        "chosen values with that one key varied, on validation), it follows the key:",
+        "",
+    ]
+    for entry, found in ends:
+        lines.append(f"- {entry.label}: {'; '.join(found)}")
+        for key, *_ in chosen_at_ends(entry.chosen):
+            if key in entry.profiles:
+                lines.append(f"    - {describe_profile(entry.profiles[key])}")
+            elif key in entry.stale_profiles:
+                lines.append(
+                    f"    - its profile of {key} was made at the values chosen before the study "
+                    f"was searched again, and is not shown (`pflower tune --profile {key}` "
+                    "profiles the values chosen now)"
+                )
+    return [*lines, ""]
+
+
+def collapse_notes(entries: Sequence[Entry]) -> list[str]:
+    """The methods whose final runs are another method (``Entry.collapse``), with why."""
+    collapsed = [e for e in entries if e.collapse[0]]
+    if not collapsed:
+        return []
+    lines = [
+        "Collapsed: at these settings the method computes what another method computes "
+        "(`=`: its declared neutral point, or a model that leaves it nothing of its own; the "
+        "rows are the same to the last digit, `tests/test_collapses.py`) or all but does "
+        "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method, with "
+        "its own tuned values, not the method itself:",
+        "",
+    ]
+    lines += [f"- {e.label} {e.collapse[0]} ({e.collapse[1]})" for e in collapsed]
+    return [*lines, ""]
+
+
+def failure_notes(entries: Sequence[Entry]) -> list[str]:
+    """The final runs that failed by themselves, with the first line of their error."""
+    failures = [(e, seed, error) for e in entries for seed, error in sorted(e.failed.items())]
+    if not failures:
+        return []
+    lines = [
+        "Final runs that failed (in no mean and no test, so the method's mean over its other "
+        "seeds flatters it; the seeds column counts them apart):",
+        "",
+    ]
+    lines += [f"- {e.label}, seed {seed}: {error}" for e, seed, error in failures]
+    return [*lines, ""]
+
+
+def rejection_notes(entries: Sequence[Entry]) -> list[str]:
+    """The completed final runs that did without some clients' replies."""
+    runs = [(e, seed, r) for e in entries for seed, r in sorted(e.rejected.items())]
+    if not runs:
+        return []
+    lines = [
+        f"Final runs that completed without some clients' replies, in the means. {REJECTION_NOTE}",
+        "",
+    ]
+    lines += [f"- {e.label}, seed {seed}: {r.describe()}" for e, seed, r in runs]
+    return [*lines, ""]
+
+
+def exception_notes(setting_dir: Path, changes: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The methods whose runs differ from the setting's configuration (with the overrides and
+    the reason), and those the setting refuses (with the refusal)."""
+    lines = []
+    if changes:
+        lines += ["Methods run with changes to the setting (the suite's `per_method`):", ""]
+        lines += [
+            f"- {method}: `{' '.join(change.get('overrides', []))}`: {change.get('reason', '')}"
+            for method, change in sorted(changes.items())
+        ]
+        lines.append("")
+    refused = sorted((setting_dir / "refused").glob("*.txt"))
+    if refused:
+        lines += ["Methods this setting refuses (not run):", ""]
+        lines += [f"- {path.stem}: {path.read_text().strip()}" for path in refused]
+        lines.append("")
+    return lines
+
+
+def pending_note(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]) -> list[str]:
+    """The suite's methods with no completed final run here yet (nor refused): how far the
+    setting is, since a suite completes over several invocations."""
+    finished = {e.method for e in entries} & set(methods)
+    refused = {p.stem for p in (setting_dir / "refused").glob("*.txt")}
+    pending = [m for m in methods if m not in finished | refused]
+    if not pending:
+        return []
+    tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
+
+    def state(method: str) -> str:
+        failed = {
+            seed: error_line(summary)
+            for seed, _, summary in final_runs(setting_dir / "final" / method)
+            if failed_by_itself(summary)
+        }
+        if failed:
+            first = min(failed)
+            seeds = ", ".join(map(str, sorted(failed)))
+            error = f"seed {first}: {failed[first]}"
+            return f"{method} (every final run so far failed, seeds {seeds}; {error})"
+        return f"{method} (tuned, final runs pending)" if method in tuned else method
+
+    shown = [state(m) for m in pending]
+    return [
+        f"{len(finished)} of {len(methods)} methods have final runs; not yet: {', '.join(shown)}.",
+        "",
+    ]

@@ -1,0 +1,216 @@
+"""The final runs of a ``pflower tune`` suite's setting, read into one
+[`Entry`][pflower.reporting.leaderboard_runs.Entry] per method: final and last-10% accuracy by
+seed, failed and rejected runs, cost, code and CPU kernels, the chosen hyperparameters with their
+profiles, and whether the configuration collapses the method into another
+([`pflower.reporting.leaderboard`][pflower.reporting.leaderboard] ranks and renders them).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pflower.compose import meta_model
+from pflower.core.algorithm import ALGORITHMS
+from pflower.core.options import collapse_of
+from pflower.results.failures import Rejected, error_line, failed_by_itself, rejected_replies
+from pflower.results.summary import recorded_cost
+from pflower.searchspace import Param
+from pflower.tuning.profile import current_profiles
+
+
+@dataclass
+class Entry:
+    """One method on one setting."""
+
+    method: str
+    final: list[float] = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+    """The final seed of each value of ``final`` (none given: 1, 2, ... in order)."""
+    failed: dict[int, str] = field(default_factory=dict)
+    """Final runs that stopped with an error (a diverged run, say): seed -> the error's first
+    line. They are in no mean and no test; the table and a note under it say so."""
+    rejected: dict[int, Rejected] = field(default_factory=dict)
+    """Completed final runs that went on without some clients' replies, by seed
+    ([`rejected_replies`][pflower.results.failures.rejected_replies]). They are in the means; a note
+    under the
+    table names them."""
+    last10: list[float] = field(default_factory=list)
+    seconds_per_round: list[float] = field(default_factory=list)
+    mb_per_client_round: list[float] = field(default_factory=list)
+    chosen: Mapping[str, Any] = field(default_factory=dict)
+    codes: set[str] = field(default_factory=set)
+    kernels: list[str] = field(default_factory=list)
+    """Each final run's CPU kernel capability
+    ([`pflower.provenance.numerics`][pflower.provenance.numerics]), "not
+    recorded" for a run made before pflower recorded it."""
+    rank: int = 0
+    rank_fdr: int = 0
+    """The rank with the false discovery rate controlled
+    ([`fdr_better_counts`][pflower.reporting.leaderboard_ranks.fdr_better_counts])."""
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Profiles recorded at the chosen values, by key
+    ([`pflower.tuning.profile`][pflower.tuning.profile])."""
+    stale_profiles: list[str] = field(default_factory=list)
+    """Keys whose profile was made at values chosen before the study was searched again."""
+    collapse: tuple[str, str] = ("", "")
+    """``("= FedAvg", why)`` or ``("≈ Local", why)`` where the method is another method
+    (`collapse`); empty strings where it is itself."""
+    studies: dict[int, dict[int, float]] = field(default_factory=dict)
+    """A suite of several studies: final accuracy by study, then seed (empty: one study)."""
+    study_chosen: dict[int, Mapping[str, Any]] = field(default_factory=dict)
+    """A suite of several studies: each study's chosen file."""
+
+    @property
+    def by_seed(self) -> dict[int, float]:
+        """Final accuracy by final seed."""
+        seeds = self.seeds or range(1, len(self.final) + 1)
+        return dict(zip(seeds, self.final, strict=True))
+
+    @property
+    def label(self) -> str:
+        algorithm = ALGORITHMS.get(self.method)
+        return algorithm.options.display_name if algorithm else self.method
+
+
+def _load_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data
+
+
+def seconds_per_round(cost: Mapping[str, float], summary: Mapping[str, Any]) -> float:
+    """The run's recorded seconds per round; its wall time over its rounds otherwise (a run
+    with fewer than two rounds, or one made before pflower recorded the figure and whose
+    ``metrics.jsonl`` is gone)."""
+    if "seconds_per_round" in cost:
+        return float(cost["seconds_per_round"])
+    rounds = max(1, int(summary.get("final_round") or summary.get("rounds") or 1))
+    return float(summary.get("wall_time_s") or math.nan) / rounds
+
+
+def mb_per_client_round(cost: Mapping[str, float]) -> float:
+    """Array megabytes down and up per training client and round (NaN where not recorded)."""
+    sizes = [cost[k] for k in ("mb_down_per_client_round", "mb_up_per_client_round") if k in cost]
+    return float(sum(sizes)) if sizes else math.nan
+
+
+def final_runs(method_dir: Path) -> Iterator[tuple[int, Path, dict[str, Any]]]:
+    """``(seed, run folder, summary)`` of every ``seed_<n>`` folder of a method that has a
+    summary (other folders, a copy say, are not runs)."""
+    for run_dir in sorted(method_dir.glob("seed_*")):
+        suffix = run_dir.name.removeprefix("seed_")
+        summary = _load_json(run_dir / "summary.json") if suffix.isdigit() else None
+        if summary:
+            yield int(suffix), run_dir, summary
+
+
+def _study_files(folder: Path, suffix: str) -> list[tuple[int, Path]]:
+    """``(k, path)`` of every ``study_<k>`` entry of ``folder`` (``.<suffix>`` files, or
+    folders for ``suffix=""``), by ``k``."""
+    found = []
+    for path in folder.glob(f"study_*{'.' + suffix if suffix else ''}"):
+        number = path.name.removeprefix("study_").removesuffix(f".{suffix}" if suffix else "")
+        if number.isdigit() and (path.is_dir() != bool(suffix)):
+            found.append((int(number), path))
+    return sorted(found)
+
+
+def _study_runs(method_dir: Path) -> Iterator[tuple[int | None, int, Path, dict[str, Any]]]:
+    """``(study, seed, run folder, summary)`` of a method's final runs: ``final/<method>/
+    study_<k>/seed_<n>`` for a suite of several studies, ``final/<method>/seed_<n>`` (study
+    None) for one."""
+    folders: list[tuple[int | None, Path]] = [*_study_files(method_dir, "")]
+    for study, folder in folders or [(None, method_dir)]:
+        for seed, run_dir, summary in final_runs(folder):
+            yield study, seed, run_dir, summary
+
+
+def collapse(method: str, config: Mapping[str, Any], chosen: Mapping[str, Any]) -> tuple[str, str]:
+    """Whether the final runs' resolved ``config`` makes ``method`` another method: ``("= <base>",
+    why)`` at a declared neutral point of its options or on a model that leaves it nothing of
+    its own, ``("≈ <base>", why)`` next to a neutral point of the range it was searched in
+    ([`collapse_of`][pflower.core.options.collapse_of]); ``("", "")`` otherwise."""
+    algorithm = ALGORITHMS.get(method)
+    if algorithm is None or not config:
+        return "", ""
+    options = algorithm.options
+    base = options.collapse_on(meta_model(config["dataset"], config["model"]))
+    if base is not None:
+        return f"= {ALGORITHMS[base].options.display_name}", f"on model={config['model']['name']}"
+    space = {
+        key: param
+        for key, description in (chosen.get("space") or {}).items()
+        if (param := Param.from_description(str(description))) is not None
+    }
+    found = collapse_of(options, config.get("strategy") or {}, space)
+    if found is None:
+        return "", ""
+    declared, mark = found
+    name = ALGORITHMS[declared.base].options.display_name
+    if mark == "=":
+        return f"= {name}", f"at {declared.describe()}"
+    strategy = config["strategy"]
+    chosen_values = ", ".join(f"{key}={strategy[key]:.3g}" for key, _ in declared.at)
+    return f"≈ {name}", f"{chosen_values}, next to {declared.describe()}"
+
+
+def read_setting(setting_dir: Path) -> list[Entry]:
+    """Every method of a setting folder with completed final runs (and the failed ones of each,
+    in [`Entry.failed`][pflower.reporting.leaderboard_runs.Entry.failed]), by name, not ranked
+    yet."""
+    entries = []
+    final_root = setting_dir / "final"
+    methods = sorted(p.name for p in final_root.iterdir()) if final_root.is_dir() else []
+    for method in methods:
+        entry = Entry(method)
+        chosen_path = setting_dir / "chosen" / f"{method}.yaml"
+        if chosen_path.exists():
+            entry.chosen = yaml.safe_load(chosen_path.read_text()) or {}
+        for number, path in _study_files(setting_dir / "chosen" / method, "yaml"):
+            entry.study_chosen[number] = yaml.safe_load(path.read_text()) or {}
+        entry.chosen = entry.chosen or entry.study_chosen.get(
+            min(entry.study_chosen, default=0), {}
+        )
+        entry.profiles, entry.stale_profiles = current_profiles(setting_dir, method, entry.chosen)
+        for study, seed, run_dir, summary in _study_runs(final_root / method):
+            if failed_by_itself(summary):  # an interrupted run has not run yet
+                entry.failed[seed] = error_line(summary)
+            if summary.get("status") != "completed":
+                continue
+            if not entry.final:
+                entry.collapse = collapse(method, summary.get("config") or {}, entry.chosen)
+            cost = recorded_cost(run_dir, summary)
+            if rejected := rejected_replies(summary):
+                entry.rejected[seed] = rejected
+            entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
+            entry.seeds.append(seed)
+            if study is not None:
+                entry.studies.setdefault(study, {})[seed] = entry.final[-1]
+            entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
+            entry.seconds_per_round.append(seconds_per_round(cost, summary))
+            entry.mb_per_client_round.append(mb_per_client_round(cost))
+            entry.codes.add(str((summary.get("code") or {}).get("fingerprint")))
+            numerics = summary.get("numerics") or {}
+            entry.kernels.append(str(numerics.get("cpu_capability") or "not recorded"))
+        if entry.final:
+            entries.append(entry)
+    return entries
+
+
+def shared_knobs(entries: Sequence[Entry]) -> list[str]:
+    """The ``train.*`` keys every method of a setting searched, read from the chosen files'
+    spaces (a setting may search more than the suite's ``train_knobs``, e.g. the local epochs)."""
+    spaces = [set((e.chosen.get("space") or {}).keys()) for e in entries if e.chosen]
+    if not spaces:
+        return []
+    common = set.intersection(*spaces)
+    return sorted(k for k in common if k.startswith("train."))
