@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from pflower.runtime import fence
-from pflower.runtime.fence import INTERNALS, FlowerChanged, Internal, parameters_of
+from pflower.runtime.fence import INTERNALS
+from pflower.runtime.internal import FlowerChanged, Internal, parameters_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,8 +18,9 @@ import socket
 import sys
 from pathlib import Path
 
-from pflower.runtime.fence import INSTALL_FROM_FAB, LOAD_APP, FlowerChanged
+from pflower.runtime.fence import INSTALL_FROM_FAB, LOAD_APP
 from pflower.runtime.forkclient import SOCKET_VARIABLE, send_message
+from pflower.runtime.internal import FlowerChanged
 
 APP_PACKAGE = "pflower"
 """The package whose import the server keeps for its children."""

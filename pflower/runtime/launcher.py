@@ -102,8 +102,8 @@ class CappedSleepTime(types.ModuleType):
 
 def cap_supernode_sleeps(cap: float) -> None:
     """Cap the sleeps of Flower's SuperNode message loop at ``cap`` seconds (see the module
-    docstring). Fails ([`FlowerChanged`][pflower.runtime.fence.FlowerChanged]) if Flower's module no
-    longer has the ``time`` this replaces."""
+    docstring). Fails ([`FlowerChanged`][pflower.runtime.internal.FlowerChanged]) if Flower's
+    module no longer has the ``time`` this replaces."""
     SUPERNODE_TIME.check()
     current = SUPERNODE_TIME.current()
     if not (current is time or isinstance(current, CappedSleepTime)):

@@ -108,7 +108,7 @@ def prompt_object_pulls(
     which every pull of a message's arrays goes through and which have no other setting. The
     processes that call it (a deployment's ServerApp, a SuperNode started by pflower's launcher,
     a fork server) keep it for their life. Fails
-    ([`FlowerChanged`][pflower.runtime.fence.FlowerChanged])
+    ([`FlowerChanged`][pflower.runtime.internal.FlowerChanged])
     if Flower's functions no longer have these parameters."""
     saved: list[tuple[Any, dict[str, Any]]] = []
     for internal in (PULL_OBJECTS, PULL_AND_INFLATE):
