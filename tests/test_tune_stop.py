@@ -88,7 +88,9 @@ def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> 
         _, err = server.communicate(timeout=120)
     finally:
         server.kill()
-    assert server.returncode == 0, err
+    # 0, or SIGTERM's own end where it came as the interpreter was finishing (it restores the
+    # default handlers then): either way, nothing printed
+    assert server.returncode in (0, -signal.SIGTERM), err
     assert "Traceback" not in err, err
 
 
