@@ -226,7 +226,7 @@ def round_grid(proxies: Iterable[ClientProxy]) -> PromptGrid | None:
     if all(isinstance(grid, PromptGrid) for grid in grids):
         return grids[0]
     first = grids[0]
-    if is_in_memory_grid(first) and all(grid is first for grid in grids):
+    if isinstance(first, Grid) and is_in_memory_grid(first) and all(g is first for g in grids):
         return SimulationGrid(first)
     return None
 
