@@ -40,14 +40,18 @@ import yaml
 
 from pflower.provenance import code_version
 
-SETTING = ["dataset=digits", "num_clients=8", "rounds=10", "train.local_epochs=1"]
-PLANS: dict[str, dict[str, Any]] = {
-    "tpe+median, 8 trials (previous)": {"trials": 8, "search": {"sampler": "tpe"}},
-    "qmc+halving, 8 runs of compute (new)": {
-        "trials": 8,
-        "search": {"sampler": "qmc", "scheduler": "halving", "budget_runs": 8},
-    },
-}
+SETTING = ["dataset=digits", "num_clients=8", "train.local_epochs=1"]
+
+
+def plans(budget: int) -> dict[str, dict[str, Any]]:
+    """The two protocols, each with the budget of ``budget`` full runs per study."""
+    return {
+        f"tpe+median, {budget} trials (previous)": {"trials": budget, "search": {"sampler": "tpe"}},
+        f"qmc+halving, {budget} runs of compute (new)": {
+            "trials": budget,
+            "search": {"sampler": "qmc", "scheduler": "halving", "budget_runs": budget},
+        },
+    }
 
 
 def suite_file(folder: Path, plan: dict[str, Any], methods: list[str], args: Any) -> Path:
@@ -63,7 +67,7 @@ def suite_file(folder: Path, plan: dict[str, Any], methods: list[str], args: Any
         "train_knobs": ["lr"],
         "search": plan["search"],
         "methods": methods,
-        "settings": [{"name": "digits", "overrides": SETTING}],
+        "settings": [{"name": "digits", "overrides": [*SETTING, f"rounds={args.rounds}"]}],
     }
     path = folder / "suite.yaml"
     folder.mkdir(parents=True, exist_ok=True)
@@ -116,12 +120,14 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--studies", type=int, default=4)
     parser.add_argument("--final-seeds", default="1,2")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--budget", type=int, default=8, help="full runs per study")
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--work", type=Path, default=Path("runs/search_steadiness"))
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     args = parser.parse_args(argv)
     methods = args.methods.split(",")
     results: dict[str, Any] = {}
-    for index, (label, plan) in enumerate(PLANS.items()):
+    for index, (label, plan) in enumerate(plans(args.budget).items()):
         folder = args.work / f"plan_{index}"
         suite = suite_file(folder, plan, methods, args)
         before, started = cpu_seconds(), time.monotonic()
@@ -145,7 +151,7 @@ def main(argv: list[str]) -> None:
         "command": "python benchmarks/search_steadiness.py " + " ".join(argv),
         "code": code_version(),
         "machine": f"{platform.node()}, {platform.machine()}",
-        "setting": SETTING,
+        "setting": [*SETTING, f"rounds={args.rounds}"],
         "methods": methods,
         "studies": args.studies,
         "final_seeds": args.final_seeds,
@@ -157,7 +163,8 @@ def main(argv: list[str]) -> None:
         "# Steadiness of the search: previous protocol against the new one",
         "",
         f"`{record['command']}` at pflower {record['code']} on {record['machine']}; "
-        f"{', '.join(methods)} on digits ({' '.join(SETTING)}), {args.studies} studies each, "
+        f"{', '.join(methods)} on digits ({' '.join(record['setting'])}), {args.studies} "
+        "studies each, "
         f"final seeds {args.final_seeds}.",
         "",
         "| plan | configurations per study (mean) | between-study SD (points) | rank flips | "

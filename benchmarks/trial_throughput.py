@@ -9,28 +9,35 @@ quasi-random points 0, 1, ...), each run twice in alternation:
 - ``after``: the same command plus :data:`~pflower.tuning.search.OBJECTIVE_ONLY`, forked from
   the fork server of :func:`~pflower.tuning.runner.warm_runner` (``pflower tune``'s default).
 
+With ``--before-code PATH`` both run as ``after`` does (warm, objective only), ``before`` with
+the pflower of the checkout at ``PATH`` (its fork server imports that code): a change of the
+code, timed trial by trial.
+
 It records each run's wall time (command start to summary) and objective, checks that both give
 the same objective to the last digit, and writes ``benchmarks/results/trial_throughput.{md,json}``
 (or ``--out``). Run on a quiet machine; the pairs alternate, so a load that comes and goes falls
 on both alike::
 
     python benchmarks/trial_throughput.py --suite cpu --setting fmnist_dir01 \\
-        --methods fedavg,ditto,fedala --trials 2
+        --methods fedavg,ditto,fedala --trials 2 [--before-code ../main]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import platform
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pflower.provenance import code_version
-from pflower.tuning.runner import objective_of, run_pflower, warm_runner
+from pflower.tuning.runner import WarmRunner, objective_of, run_pflower, warm_runner
 from pflower.tuning.schedule import quasi_random_point
 from pflower.tuning.search import OBJECTIVE_ONLY, run_command, trial_overrides
 from pflower.tuning.suite import load_suite
@@ -44,20 +51,27 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--trials", type=int, default=2, help="trials per method")
     parser.add_argument("--extra", default="", help="overrides for every run, e.g. rounds=10")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--before-code", type=Path, help="checkout whose pflower runs the 'before' trials"
+    )
     args = parser.parse_args(argv)
     suite = load_suite(args.suite)
     setting = suite.setting(args.setting)
     extra = args.extra.split()
     runs: list[dict[str, object]] = []
-    with tempfile.TemporaryDirectory() as scratch, warm_runner() as warm:
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(tempfile.TemporaryDirectory())
+        warm = stack.enter_context(warm_runner())
+        before = stack.enter_context(warm_runner_of(args.before_code)) if args.before_code else None
         for method in args.methods.split(","):
             space = suite.space_for(method, setting)
             for index in range(args.trials):
                 values = quasi_random_point(space, suite.tune_seed, index)
                 overrides = [*trial_overrides(suite, setting, method, values), *extra]
                 lean = [o for o in overrides if o not in OBJECTIVE_ONLY]
+                before_overrides = lean if before is None else overrides
                 for label, command_overrides, runner in (
-                    ("before", lean, run_pflower),
+                    ("before", before_overrides, before or run_pflower),
                     ("after", overrides, warm),
                 ):
                     run_dir = Path(scratch) / f"{method}-{index}-{label}"
@@ -77,6 +91,36 @@ def main(argv: list[str]) -> None:
     write(args, runs)
 
 
+@contextlib.contextmanager
+def warm_runner_of(code: Path) -> Iterator[WarmRunner]:
+    """A [`warm_runner`][pflower.tuning.runner.warm_runner] whose fork server imports pflower
+    from the checkout at ``code`` (its ``PYTHONPATH``; the runs it forks inherit that import)."""
+    with contextlib.ExitStack() as stack:
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = str(code.resolve())
+        try:
+            warm = stack.enter_context(warm_runner())
+        finally:
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
+        yield warm
+
+
+def kinds(before_code: Path | None) -> str:
+    """What ``before`` and ``after`` were, in a sentence."""
+    if before_code is None:
+        return (
+            "before: a new process measuring every stage; after: forked warm, measuring only "
+            "the objective."
+        )
+    return (
+        f"before: the code at `{before_code}`, after: this code; both forked warm and measuring "
+        "only the objective, both timed by this code's runner."
+    )
+
+
 def write(args: argparse.Namespace, runs: list[dict[str, object]]) -> None:
     """The results, as JSON and as a markdown table with the ratio per method and in all."""
     pairs: dict[tuple[object, object], dict[object, dict[str, object]]] = {}
@@ -90,6 +134,8 @@ def write(args: argparse.Namespace, runs: list[dict[str, object]]) -> None:
         f"`python benchmarks/trial_throughput.py {' '.join(sys.argv[1:])}` at pflower "
         f"{code_version()['fingerprint']} on {machine}; {len(pairs)} trials of each kind, "
         "alternating. Objectives equal to the last digit: " + ("yes" if same else "NO") + ".",
+        "",
+        kinds(args.before_code),
         "",
         "| method | before s / trial | after s / trial | speed-up |",
         "|---|---|---|---|",

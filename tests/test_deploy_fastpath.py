@@ -20,6 +20,7 @@ tests run SuperNodes through the launcher).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -56,8 +57,10 @@ from pflower.runtime.forkclient import SOCKET_VARIABLE
 from pflower.runtime.forkserver import ForkServerProcess, shim_script, wait_status
 from pflower.runtime.packing import is_packed, packed_arrays_mod
 from pflower.runtime.polling import (
+    SIMULATION_POLL_S,
     PromptClientManager,
     PromptGrid,
+    SimulationGrid,
     fit_at_once,
     prompt_object_pulls,
     round_grid,
@@ -490,10 +493,23 @@ def test_a_deployment_round_is_one_push_and_each_reply_finds_its_client(
     assert "client crashed" in str(failures[0]) and "node 13" in str(failures[1])
 
 
-def test_only_rounds_over_prompt_grids_are_sent_at_once() -> None:
+def test_rounds_over_a_prompt_grid_or_one_in_memory_grid_are_sent_at_once() -> None:
     http = GridClientProxy(node_id=1, grid=PromptGrid(FakeGrid(0)), run_id=1)
-    memory = GridClientProxy(node_id=2, grid=InMemoryGrid.__new__(InMemoryGrid), run_id=1)
+    in_memory = InMemoryGrid.__new__(InMemoryGrid)
+    memory = GridClientProxy(node_id=2, grid=in_memory, run_id=1)
+    other_memory = GridClientProxy(node_id=3, grid=InMemoryGrid.__new__(InMemoryGrid), run_id=1)
     assert round_grid([http]) is http.grid
+    simulation = round_grid([memory, GridClientProxy(node_id=4, grid=in_memory, run_id=1)])
+    assert isinstance(simulation, SimulationGrid) and simulation.grid is in_memory
+    assert (
+        simulation.first_s == simulation.longest_s == SIMULATION_POLL_S < in_memory_pull_interval()
+    )
     assert round_grid([http, memory]) is None
-    assert round_grid([memory]) is None
+    assert round_grid([memory, other_memory]) is None
     assert round_grid([]) is None
+
+
+def in_memory_pull_interval() -> float:
+    """How often Flower's proxies look for their reply in a simulation (its default)."""
+    default: float = inspect.signature(InMemoryGrid).parameters["pull_interval"].default
+    return default

@@ -533,6 +533,22 @@ def test_a_final_run_that_times_out_is_recorded_as_failed_not_interrupted(tmp_pa
     assert failed_by_itself(summary)
 
 
+def test_the_runner_sees_a_run_end_at_once_not_at_its_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner looks at a run's rounds every ``POLL_S``, but returns as soon as the run
+    ends: a trial's time is the run's, not rounded up to the next look."""
+    monkeypatch.setattr(trial_runner, "POLL_S", 30.0)
+    run_dir = tmp_path / "run"
+    summary = str(run_dir / "summary.json")
+    script = f"import json; open({summary!r}, 'w').write(json.dumps({{'status': 'completed'}}))"
+    began = time.monotonic()
+    assert trial_runner.run_pflower([sys.executable, "-c", script], run_dir) == {
+        "status": "completed"
+    }
+    assert time.monotonic() - began < 20.0, "the runner waited for its next look"
+
+
 DRIVER = """\
 import sys
 from pathlib import Path

@@ -63,10 +63,13 @@ class ImageSplit:
         return int(self.labels.shape[0])
 
     def subset(self, indices: np.ndarray) -> ImageSplit:
-        """The samples at ``indices`` (a copy)."""
+        """The samples at ``indices`` (a copy; ``index_select``, several times faster than
+        ``images[index]`` on image tensors)."""
         index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
-        groups = None if self.groups is None else self.groups[index]
-        return ImageSplit(self.images[index], self.labels[index], groups)
+        groups = None if self.groups is None else self.groups.index_select(0, index)
+        return ImageSplit(
+            self.images.index_select(0, index), self.labels.index_select(0, index), groups
+        )
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,12 @@ if TYPE_CHECKING:
     from flwr.app import Message
     from flwr.server.superlink.linkstate import LinkState
 
+DELIVERY_POLL_S = 0.005
+"""How often [`deliver_pending_messages`][pflower.runtime.engine.deliver_pending_messages] looks
+for undelivered messages. Flower looks every 0.1 s: the messages of each half of a round (fit,
+then evaluate) waited 0.05 s on average before a worker took them, in rounds of about a second
+(the cpu suite's trials). A look takes the link state's lock and scans its stored messages once."""
+
 SIMULATED_PARTITIONS = "pflower_partitions"
 """Attribute of a simulation's in-memory link state holding its node-id -> partition-id map,
 set when the engine registers the nodes
@@ -68,8 +74,10 @@ def deliver_pending_messages(
     every 0.1 s, and each question scans every stored message: N x M checks per pass, which
     keeps the driver busy for minutes per round at 10,000 clients. This one scans the stored
     messages once per pass and asks only for their destinations (in the nodes' order, as
-    Flower does), so a round costs what its sampled clients cost. Same messages, same
-    delivery. It reads the in-memory link state's ``message_ins_store`` under its ``lock``."""
+    Flower does), so a round costs what its sampled clients cost, and passes every
+    [`DELIVERY_POLL_S`][pflower.runtime.engine.DELIVERY_POLL_S], so a message waits for its
+    worker milliseconds instead of up to 0.1 s. Same messages, same delivery. It reads the
+    in-memory link state's ``message_ins_store`` under its ``lock``."""
     position = {node_id: index for index, node_id in enumerate(nodes_mapping)}
     store: dict[str, Message] = state.message_ins_store  # type: ignore[attr-defined]  # InMemoryLinkState's
     while not f_stop.is_set():
@@ -82,7 +90,7 @@ def deliver_pending_messages(
         for node_id in sorted(waiting & position.keys(), key=position.__getitem__):
             for message in state.get_message_ins(node_id=node_id, limit=1):
                 queue.put(message)
-        f_stop.wait(0.1)
+        f_stop.wait(DELIVERY_POLL_S)
 
 
 def _publishing(register_nodes: Any) -> Any:

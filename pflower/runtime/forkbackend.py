@@ -68,6 +68,11 @@ RAY_BACKEND_MODULE = RAY_BACKEND.module
 """The module from which Flower 1.39's ``start_vce`` imports the one backend it builds
 (`pflower.runtime.fence.START_VCE`)."""
 
+NVML_CUDA_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""The environment variable with which torch checks for CUDA without initializing it (set by
+[`pflower.simulation.run_experiment`][pflower.simulation.run_experiment] before it forks
+workers; each worker drops it: `_serve`)."""
+
 WORKER_STOP_S = 5.0
 """How long [`ForkWorkers.close`][pflower.runtime.forkbackend.ForkWorkers.close] waits for a worker
 to end before it is killed (and
@@ -102,6 +107,10 @@ def _serve(app: ClientApp, connection: Connection, parent_pid: int | None) -> No
     a worker that does not end when asked."""
     if parent_pid is not None:
         die_with_parent(parent_pid)
+        # torch's NVML-based CUDA check lets the driver fork workers that can use CUDA; a
+        # worker forks nothing, and with it every optimizer step asked NVML (torch's
+        # graph-capture health check): a third of a small model's training time on a CPU.
+        os.environ.pop(NVML_CUDA_CHECK, None)
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
     while True:

@@ -13,8 +13,10 @@ other), the ClientApp's
 they were ([`unpack`][pflower.runtime.packing.unpack]) and packs
 its reply's records the same way, and the ServerApp unpacks the reply. Each array's bytes,
 dtype, shape and ``stype`` travel unchanged, so every result is bit-identical to unpacked
-messages. A message with nothing packed (every message of a simulation) passes the mod
-untouched, and so does its reply. (It lives in [`pflower.runtime`][pflower.runtime] for the type of
+messages. A simulation's rounds are sent the same way
+([`SimulationGrid`][pflower.runtime.polling.SimulationGrid]): its fork workers receive one
+array per record through their pipes. A message with nothing packed passes the mod untouched,
+and so does its reply. (It lives in [`pflower.runtime`][pflower.runtime] for the type of
 a ClientApp
 mod's ``call_next``, ``flwr.clientapp.typing.ClientAppCallable``, outside Flower's API reference.)
 """

@@ -1,5 +1,5 @@
-"""The ServerApp's messages in a deployment: a round's messages in one push, and short polls for
-the replies instead of 3 s steps.
+"""The ServerApp's messages: a round's messages in one push, and short polls for the replies
+instead of Flower's 3 s steps (a deployment) or 0.1 s steps (a simulation).
 
 Flower's legacy server loop sends each client its ``train``/``evaluate`` message through a
 ``GridClientProxy``, which calls ``grid.send_and_receive``. In a deployment the grid is Flower's
@@ -12,8 +12,11 @@ an ``HttpGrid`` a [`PromptGrid`][pflower.runtime.polling.PromptGrid] around it: 
 same pulls and the same
 end conditions (all replies, or ``timeout``), with pauses that start at
 `PromptGrid.first_s` and grow by half up to `PromptGrid.longest_s`, so a reply waits
-at most ``longest_s`` and a long round costs the SuperLink a pull every ``longest_s``. The
-simulation's ``InMemoryGrid`` (0.1 s pulls already) is left alone.
+at most ``longest_s`` and a long round costs the SuperLink a pull every ``longest_s``.
+A simulation's rounds go through its ``InMemoryGrid`` as a
+[`SimulationGrid`][pflower.runtime.polling.SimulationGrid]: sent at once as well, and its replies
+looked for every `SIMULATION_POLL_S` (a look reads this process's memory) where each
+client's proxy looked for its own every 0.1 s.
 
 A round's messages also go out together: [`fit_at_once`][pflower.runtime.polling.fit_at_once] and
 [`evaluate_at_once`][pflower.runtime.polling.evaluate_at_once] push all
@@ -41,9 +44,9 @@ SuperNode and its ClientApps ([`pflower.runtime.launcher`][pflower.runtime.launc
 retry after [`OBJECT_PULL_FIRST_S`][pflower.runtime.polling.OBJECT_PULL_FIRST_S] instead, doubling
 up to [`OBJECT_PULL_LONGEST_S`][pflower.runtime.polling.OBJECT_PULL_LONGEST_S].
 
-Outside a deployment the rounds go through Flower's legacy ``fit_clients``/``evaluate_clients``
-(`FIT_CLIENTS`), which this module hands on with their result types
-(`fit_clients`, `evaluate_clients`). Flower internals used here
+Elsewhere (the in-process test proxies, which talk through no grid) the rounds go through
+Flower's legacy ``fit_clients``/``evaluate_clients`` (`FIT_CLIENTS`), which this module hands on
+with their result types (`fit_clients`, `evaluate_clients`). Flower internals used here
 ([`pflower.runtime.fence`][pflower.runtime.fence]): ``HttpGrid.send_and_receive``'s
 contract, ``GridClientProxy``'s grid, the defaults of ``pull_objects`` and
 ``pull_and_inflate_object_from_tree``, and the legacy message conversions of
@@ -73,6 +76,7 @@ from flwr.serverapp.grid import Grid
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
 
+from pflower.runtime.engine import is_in_memory_grid
 from pflower.runtime.fence import PULL_AND_INFLATE, PULL_OBJECTS
 from pflower.runtime.packing import PackedArrays, pack, unpack
 
@@ -81,6 +85,7 @@ __all__ = [
     "FitResultsAndFailures",
     "PromptClientManager",
     "PromptGrid",
+    "SimulationGrid",
     "evaluate_at_once",
     "evaluate_clients",
     "fit_at_once",
@@ -179,6 +184,27 @@ class PromptGrid(Grid):
         return replies
 
 
+SIMULATION_POLL_S = 0.005
+"""Pause between two looks for a simulation round's replies
+([`SimulationGrid`][pflower.runtime.polling.SimulationGrid])."""
+
+
+class SimulationGrid(PromptGrid):
+    """A simulation's ``InMemoryGrid`` for one round sent at once: its replies are looked for
+    every [`SIMULATION_POLL_S`][pflower.runtime.polling.SIMULATION_POLL_S], by one thread.
+
+    Flower's proxies each look for their own reply every 0.1 s (``InMemoryGrid.pull_interval``),
+    so a round's last reply waited 0.05 s on average, twice a round. A look at the in-memory
+    link state costs microseconds, and there are no objects to pull (so this process's object
+    pulls are left as they are)."""
+
+    first_s = SIMULATION_POLL_S
+    longest_s = SIMULATION_POLL_S
+
+    def __init__(self, grid: Grid) -> None:  # no super().__init__: nothing is pulled
+        self.grid = grid
+
+
 class PromptClientManager(SimpleClientManager):
     """Flower's ``SimpleClientManager`` whose proxies over an ``HttpGrid`` wait promptly."""
 
@@ -189,15 +215,20 @@ class PromptClientManager(SimpleClientManager):
 
 
 def round_grid(proxies: Iterable[ClientProxy]) -> PromptGrid | None:
-    """The deployment grid that all ``proxies`` talk through: the
+    """The grid through which a round reaches all ``proxies`` at once: the deployment's
     [`PromptGrid`][pflower.runtime.polling.PromptGrid] that
-    [`PromptClientManager`][pflower.runtime.polling.PromptClientManager] gave them; None where any
-    has none (a simulation's proxies talk
-    through an ``InMemoryGrid``; the in-process test proxies through no grid at all)."""
+    [`PromptClientManager`][pflower.runtime.polling.PromptClientManager] gave them, or a
+    [`SimulationGrid`][pflower.runtime.polling.SimulationGrid] over the ``InMemoryGrid`` they all
+    share; None otherwise (the in-process test proxies talk through no grid at all)."""
     grids = [getattr(proxy, "grid", None) for proxy in proxies]
-    if not grids or not all(isinstance(grid, PromptGrid) for grid in grids):
+    if not grids:
         return None
-    return grids[0]
+    if all(isinstance(grid, PromptGrid) for grid in grids):
+        return grids[0]
+    first = grids[0]
+    if isinstance(first, Grid) and is_in_memory_grid(first) and all(g is first for g in grids):
+        return SimulationGrid(first)
+    return None
 
 
 Res = TypeVar("Res", FitRes, EvaluateRes)

@@ -14,11 +14,10 @@ checkpoint, it restores the strategy, the server's random generators and the glo
 what the checkpoint already covers (the initial evaluation and rounds up to the checkpoint's) and
 goes on from the next round.
 
-In a deployment a round's messages go out in one push
+In a deployment and in a simulation a round's messages go out in one push
 ([`fit_at_once`][pflower.runtime.polling.fit_at_once]
-and [`evaluate_at_once`][pflower.runtime.polling.evaluate_at_once]); elsewhere (a simulation,
-in-process tests)
-each client is reached by Flower's ``fit_clients``/``evaluate_clients``.
+and [`evaluate_at_once`][pflower.runtime.polling.evaluate_at_once]); elsewhere (in-process
+tests) each client is reached by Flower's ``fit_clients``/``evaluate_clients``.
 """
 
 from __future__ import annotations
@@ -228,9 +227,9 @@ class CheckpointingServer(Server):
     ) -> Any:
         """One ``phase`` ("fit" or "evaluate") of a round, logged as in Flower's loop: configure,
         send, ``before_aggregate()``, aggregate; ``(aggregate, metrics, (results, failures))``, or
-        None if no client was selected. Over a deployment's grid the round's messages go in one
-        push (the first of ``senders``), elsewhere Flower's function reaches each client (the
-        second)."""
+        None if no client was selected. Over a deployment's or a simulation's grid the round's
+        messages go in one push (the first of ``senders``), elsewhere Flower's function reaches
+        each client (the second)."""
         instructions = configure(
             server_round=server_round,
             parameters=self.parameters,
