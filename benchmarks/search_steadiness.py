@@ -162,7 +162,8 @@ def main(argv: list[str]) -> None:
     lines = [
         "# Steadiness of the search: previous protocol against the new one",
         "",
-        f"`{record['command']}` at pflower {record['code']} on {record['machine']}; "
+        f"`{record['command']}` at pflower {record['code']['fingerprint']} (commit "
+        f"{str(record['code'].get('commit'))[:7]}) on {record['machine']}; "
         f"{', '.join(methods)} on digits ({' '.join(record['setting'])}), {args.studies} "
         "studies each, "
         f"final seeds {args.final_seeds}.",
