@@ -127,10 +127,15 @@ def grid_of(proxy: object) -> object | None:
     return getattr(proxy, "grid", None)
 
 
+def is_in_memory_grid(grid: object) -> bool:
+    """Whether ``grid`` is a simulation's in-memory grid (Flower's server-side grid modules are
+    imported on the first call: a ClientApp never needs them)."""
+    return isinstance(grid, _in_memory_grid_class())
+
+
 def is_simulated(proxy: object) -> bool:
-    """Whether ``proxy``'s node is reached through a simulation's in-memory grid (Flower's
-    server-side grid modules are imported on the first call: a ClientApp never needs them)."""
-    return isinstance(grid_of(proxy), _in_memory_grid_class())
+    """Whether ``proxy``'s node is reached through a simulation's in-memory grid."""
+    return is_in_memory_grid(grid_of(proxy))
 
 
 @functools.cache
