@@ -36,14 +36,15 @@ from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
 from pflower.results.rundir import read_rows
 from tests.deploy_helpers import (
+    FLIU_IID,
     REPO,
     RUN_TIMEOUT,
     Federation,
     assert_same_results,
+    deploy_up_arguments,
     diagnostics,
     federation,
     free_port,
-    free_port_block,
     netns_unavailable,
     rows_by_client,
     simulation,
@@ -53,14 +54,7 @@ from tests.inprocess import run_inprocess
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
-EXPERIMENT = [
-    "dataset=digits",
-    "partition=iid",
-    "model=small_cnn",
-    "strategy=fliu",
-    "train.local_epochs=1",
-    "progress=false",
-]
+EXPERIMENT = [*FLIU_IID, "progress=false"]
 COMPARED = [*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2"]
 """Two rounds, evaluated in the last: its L2 rows depend on the state kept from round 1."""
 
@@ -288,17 +282,7 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
     directory = tmp_path / "deploy"
     fleet, control = free_port(), free_port()
     up = [
-        "up",
-        "--dir",
-        str(directory),
-        "-n",
-        "2",
-        "--fleet-port",
-        str(fleet),
-        "--control-port",
-        str(control),
-        "--node-port",
-        str(free_port_block(2)),
+        *deploy_up_arguments(directory, 2, fleet, control),
         "--certificates",
         str(certs),
         "--node-keys",

@@ -50,22 +50,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    out = tmp_path_factory.mktemp("docs")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    started = time.monotonic()
-    build = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert build.returncode == 0, build.stderr[-5000:]
-    (out / "build_seconds.txt").write_text(f"{time.monotonic() - started:.1f}\n")
-    handler = functools.partial(_QuietHandler, directory=str(out / "site"))
+def site(docs_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    out = tmp_path_factory.mktemp("shots")
+    handler = functools.partial(_QuietHandler, directory=str(docs_site))
     server = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
