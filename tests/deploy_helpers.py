@@ -256,15 +256,17 @@ def federation(
             spaces.delete()
 
 
-FLIU_IID = [
-    "dataset=digits",
-    "partition=iid",
-    "model=small_cnn",
-    "strategy=fliu",
-    "train.local_epochs=1",
-]
-"""FLIU on IID digits with the small CNN: what the deployments and the compose stack run and
-compare with a simulation (FLIU keeps each client's model on its node)."""
+def iid_digits(strategy: str) -> list[str]:
+    """``strategy`` on IID digits with the small CNN, one local epoch: what the deployments and
+    the compose stack run and compare with a simulation."""
+    return [
+        "dataset=digits",
+        "partition=iid",
+        "model=small_cnn",
+        f"strategy={strategy}",
+        "train.local_epochs=1",
+    ]
+
 
 RUN_TIMEOUT = 300.0
 """Seconds a deployment test waits for one run to finish."""

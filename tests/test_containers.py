@@ -44,7 +44,7 @@ import yaml
 from pflower.deploy.compose import render_compose
 from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.topology import Endpoints, Security
-from tests.deploy_helpers import FLIU_IID, REPO, rows_by_client, wait_until
+from tests.deploy_helpers import REPO, iid_digits, rows_by_client, wait_until
 from tests.inprocess import forgetful_client_fn, run_inprocess
 
 DOCKER = REPO / "docker"
@@ -53,7 +53,7 @@ COMPOSE = ("compose.yml", "with-tls.yml", "with-host-network.yml")
 PROJECT = "pflower"
 """The compose project (``name:`` in compose.yml): containers, volumes and labels carry it."""
 NUM_CLIENTS = 3
-EXPERIMENT = [*FLIU_IID, f"num_clients={NUM_CLIENTS}", "rounds=2", "eval.every=1"]
+EXPERIMENT = [*iid_digits("fliu"), f"num_clients={NUM_CLIENTS}", "rounds=2", "eval.every=1"]
 RESULTS = "/results/containers-fliu"
 """The run directory inside the ServerApp container (``/results`` is a volume)."""
 BUILD_TIMEOUT = 2400.0

@@ -36,7 +36,6 @@ from pflower.deploy.local import CONNECTION, Deployment
 from pflower.deploy.processes import tagged_pids
 from pflower.results.rundir import read_rows
 from tests.deploy_helpers import (
-    FLIU_IID,
     REPO,
     RUN_TIMEOUT,
     Federation,
@@ -45,6 +44,7 @@ from tests.deploy_helpers import (
     diagnostics,
     federation,
     free_port,
+    iid_digits,
     netns_unavailable,
     rows_by_client,
     simulation,
@@ -54,7 +54,7 @@ from tests.inprocess import run_inprocess
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
-EXPERIMENT = [*FLIU_IID, "progress=false"]
+EXPERIMENT = [*iid_digits("fliu"), "progress=false"]
 COMPARED = [*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2"]
 """Two rounds, evaluated in the last: its L2 rows depend on the state kept from round 1."""
 
