@@ -120,7 +120,9 @@ def test_algorithm_page_renders_its_options_table(site: tuple[str, Path]) -> Non
     assert "katex-error" not in dom
 
 
-def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, Path]) -> None:
+def test_partition_gallery_shows_every_scheme_with_its_heatmap(
+    site: tuple[str, Path], docs_site: Path
+) -> None:
     from pflower.blocks import blocks
 
     url, out = site
@@ -128,7 +130,7 @@ def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, 
     assert "<title>Partition gallery - pflower</title>" in dom
     for name in set(blocks("partition")) - {"from_file", "natural"}:
         assert f'src="../../images/partitions/{name}.png"' in dom, name
-    assert (out / "site" / "images" / "partitions" / "lsqs.png").is_file()
+    assert (docs_site / "images" / "partitions" / "lsqs.png").is_file()
 
 
 def test_leaderboard_page_renders_its_table_and_figures(site: tuple[str, Path]) -> None:
