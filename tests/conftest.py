@@ -8,13 +8,17 @@ pflower would leave this process on the CPU's own kernels while the runs it star
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import pflower  # noqa: F401  (before any test module imports torch: see the module docstring)
 
 CACHE_ENV = "PFLOWER_CACHE"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -31,3 +35,22 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         yield
     finally:
         os.environ.pop(CACHE_ENV, None)
+
+
+@pytest.fixture(scope="session")
+def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The documentation site, built once per test process with ``mkdocs build --strict`` (about
+    15 s on the 2-core VM) for the tests that read it (as HTML, or in a browser)."""
+    site = tmp_path_factory.mktemp("docs") / "site"
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(site)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert build.returncode == 0, build.stderr[-5000:]
+    return site

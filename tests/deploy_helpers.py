@@ -19,9 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pflower.config import RunRecord
 from pflower.deploy.local import Deployment
 from pflower.deploy.processes import launch, terminate
 from pflower.deploy.topology import Endpoints, Security
+from pflower.results.rows import read_rows
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -66,6 +68,19 @@ def free_port_block(count: int, host: str = "127.0.0.1", attempts: int = 50) -> 
                 continue
         return base
     raise RuntimeError(f"no {count} consecutive free TCP ports on {host} in {attempts} tries")
+
+
+def deploy_up_arguments(
+    directory: Path, nodes: int, fleet_port: int | None = None, control_port: int | None = None
+) -> list[str]:
+    """Arguments of ``pflower deploy up`` for ``nodes`` SuperNodes in ``directory``, on free
+    loopback ports (or the Fleet and Control API ports given)."""
+    return [
+        *("up", "--dir", str(directory), "-n", str(nodes)),
+        *("--fleet-port", str(fleet_port or free_port())),
+        *("--control-port", str(control_port or free_port())),
+        *("--node-port", str(free_port_block(nodes))),
+    ]
 
 
 def diagnostics(deployment: Deployment, tail: int = 40) -> str:
@@ -242,6 +257,18 @@ def federation(
             spaces.delete()
 
 
+def iid_digits(strategy: str) -> list[str]:
+    """``strategy`` on IID digits with the small CNN, one local epoch: what the deployments and
+    the compose stack run and compare with a simulation."""
+    return [
+        "dataset=digits",
+        "partition=iid",
+        "model=small_cnn",
+        f"strategy={strategy}",
+        "train.local_epochs=1",
+    ]
+
+
 RUN_TIMEOUT = 300.0
 """Seconds a deployment test waits for one run to finish."""
 
@@ -252,20 +279,34 @@ is 0.0083, so this admits no more than one differently classified sample per cli
 LOSS_RTOL = 1e-3
 
 
-def _compared_fields(row: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in row.items() if k.startswith(("acc", "loss", "train_loss"))}
+def deployed_rows(fed: Federation, overrides: Sequence[str], run_dir: Path) -> list[dict]:
+    """The rows of ``overrides`` submitted to ``fed`` and run to completion into ``run_dir``."""
+    run_id = fed.deployment.control.submit(RunRecord((*overrides,), run_dir))
+    status = fed.deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
+    assert status == "finished:completed", diagnostics(fed.deployment)
+    return read_rows(run_dir)
 
 
-def assert_same_results(deployed: list[dict], simulated: list[dict]) -> None:
-    """Every L1/L2/G row of the simulation has a deployment twin within the tolerances."""
+def assert_same_results(
+    deployed: list[dict],
+    simulated: list[dict],
+    stages: Sequence[str] = ("L1", "L2", "G"),
+    fields: tuple[str, ...] = ("acc", "loss", "train_loss"),
+) -> None:
+    """Every row of ``stages`` in the simulation has a deployment twin whose ``fields`` (names
+    starting so) are the same within the tolerances."""
+
+    def compared_fields(row: dict[str, Any]) -> dict[str, float]:
+        return {k: float(v) for k, v in row.items() if k.startswith(fields)}
+
     keyed = {(r["round"], r["stage"], r.get("client")): r for r in deployed}
-    compared = [r for r in simulated if r["stage"] in ("L1", "L2", "G")]
+    compared = [r for r in simulated if r["stage"] in stages]
     assert compared, "the simulation recorded no results"
     for expected in compared:
         key = (expected["round"], expected["stage"], expected.get("client"))
         assert key in keyed, f"the deployment has no row for round/stage/client {key}"
-        got = _compared_fields(keyed[key])
-        for name, value in _compared_fields(expected).items():
+        got = compared_fields(keyed[key])
+        for name, value in compared_fields(expected).items():
             tolerance = ACC_TOLERANCE if name.startswith("acc") else LOSS_RTOL * abs(value)
             assert abs(got[name] - value) <= tolerance, (
                 f"{key} {name}: deployment {got[name]} vs simulation {value}"

@@ -8,21 +8,25 @@ never from each other.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from flwr.client import Client
 from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
 
 from pflower.client.app import client_fn
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.client import PersonalClient
+from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
-from pflower.core.training import get_weights
+from pflower.core.training import data_order, get_weights, set_weights, train
 from pflower.results.rundir import RunRecorder
+from pflower.strategies.proximal import proximal_to
 from tests.inprocess import run_inprocess
 
 TINY_DIGITS = ("dataset=digits", "partition=pathological", "model=small_cnn")
@@ -161,6 +165,70 @@ class Recording:
 
         numpy_client.fit = fit
         return client
+
+
+def recorded_run(
+    overrides: Sequence[str], output_dir: Path
+) -> tuple[list[dict], list[Any], Recording, Any]:
+    """An in-process run of ``overrides`` with every client's fits recorded: its rows, the
+    clients' contexts, the :class:`Recording` and the server's strategy."""
+    recording = Recording()
+    strategies: list = []
+    rows, contexts = run_inprocess(
+        list(overrides), output_dir, make_client=recording, strategies=strategies
+    )
+    return rows, contexts, recording, strategies[0]
+
+
+def retrain(
+    experiment: Experiment,
+    pid: int,
+    round_: int,
+    start: NDArrays,
+    term: Callable[[torch.nn.Module], Callable | None] | None = None,
+    lr: float | None = None,
+    epochs: int | None = None,
+) -> NDArrays:
+    """Client ``pid``'s local training in ``round_`` from ``start`` as the shared loop does it
+    (same seeded data order), independently of the algorithm's code path; ``term(model)`` builds
+    the regularizer on the model (none by default), ``lr``/``epochs`` replace the round's."""
+    model = experiment.new_model()
+    set_weights(model, start)
+    settings = experiment.train_settings(round_)
+    if lr is not None or epochs is not None:
+        settings = replace(
+            settings,
+            lr=settings.lr if lr is None else lr,
+            epochs=settings.epochs if epochs is None else epochs,
+        )
+    data = experiment.client_data(pid)
+    order = data_order(experiment.settings.seed, round_, pid)
+    train(model, data.train, data.prepare, settings, order, term(model) if term else None)
+    return get_weights(model)
+
+
+def assert_pulled_toward_target(
+    log: StateLog,
+    experiment: Experiment,
+    round_: int,
+    pid: int,
+    target: NDArrays,
+    pull: float,
+    **tolerance: float,
+) -> None:
+    """A server-personalized fit (FedAMP, DiversiFed): in ``round_`` client ``pid`` received its
+    own ``target``, trained its stored model of the round before (the one it uploaded then) with
+    the proximal pull (``pull``/2)·‖v − target‖², and stored and uploaded the result; the retrained
+    model must match within ``tolerance`` (rtol/atol)."""
+    received = log.received[round_, pid]
+    assert_arrays_close(received, target, rtol=1e-5, atol=1e-6)
+    assert_arrays_close(log.before[round_, pid], log.uploaded[round_ - 1, pid], rtol=0, atol=0)
+    assert_arrays_close(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
+    start = log.before[round_, pid]
+    trained = retrain(
+        experiment, pid, round_, start, lambda model: proximal_to(model, received, pull)
+    )
+    assert_arrays_close(trained, log.after[round_, pid], **tolerance)
 
 
 def train_size(context) -> int:

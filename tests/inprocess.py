@@ -38,6 +38,13 @@ from pflower.server.app import server_fn
 ClientFn = Callable[[Context], Client]
 
 
+def forgetful_client_fn(context: Context) -> Client:
+    """``client_fn`` whose client never sees what an earlier message stored: a fresh
+    ``context.state`` for every message, as on a node that keeps nothing."""
+    context.state = RecordDict()
+    return client_fn(context)
+
+
 class InProcessProxy(ClientProxy):
     """A ClientProxy that builds the client from its context for every call."""
 

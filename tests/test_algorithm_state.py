@@ -12,19 +12,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.client import Client
-from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
 from torch import nn
 
-from pflower.client.app import client_fn
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
-from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
+from pflower.core.training import evaluate, get_weights, set_weights
 from pflower.strategies.fliu import LOCAL_MODEL, mix
 from pflower.strategies.proximal import proximal_to
 from tests.helpers import (
+    StateLog,
+    assert_arrays_close,
+    retrain,
     tiny,
 )
 from tests.inprocess import run_inprocess
@@ -39,41 +38,6 @@ BASE = tiny(
 )
 
 
-class FitLog:
-    """Wraps client_fn to record, per (round, client), the global model received, the stored
-    θ_k before and after fit, and the uploaded model."""
-
-    def __init__(self) -> None:
-        self.received: dict[tuple[int, int], NDArrays] = {}
-        self.before: dict[tuple[int, int], NDArrays | None] = {}
-        self.after: dict[tuple[int, int], NDArrays] = {}
-        self.uploaded: dict[tuple[int, int], NDArrays] = {}
-
-    def make_client(self, context) -> Client:
-        client = client_fn(context)
-        partition_id = int(context.node_config["partition-id"])
-        original_fit = client.fit
-
-        def fit(ins: FitIns) -> FitRes:
-            key = (int(ins.config["server-round"]), partition_id)
-            state = ClientState(context.state)
-            self.received[key] = parameters_to_ndarrays(ins.parameters)
-            self.before[key] = state.get_arrays(LOCAL_MODEL)
-            res = original_fit(ins)
-            self.after[key] = state.get_arrays(LOCAL_MODEL)
-            self.uploaded[key] = parameters_to_ndarrays(res.parameters)
-            return res
-
-        client.fit = fit
-        return client
-
-
-def _assert_arrays_close(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right, strict=True):
-        np.testing.assert_allclose(a, b, **tolerance)
-
-
 def test_fliu_at_gamma_0_3_recomputes_from_the_stored_state(tmp_path: Path) -> None:
     """Alg. 1 / Eq. 3 at a γ strictly between the identities' endpoints:
 
@@ -82,7 +46,7 @@ def test_fliu_at_gamma_0_3_recomputes_from_the_stored_state(tmp_path: Path) -> N
     - round t+1 trains from γ θ_k^t + (1 − γ) Θ^t (recomputed here with the shared loop);
     - stage L1 of round t evaluates γ θ_k^t + (1 − γ) Θ^t.
     """
-    log = FitLog()
+    log = StateLog(LOCAL_MODEL)
     strategies: list[PersonalizedStrategy] = []
     rows, contexts = run_inprocess(BASE, tmp_path, log.make_client, strategies)
     (strategy,) = strategies
@@ -93,30 +57,27 @@ def test_fliu_at_gamma_0_3_recomputes_from_the_stored_state(tmp_path: Path) -> N
     for round_ in (1, 2, 3):
         for pid in clients:
             # The stored tensor is the trained model, exactly what crossed the wire.
-            _assert_arrays_close(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
+            assert_arrays_close(log.after[round_, pid], log.uploaded[round_, pid], rtol=0, atol=0)
     for round_ in (2, 3):
         # Θ^{t-1}, as the server sent it, is the uniform mean of round t-1's uploads.
         mean = [
             np.mean(layer, axis=0)
             for layer in zip(*(log.uploaded[round_ - 1, p] for p in clients), strict=True)
         ]
-        _assert_arrays_close(log.received[round_, 0], mean, rtol=1e-6, atol=1e-7)
+        assert_arrays_close(log.received[round_, 0], mean, rtol=1e-6, atol=1e-7)
     theta_final = strategy.global_weights
     final_mean = [
         np.mean(layer, axis=0) for layer in zip(*(log.uploaded[3, p] for p in clients), strict=True)
     ]
-    _assert_arrays_close(theta_final, final_mean, rtol=1e-6, atol=1e-7)
+    assert_arrays_close(theta_final, final_mean, rtol=1e-6, atol=1e-7)
 
     model = experiment.new_model()
-    settings = experiment.train_settings(3)
     for pid in clients:
         data = experiment.client_data(pid)
         # Round 3 starts from the mix of the stored θ_k^2 and the received Θ^2, then trains.
         start = mix(GAMMA, log.before[3, pid], log.received[3, pid])
-        set_weights(model, start)
-        order = data_order(0, 3, pid)
-        train(model, data.train, data.prepare, settings, order)
-        _assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
+        trained = retrain(experiment, pid, 3, start)
+        assert_arrays_close(trained, log.after[3, pid], rtol=1e-5, atol=1e-6)
         # Stage L1 of round 3 evaluates the mix of θ_k^3 and Θ^3.
         set_weights(model, mix(GAMMA, log.after[3, pid], theta_final))
         expected = evaluate(model, data.test, data.prepare, 512)
@@ -150,9 +111,9 @@ def test_fedprox_pulls_local_training_toward_the_global_model(tmp_path: Path) ->
     """With μ > 0 the trained models end closer to the model they started from."""
 
     def drift(mu: float) -> float:
-        log = FitLog()
+        log = StateLog(LOCAL_MODEL)
         overrides = [*BASE[:8], "strategy=fedprox", f"strategy.mu={mu}", "rounds=1"]
-        run_inprocess(overrides, tmp_path / str(mu), _uploads_of(log))
+        run_inprocess(overrides, tmp_path / str(mu), log.make_client)
         return float(
             np.mean(
                 [
@@ -163,24 +124,3 @@ def test_fedprox_pulls_local_training_toward_the_global_model(tmp_path: Path) ->
         )
 
     assert drift(1.0) < 0.9 * drift(0.0)
-
-
-def _uploads_of(log: FitLog):
-    """client_fn recording the received and uploaded models (for algorithms without θ_k)."""
-
-    def make(context) -> Client:
-        client = client_fn(context)
-        partition_id = int(context.node_config["partition-id"])
-        original_fit = client.fit
-
-        def fit(ins: FitIns) -> FitRes:
-            key = (int(ins.config["server-round"]), partition_id)
-            log.received[key] = parameters_to_ndarrays(ins.parameters)
-            res = original_fit(ins)
-            log.uploaded[key] = parameters_to_ndarrays(res.parameters)
-            return res
-
-        client.fit = fit
-        return client
-
-    return make

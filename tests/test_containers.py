@@ -40,17 +40,14 @@ from typing import Any
 
 import pytest
 import yaml
-from flwr.app import Context, RecordDict
-from flwr.client import Client
 
-from pflower.client.app import client_fn
 from pflower.config import RunRecord
 from pflower.deploy.compose import render_compose
 from pflower.deploy.control import CONNECTION
 from pflower.deploy.local import Deployment
 from pflower.deploy.topology import Endpoints, Security
-from tests.deploy_helpers import REPO, rows_by_client, wait_until
-from tests.inprocess import run_inprocess
+from tests.deploy_helpers import REPO, iid_digits, rows_by_client, wait_until
+from tests.inprocess import forgetful_client_fn, run_inprocess
 
 DOCKER = REPO / "docker"
 SETUP = DOCKER / "podman" / "setup.sh"
@@ -58,16 +55,7 @@ COMPOSE = ("compose.yml", "with-tls.yml", "with-host-network.yml")
 PROJECT = "pflower"
 """The compose project (``name:`` in compose.yml): containers, volumes and labels carry it."""
 NUM_CLIENTS = 3
-EXPERIMENT = [
-    "dataset=digits",
-    "partition=iid",
-    "model=small_cnn",
-    "strategy=fliu",
-    "train.local_epochs=1",
-    f"num_clients={NUM_CLIENTS}",
-    "rounds=2",
-    "eval.every=1",
-]
+EXPERIMENT = [*iid_digits("fliu"), f"num_clients={NUM_CLIENTS}", "rounds=2", "eval.every=1"]
 RESULTS = "/results/containers-fliu"
 """The run directory inside the ServerApp container (``/results`` is a volume)."""
 BUILD_TIMEOUT = 2400.0
@@ -258,12 +246,6 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 # --------------------------------------------------------------------------- references
-def _forgetful_client(context: Context) -> Client:
-    """A client whose node keeps nothing between messages: a fresh ``context.state`` each."""
-    context.state = RecordDict()
-    return client_fn(context)
-
-
 def _compared(row: dict[str, Any]) -> dict[str, float]:
     return {k: float(v) for k, v in row.items() if k.startswith(("acc", "loss", "train_loss"))}
 
@@ -334,7 +316,7 @@ def test_compose_stack_runs_a_stateful_algorithm(stack: Stack, tmp_path: Path) -
     # clientapp-i container, so θ_k reaches the next message only through SuperNode i. L1 of
     # round 1 evaluates γθ_k + (1-γ)Θ (θ_k from the fit message), and round 2 trains from it.
     stateful, _ = run_inprocess(EXPERIMENT, tmp_path / "stateful")
-    forgetful, _ = run_inprocess(EXPERIMENT, tmp_path / "forgetful", _forgetful_client)
+    forgetful, _ = run_inprocess(EXPERIMENT, tmp_path / "forgetful", forgetful_client_fn)
     assert not _differences(rows, stateful), (
         "the deployment's results differ from a run in which state persists:\n"
         + "\n".join(_differences(rows, stateful))

@@ -17,7 +17,7 @@ from pflower.core.training import TrainSettings
 from pflower.registry import ConfigError
 from pflower.strategies.control_variates import effective_steps, local_steps
 from tests.helpers import (
-    Recording,
+    recorded_run,
     stage_rows,
     train_size,
 )
@@ -67,15 +67,10 @@ def test_displacement_over_effective_steps_is_the_constant_gradient(momentum: fl
 def test_scaffold_first_control_variate_uses_effective_steps(tmp_path: Path) -> None:
     """Round 1 (c = c_i = 0): the stored c_i is (x − y_i)/(K_eff η_l) with the default
     momentum 0.9, and Δc_i is uploaded after y_i."""
-    recording = Recording()
-    strategies: list = []
-    _, contexts = run_inprocess(
-        [*DEFAULT_OPTIMIZER, "rounds=1", "strategy=scaffold"],
-        tmp_path,
-        make_client=recording,
-        strategies=strategies,
+    _, contexts, recording, strategy = recorded_run(
+        [*DEFAULT_OPTIMIZER, "rounds=1", "strategy=scaffold"], tmp_path
     )
-    size = len(strategies[0].global_weights)
+    size = len(strategy.global_weights)
     for pid, context in enumerate(contexts):
         sent, uploaded, _ = recording.fits[(1, pid)]
         steps = -(-train_size(context) // 16) * 2  # 2 epochs of batch 16

@@ -29,9 +29,14 @@ from pflower.deploy.local import STATE_FILE, Deployment
 from pflower.deploy.processes import tagged_pids
 from pflower.deploy.topology import Endpoints
 from pflower.results.rows import read_rows
-from tests.deploy_helpers import REPO, free_port, free_port_block, wait_until
+from tests.deploy_helpers import REPO, deploy_up_arguments, free_port, wait_until
 
 RUN_TIMEOUT = 600.0
+
+
+def deploy_run(directory: Path, *arguments: str) -> list[str]:
+    """The command line of ``pflower deploy run --dir directory arguments...``."""
+    return [sys.executable, "-m", "pflower", "deploy", "run", "--dir", str(directory), *arguments]
 
 
 def environment() -> dict[str, str]:
@@ -52,19 +57,9 @@ def test_an_expired_flwr_timeout_ends_with_a_message_naming_the_setting(tmp_path
     directory.mkdir()
     Deployment(directory, 1, Endpoints(free_port(), free_port(), free_port())).save()
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pflower",
-            "deploy",
-            "run",
-            "--dir",
-            str(directory),
-            "--flwr-timeout",
-            "0.01",
-            "dataset=digits",
-            f"output_dir={tmp_path / 'run'}",
-        ],
+        deploy_run(
+            directory, "--flwr-timeout", "0.01", "dataset=digits", f"output_dir={tmp_path / 'run'}"
+        ),
         env=environment(),
         capture_output=True,
         text=True,
@@ -81,20 +76,7 @@ def test_an_expired_flwr_timeout_ends_with_a_message_naming_the_setting(tmp_path
 @pytest.mark.slow
 def test_deploy_down_while_following_a_run(tmp_path: Path) -> None:
     directory = tmp_path / "deploy"
-    up = [
-        "up",
-        "--dir",
-        str(directory),
-        "-n",
-        "2",
-        "--fleet-port",
-        str(free_port()),
-        "--control-port",
-        str(free_port()),
-        "--node-port",
-        str(free_port_block(2)),
-    ]
-    assert main(up) == 0, "pflower deploy up failed"
+    assert main(deploy_up_arguments(directory, 2)) == 0, "pflower deploy up failed"
     tag = Deployment.load(directory).tag
     run_dir = tmp_path / "run"
     log = tmp_path / "follower.log"
@@ -102,14 +84,8 @@ def test_deploy_down_while_following_a_run(tmp_path: Path) -> None:
     try:
         with log.open("w") as out:
             follower = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "pflower",
-                    "deploy",
-                    "run",
-                    "--dir",
-                    str(directory),
+                deploy_run(
+                    directory,
                     "dataset=digits",
                     "partition=iid",
                     "strategy=fedavg",
@@ -117,7 +93,7 @@ def test_deploy_down_while_following_a_run(tmp_path: Path) -> None:
                     "checkpoint.every=0",
                     "progress=false",
                     f"output_dir={run_dir}",
-                ],
+                ),
                 env=environment(),
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -42,10 +42,11 @@ from tests.deploy_helpers import (
     RUN_TIMEOUT,
     Federation,
     assert_same_results,
+    deploy_up_arguments,
     diagnostics,
     federation,
     free_port,
-    free_port_block,
+    iid_digits,
     netns_unavailable,
     rows_by_client,
     simulation,
@@ -55,14 +56,7 @@ from tests.inprocess import run_inprocess
 
 pytestmark = [pytest.mark.deployment, pytest.mark.slow]
 
-EXPERIMENT = [
-    "dataset=digits",
-    "partition=iid",
-    "model=small_cnn",
-    "strategy=fliu",
-    "train.local_epochs=1",
-    "progress=false",
-]
+EXPERIMENT = [*iid_digits("fliu"), "progress=false"]
 COMPARED = [*EXPERIMENT, "num_clients=3", "rounds=2", "eval.every=2"]
 """Two rounds, evaluated in the last: its L2 rows depend on the state kept from round 1."""
 
@@ -294,17 +288,7 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
     directory = tmp_path / "deploy"
     fleet, control = free_port(), free_port()
     up = [
-        "up",
-        "--dir",
-        str(directory),
-        "-n",
-        "2",
-        "--fleet-port",
-        str(fleet),
-        "--control-port",
-        str(control),
-        "--node-port",
-        str(free_port_block(2)),
+        *deploy_up_arguments(directory, 2, fleet, control),
         "--certificates",
         str(certs),
         "--node-keys",

@@ -158,6 +158,21 @@ def test_every_readme_command_block_is_run_by_a_test_or_by_ci() -> None:
                 assert (ROOT / path).exists(), path
 
 
+def _pytest_commands(lines: list[str]) -> set[tuple[str, ...]]:
+    """The ``pytest`` command lines among ``lines``, comments and ``-q`` left out."""
+    commands = [shlex.split(line, comments=True) for line in lines if line.startswith("pytest")]
+    return {tuple(a for a in command if a != "-q") for command in commands}
+
+
+def test_ci_runs_the_test_commands_of_the_readme() -> None:
+    """The README's test commands (the quick tier and the slow one) are what ``.ci/run`` runs."""
+    blocks = [body for _, _, body in MARKER.findall((ROOT / "README.md").read_text())]
+    readme = _pytest_commands([line for body in blocks for line in body.splitlines()])
+    ci = _pytest_commands((ROOT / ".ci/run").read_text().splitlines())
+    assert readme == ci, f"README: {sorted(readme)}, .ci/run: {sorted(ci)}"
+    assert {("pytest",), ("pytest", "-m", "slow")} <= ci
+
+
 def _tested_blocks() -> list[tuple[str, str, str]]:
     sources = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     found = []

@@ -50,22 +50,9 @@ FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    out = tmp_path_factory.mktemp("docs")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    started = time.monotonic()
-    build = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out / "site")],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert build.returncode == 0, build.stderr[-5000:]
-    (out / "build_seconds.txt").write_text(f"{time.monotonic() - started:.1f}\n")
-    handler = functools.partial(_QuietHandler, directory=str(out / "site"))
+def site(docs_site: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    out = tmp_path_factory.mktemp("shots")
+    handler = functools.partial(_QuietHandler, directory=str(docs_site))
     server = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -133,7 +120,9 @@ def test_algorithm_page_renders_its_options_table(site: tuple[str, Path]) -> Non
     assert "katex-error" not in dom
 
 
-def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, Path]) -> None:
+def test_partition_gallery_shows_every_scheme_with_its_heatmap(
+    site: tuple[str, Path], docs_site: Path
+) -> None:
     from pflower.blocks import blocks
 
     url, out = site
@@ -141,7 +130,7 @@ def test_partition_gallery_shows_every_scheme_with_its_heatmap(site: tuple[str, 
     assert "<title>Partition gallery - pflower</title>" in dom
     for name in set(blocks("partition")) - {"from_file", "natural"}:
         assert f'src="../../images/partitions/{name}.png"' in dom, name
-    assert (out / "site" / "images" / "partitions" / "lsqs.png").is_file()
+    assert (docs_site / "images" / "partitions" / "lsqs.png").is_file()
 
 
 def test_leaderboard_page_renders_its_table_and_figures(site: tuple[str, Path]) -> None:

@@ -7,16 +7,13 @@
   fonts included, so the pages render offline;
 - every public package of ``pflower`` has an API page.
 
-The site is built once for the module (about 15 s on the 2-core VM).
+The site is built once for the session (the ``docs_site`` fixture of ``conftest.py``).
 """
 
 from __future__ import annotations
 
-import os
 import pkgutil
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from html.parser import HTMLParser
 from pathlib import Path
@@ -27,23 +24,6 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 ROLE = re.compile(r":(?:mod|class|func|meth|data|attr|obj|exc):`")
 LIST_LINE = re.compile(r"\n\s*(?:[-*+]|\d+\.) \S")
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("docs") / "site"
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
-    build = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert build.returncode == 0, build.stderr[-5000:]
-    return out
 
 
 def _pages(site: Path) -> Iterator[tuple[str, str]]:
@@ -91,18 +71,20 @@ def test_list_paragraphs_finds_a_list_without_a_blank_line_before_it() -> None:
     assert not list_paragraphs("<p>see <code>a\n- b</code></p>")
 
 
-def test_no_sphinx_role_shows_as_text(site: Path) -> None:
-    leaks = {uri: len(ROLE.findall(re.sub(r"<[^>]+>", "", html))) for uri, html in _pages(site)}
+def test_no_sphinx_role_shows_as_text(docs_site: Path) -> None:
+    leaks = {
+        uri: len(ROLE.findall(re.sub(r"<[^>]+>", "", html))) for uri, html in _pages(docs_site)
+    }
     assert not {uri: n for uri, n in leaks.items() if n}
 
 
-def test_no_list_renders_as_a_paragraph(site: Path) -> None:
-    found = {uri: texts for uri, html in _pages(site) if (texts := list_paragraphs(html))}
+def test_no_list_renders_as_a_paragraph(docs_site: Path) -> None:
+    found = {uri: texts for uri, html in _pages(docs_site) if (texts := list_paragraphs(html))}
     assert not found, "a list without a blank line before it: " + repr(found)[:2000]
 
 
-def test_math_is_marked_up_and_katex_is_served_by_the_site(site: Path) -> None:
-    fliu = (site / "algorithms" / "fliu" / "index.html").read_text()
+def test_math_is_marked_up_and_katex_is_served_by_the_site(docs_site: Path) -> None:
+    fliu = (docs_site / "algorithms" / "fliu" / "index.html").read_text()
     assert re.search(r'class="arithmatex">\\\[.*\\tilde θ_k\^t', fliu, re.S)  # Eq. 3, displayed
     assert '<span class="arithmatex">\\(Θ^t\\)</span>' in fliu
     assert not re.search(r"\$\S[^$<]*\$", re.sub(r"<(code|pre)>.*?</\1>", "", fliu, flags=re.S))
@@ -111,16 +93,16 @@ def test_math_is_marked_up_and_katex_is_served_by_the_site(site: Path) -> None:
     assert any(a.endswith("katex.min.css") for a in assets), assets
     for asset in assets:  # served from the site, not from a CDN
         assert not asset.startswith(("http:", "https:", "//")), asset
-        assert (site / "algorithms" / "fliu" / asset.split("?")[0]).resolve().is_file(), asset
-    css = site / "javascripts" / "katex" / "katex.min.css"
+        assert (docs_site / "algorithms" / "fliu" / asset.split("?")[0]).resolve().is_file(), asset
+    css = docs_site / "javascripts" / "katex" / "katex.min.css"
     fonts = set(re.findall(r"url\((fonts/[^)]+\.woff2)\)", css.read_text()))
     assert fonts and all((css.parent / font).is_file() for font in fonts)
 
 
-def test_every_public_package_has_an_api_page(site: Path) -> None:
+def test_every_public_package_has_an_api_page(docs_site: Path) -> None:
     packages = [m.name for m in pkgutil.iter_modules([str(ROOT / "pflower")])]
     for name in (n for n in packages if not n.startswith("_")):
-        page = site / "reference" / "api" / name / "index.html"
+        page = docs_site / "reference" / "api" / name / "index.html"
         assert page.is_file(), name
         assert f'id="pflower.{name}"' in page.read_text(), name
     for name in ("searchspace", "tuning", "blocks"):

@@ -21,6 +21,7 @@ from pflower.strategies.control_variates import ReportedModel
 from tests.helpers import (
     Recording,
     comparable,
+    recorded_run,
     stage_rows,
     tiny,
     train_size,
@@ -80,15 +81,10 @@ def test_scaffold_first_round_is_fedavg(tmp_path: Path) -> None:
 
 
 def test_scaffold_state_is_option_ii(tmp_path: Path) -> None:
-    recording = Recording()
-    strategies: list = []
-    rows, contexts = run_inprocess(
+    rows, contexts, recording, strategy = recorded_run(
         [*BASE, "rounds=2", "strategy=scaffold", "strategy.server_lr=0.5", "train.momentum=0"],
         tmp_path,
-        make_client=recording,
-        strategies=strategies,
     )
-    strategy = strategies[0]
     size = len(strategy.global_weights)
     lr, num_clients = 0.05, 4
     server_c = [np.zeros_like(a, dtype=np.float64) for a in strategy.server_control]
@@ -174,15 +170,9 @@ def test_trainable_mask_excludes_batchnorm_buffers() -> None:
 
 # ----------------------------------------------------------------------------- FedDyn
 def test_feddyn_state_is_the_lagged_gradient(tmp_path: Path) -> None:
-    recording = Recording()
-    strategies: list = []
-    _, contexts = run_inprocess(
-        [*BASE, "rounds=2", "strategy=feddyn", "strategy.alpha=0.1"],
-        tmp_path,
-        make_client=recording,
-        strategies=strategies,
+    _, contexts, recording, strategy = recorded_run(
+        [*BASE, "rounds=2", "strategy=feddyn", "strategy.alpha=0.1"], tmp_path
     )
-    strategy = strategies[0]
     alpha, num_clients = 0.1, 4
     h = [np.zeros_like(a, dtype=np.float64) for a in strategy.global_weights]
     for pid, context in enumerate(contexts):
@@ -397,15 +387,9 @@ def test_centralized_union_is_every_clients_train_split(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------------------ FedDC
 def test_feddc_state_and_server_update(tmp_path: Path) -> None:
-    recording = Recording()
-    strategies: list = []
-    rows, contexts = run_inprocess(
-        [*BASE, "rounds=2", "strategy=feddc", "strategy.alpha=0.1", "train.momentum=0"],
-        tmp_path,
-        make_client=recording,
-        strategies=strategies,
+    rows, contexts, recording, strategy = recorded_run(
+        [*BASE, "rounds=2", "strategy=feddc", "strategy.alpha=0.1", "train.momentum=0"], tmp_path
     )
-    strategy = strategies[0]
     size = len(strategy.global_weights)
     lr, num_clients = 0.05, 4
     g_server = [np.zeros_like(a, dtype=np.float64) for a in strategy.global_weights]
@@ -485,15 +469,9 @@ def test_fedselect_server_mean_over_sharers(tmp_path: Path) -> None:
 
 
 def test_fedselect_state_masks_and_personal_entries(tmp_path: Path) -> None:
-    recording = Recording()
-    strategies: list = []
-    rows, contexts = run_inprocess(
-        [*BASE, "rounds=3", "strategy=fedselect", "strategy.mask_every=2"],
-        tmp_path,
-        make_client=recording,
-        strategies=strategies,
+    rows, contexts, recording, strategy = recorded_run(
+        [*BASE, "rounds=3", "strategy=fedselect", "strategy.mask_every=2"], tmp_path
     )
-    strategy = strategies[0]
     size = len(strategy.global_weights)
     model = build_model("small_cnn", {}, (1, 8, 8), 10)
     names = list(model.state_dict())

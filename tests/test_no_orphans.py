@@ -11,11 +11,15 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
+
+from tests.deploy_helpers import free_port
 
 GONE_WITHIN_S = 30.0
 """How long the killed driver's processes may take to end (the kernel signals them at once; a
@@ -37,9 +41,11 @@ def _wait_until(condition: Callable[[], bool], timeout: float, what: str) -> Non
         time.sleep(0.2)
 
 
-def _kill_and_expect_no_survivor(driver: subprocess.Popen[str], expected: int) -> list[str]:
-    """SIGKILL ``driver`` once it has at least ``expected`` descendants; the descendants that
-    are still running ``GONE_WITHIN_S`` later (killed here, so none outlives the test)."""
+def _assert_kill_leaves_no_survivor(
+    driver: subprocess.Popen[str], expected: int, what: str
+) -> None:
+    """SIGKILL ``driver`` once it has at least ``expected`` descendants; none of them may still be
+    running ``GONE_WITHIN_S`` later (survivors are killed here, so none outlives the test)."""
     parent = psutil.Process(driver.pid)
     _wait_until(
         lambda: len(parent.children(recursive=True)) >= expected,
@@ -60,31 +66,30 @@ def _kill_and_expect_no_survivor(driver: subprocess.Popen[str], expected: int) -
             process.kill()
         except psutil.NoSuchProcess:
             pass
-    return described
+    assert described == [], f"left running after {what} was killed: {described}"
+
+
+@contextmanager
+def _driver(command: list[str], **popen: Any) -> Iterator[subprocess.Popen[str]]:
+    """``command`` started as a process for the block to kill; killed at its end in any case."""
+    driver = subprocess.Popen(command, text=True, **popen)
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
 
 
 @pytest.mark.slow
 def test_a_killed_pflower_leaves_no_fork_worker(tmp_path: Path) -> None:
     """Issue: ``kill -9`` of a SCAFFOLD run left its two workers (PPID 1) running for good."""
     run_dir = tmp_path / "run"
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pflower",
-            "strategy=scaffold",
-            "dataset=digits",
-            "num_clients=4",
-            "rounds=50",
-            f"output_dir={run_dir}",
-            "seed=5",
-            "backend.workers=2",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
+    command = [
+        *(sys.executable, "-m", "pflower", "strategy=scaffold", "dataset=digits"),
+        *("num_clients=4", "rounds=50", f"output_dir={run_dir}", "seed=5", "backend.workers=2"),
+    ]
+    with _driver(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as driver:
         metrics = run_dir / "metrics.jsonl"
         _wait_until(
             lambda: (metrics.is_file() and metrics.stat().st_size > 0) or driver.poll() is not None,
@@ -92,12 +97,7 @@ def test_a_killed_pflower_leaves_no_fork_worker(tmp_path: Path) -> None:
             "the run's first rows",
         )
         assert driver.poll() is None, f"the run ended early ({driver.returncode})"
-        survivors = _kill_and_expect_no_survivor(driver, expected=2)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert survivors == [], f"left running after the driver was killed: {survivors}"
+        _assert_kill_leaves_no_survivor(driver, 2, "the driver")
 
 
 FORKED_RUN = """
@@ -114,14 +114,8 @@ run_in_forked_process(run)
 
 @pytest.mark.slow
 def test_a_killed_driver_leaves_no_forked_run_process_nor_its_workers(tmp_path: Path) -> None:
-    driver = subprocess.Popen([sys.executable, "-c", FORKED_RUN], text=True)
-    try:
-        survivors = _kill_and_expect_no_survivor(driver, expected=3)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert survivors == [], f"left running after the driver was killed: {survivors}"
+    with _driver([sys.executable, "-c", FORKED_RUN]) as driver:
+        _assert_kill_leaves_no_survivor(driver, 3, "the driver")
 
 
 PROBE = """
@@ -153,28 +147,11 @@ def test_a_killed_supernode_leaves_no_fork_server_nor_task(tmp_path: Path) -> No
     modules.mkdir()
     (modules / "probe.py").write_text(textwrap.dedent(PROBE))
     path = os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")])
-    driver = subprocess.Popen(
-        [sys.executable, "-c", STARTER, str(tmp_path / "server")],
-        env={**os.environ, "PYTHONPATH": path},
-        text=True,
-    )
-    try:
+    command = [sys.executable, "-c", STARTER, str(tmp_path / "server")]
+    with _driver(command, env={**os.environ, "PYTHONPATH": path}) as driver:
         # the server, the stand-in, and the server's child running the task
-        survivors = _kill_and_expect_no_survivor(driver, expected=3)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert survivors == [], f"left running after the starter was killed: {survivors}"
+        _assert_kill_leaves_no_survivor(driver, 3, "the starter")
     assert not (tmp_path / "server").exists(), "the server removes its directory as it ends"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.mark.slow
@@ -182,31 +159,21 @@ def _free_port() -> int:
 def test_a_killed_launcher_supernode_leaves_neither_its_fork_server_nor_its_superexec() -> None:
     """``python -m pflower.deploy.launcher supernode`` (its SuperLink unreachable: it keeps
     retrying) has started its fork server and Flower's SuperExec; ``kill -9`` ends all three."""
-    driver = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "pflower.deploy.launcher",
-            "supernode",
-            "--",
-            "--insecure",
-            "--superlink",
-            f"127.0.0.1:{_free_port()}",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(_free_port()),
-            "--node-config",
-            "partition-id=0 num-partitions=1",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        survivors = _kill_and_expect_no_survivor(driver, expected=2)
-    finally:
-        if driver.poll() is None:
-            driver.kill()
-            driver.wait()
-    assert survivors == [], f"left running after the SuperNode was killed: {survivors}"
+    command = [
+        sys.executable,
+        "-m",
+        "pflower.deploy.launcher",
+        "supernode",
+        "--",
+        "--insecure",
+        "--superlink",
+        f"127.0.0.1:{free_port()}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--node-config",
+        "partition-id=0 num-partitions=1",
+    ]
+    with _driver(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as driver:
+        _assert_kill_leaves_no_survivor(driver, 2, "the SuperNode")

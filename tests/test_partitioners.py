@@ -127,6 +127,33 @@ def check_shares(
         assert set(everything.tolist()) == set(range(n))
 
 
+def shares_or_refusal(
+    name: str, labels: np.ndarray, clients: int, seed: int, reason: str, **options: Any
+) -> tuple[np.ndarray, ...] | None:
+    """The training shares of ``run``, or ``None`` where the scheme refused the problem with a
+    ConfigError that names ``reason`` (a draw budget or size rule that this problem cannot meet)."""
+    try:
+        return run(name, labels, clients, seed, **options).train
+    except ConfigError as error:
+        assert reason in str(error)
+        return None
+
+
+def shares_of_min_size(
+    name: str, problem: tuple[np.ndarray, int, int], reason: str, min_size: int, **options: Any
+) -> tuple[np.ndarray, ...] | None:
+    """The shares of ``name`` with ``min_size`` samples or more each, checked valid: disjoint and
+    complete, unless ``disjoint=False`` is among the options (then neither is required). ``None``
+    where the scheme refused the problem naming ``reason``."""
+    labels, clients, seed = problem
+    shares = shares_or_refusal(name, labels, clients, seed, reason, min_size=min_size, **options)
+    if shares is not None:
+        disjoint = options.get("disjoint", True)
+        check_shares(shares, len(labels), clients, disjoint=disjoint, complete=disjoint)
+        assert min(len(share) for share in shares) >= min_size
+    return shares
+
+
 def counts_matrix(labels: np.ndarray, shares: tuple[np.ndarray, ...]) -> np.ndarray:
     width = int(labels.max()) + 1
     return np.stack([np.bincount(labels[share], minlength=width) for share in shares])
@@ -441,14 +468,8 @@ def test_shards_gives_equal_shard_counts(problem: tuple[np.ndarray, int, int], p
 def test_dirichlet_is_complete_and_respects_min_size(
     problem: tuple[np.ndarray, int, int], alpha: float
 ) -> None:
-    labels, clients, seed = problem
-    try:
-        shares = run("dirichlet", labels, clients, seed, alpha=alpha, min_size=3).train
-    except ConfigError as error:
-        assert "attempts" in str(error)  # min-size rule failed after the allowed redraws
-        return
-    check_shares(shares, len(labels), clients, disjoint=True, complete=True)
-    assert min(len(share) for share in shares) >= 3
+    # "attempts": the min-size rule failed after the allowed redraws
+    shares_of_min_size("dirichlet", problem, "attempts", 3, alpha=alpha)
 
 
 @SETTINGS
@@ -468,15 +489,11 @@ def test_ls_equal_sizes_up_to_one_and_complete(
 def test_qs_keeps_global_class_proportions(
     problem: tuple[np.ndarray, int, int], alpha: float
 ) -> None:
-    labels, clients, seed = problem
-    assume(len(labels) >= 2 * clients)
-    try:
-        shares = run("qs", labels, clients, seed, alpha=alpha, min_size=2, max_draws=200).train
-    except ConfigError as error:
-        assert "draws" in str(error)
+    assume(len(problem[0]) >= 2 * problem[1])
+    shares = shares_of_min_size("qs", problem, "draws", 2, alpha=alpha, max_draws=200)
+    if shares is None:
         return
-    check_shares(shares, len(labels), clients, disjoint=True, complete=True)
-    assert min(len(share) for share in shares) >= 2
+    labels = problem[0]
     counts = counts_matrix(labels, shares)
     expected = np.outer(counts.sum(axis=1), np.bincount(labels)) / len(labels)
     assert np.all(np.abs(counts - expected) < 2)  # each entry rounds q_k * N_l
@@ -487,15 +504,8 @@ def test_qs_keeps_global_class_proportions(
 def test_lsqs_is_complete_and_respects_min_size(
     problem: tuple[np.ndarray, int, int], alpha: float
 ) -> None:
-    labels, clients, seed = problem
-    assume(len(labels) >= 2 * clients)
-    try:
-        shares = run("lsqs", labels, clients, seed, alpha=alpha, min_size=2, max_draws=200).train
-    except ConfigError as error:
-        assert "draws" in str(error)
-        return
-    check_shares(shares, len(labels), clients, disjoint=True, complete=True)
-    assert min(len(share) for share in shares) >= 2
+    assume(len(problem[0]) >= 2 * problem[1])
+    shares_of_min_size("lsqs", problem, "draws", 2, alpha=alpha, max_draws=200)
 
 
 @SETTINGS
@@ -528,17 +538,8 @@ def test_q_label_skew_has_at_most_q_labels(problem: tuple[np.ndarray, int, int],
 def test_dir_label_skew_overlapping_mode_may_share_samples(
     problem: tuple[np.ndarray, int, int], beta: float
 ) -> None:
-    labels, clients, seed = problem
-    try:
-        shares = run(
-            "dir_label_skew", labels, clients, seed, beta=beta, disjoint=False, min_size=3
-        ).train
-    except ConfigError as error:
-        assert "min_size" in str(error)
-        return
     # overlap across clients is allowed (FLAME's code), repeats within a client are not
-    check_shares(shares, len(labels), clients, disjoint=False, complete=False)
-    assert min(len(share) for share in shares) >= 3
+    shares_of_min_size("dir_label_skew", problem, "min_size", 3, beta=beta, disjoint=False)
 
 
 @SETTINGS
@@ -595,10 +596,10 @@ def test_feature_skew_gives_whole_consecutive_writers(
 def test_hybrid_skew_halves(problem: tuple[np.ndarray, int, int], disjoint: bool) -> None:
     labels, clients, seed = problem
     assume(len(labels) >= 8 * clients)
-    try:
-        shares = run("hybrid_skew", labels, clients, seed, q=1, min_size=2, disjoint=disjoint).train
-    except ConfigError as error:
-        assert "shards" in str(error)  # a class too small for the "#label = q" half
+    # "shards": a class too small for the "#label = q" half
+    options = {"q": 1, "min_size": 2, "disjoint": disjoint}
+    shares = shares_or_refusal("hybrid_skew", labels, clients, seed, "shards", **options)
+    if shares is None:
         return
     # disjoint: each half has its own samples; otherwise both halves use the whole pool
     check_shares(shares, len(labels), clients, disjoint=disjoint, complete=False)

@@ -7,19 +7,17 @@ The in-process runs use the embedded digits data with the tiny CNN (a few second
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from flwr.common import NDArrays
 
 from pflower.compose import config_from_run_config
 from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
+from pflower.core.training import evaluate, set_weights
 from pflower.registry import ConfigError
 from pflower.strategies import apfl, ditto, flame, pfedme
 from pflower.strategies.flame import (
@@ -33,6 +31,7 @@ from tests.helpers import (
     REGULARIZED_TINY,
     StateLog,
     assert_arrays_close,
+    retrain,
     stage_rows,
 )
 from tests.inprocess import run_inprocess
@@ -49,39 +48,27 @@ def accuracy_rows(rows: list[dict], stages: tuple[str, ...]) -> list[tuple]:
     return [tuple(r.get(k) for k in keys) for r in rows if r["stage"] in stages]
 
 
-def retrain(
-    experiment: Experiment,
-    pid: int,
-    round_: int,
-    start: NDArrays,
-    term: Callable[[torch.nn.Module], Callable | None],
-    lr: float | None = None,
-    epochs: int | None = None,
-) -> NDArrays:
-    """Local training as the shared loop does it (same seeded data order), independently of the
-    algorithm's code path; ``term(model)`` builds the regularizer on the model."""
-    model = experiment.new_model()
-    set_weights(model, start)
-    settings = experiment.train_settings(round_)
-    if lr is not None or epochs is not None:
-        from dataclasses import replace
-
-        settings = replace(
-            settings,
-            lr=settings.lr if lr is None else lr,
-            epochs=settings.epochs if epochs is None else epochs,
+def run_with_proximal_state(
+    overrides: list[str], output_dir: Path, key: str, lam: float, mu_l2: float
+) -> tuple[list[dict], StateLog, Experiment]:
+    """Run ``overrides`` in process and check every fit's stored personal model ``key``: local
+    training on f + (λ/2)‖v − w^t‖² + (μ/2)‖v‖² from the stored one (from the received w^t in
+    the first round). Returns the rows, the :class:`StateLog` and the experiment."""
+    log = StateLog((key,))
+    rows, contexts = run_inprocess(overrides, output_dir, log.make_client)
+    experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
+    for round_, pid in log.uploaded:
+        w_t = log.received[round_, pid]
+        start = log.before[round_, pid][key] or w_t
+        personal = retrain(
+            experiment,
+            pid,
+            round_,
+            start,
+            lambda model, w_t=w_t: proximal_term(anchor_tensors(model, w_t), lam, mu_l2),
         )
-    data = experiment.client_data(pid)
-    order = data_order(experiment.settings.seed, round_, pid)
-    train(
-        model,
-        data.train,
-        data.prepare,
-        settings,
-        order,
-        term(model),
-    )
-    return get_weights(model)
+        assert_arrays_close(log.after[round_, pid][key], personal, rtol=1e-5, atol=1e-6)
+    return rows, log, experiment
 
 
 # ---------------------------------------------------------------- FLAME: closed forms (12)-(13)
@@ -336,22 +323,10 @@ def test_ditto_lambda0_is_local_personal_and_fedavg_global(tmp_path: Path) -> No
 def test_ditto_state_is_the_proximal_personal_model(tmp_path: Path) -> None:
     """v_k^{t} = SGD on F_k(v) + (λ/2)‖v − w^t‖² from the stored v_k^{t−1}; the upload is FedAvg's
     local update from w^t with ``global_lr``."""
-    log = StateLog((ditto.PERSONAL,))
     overrides = [*DITTO, "rounds=2", "strategy.lambda_=0.5", "strategy.global_lr=0.1"]
-    rows, contexts = run_inprocess(overrides, tmp_path, log.make_client)
-    experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
+    rows, log, experiment = run_with_proximal_state(overrides, tmp_path, ditto.PERSONAL, 0.5, 0.0)
     for (round_, pid), uploaded in log.uploaded.items():
-        w_t = log.received[round_, pid]
-        start = log.before[round_, pid][ditto.PERSONAL] or w_t
-        v = retrain(
-            experiment,
-            pid,
-            round_,
-            start,
-            lambda model, w_t=w_t: proximal_term(anchor_tensors(model, w_t), 0.5, 0.0),
-        )
-        assert_arrays_close(log.after[round_, pid][ditto.PERSONAL], v, rtol=1e-5, atol=1e-6)
-        w = retrain(experiment, pid, round_, w_t, lambda model: None, lr=0.1)
+        w = retrain(experiment, pid, round_, log.received[round_, pid], lr=0.1)
         assert_arrays_close(uploaded, w, rtol=1e-5, atol=1e-6)
     for row in stage_rows(rows, "L1"):
         assert row["acc_hm"] == max(row["acc_pm"], row["acc_gm"])
@@ -404,21 +379,11 @@ def test_pfedme_zero_inner_steps_leaves_the_global_model(tmp_path: Path) -> None
 def test_pfedme_state_is_the_persistent_personal_model(tmp_path: Path) -> None:
     """FLAME-paper profile: θ_i^{t} = one pass of SGD on f + (λ/2)‖θ − w^t‖² from the stored
     θ_i^{t−1}; the upload is w^t − ηλ (w^t − θ_i^t); the server's next model is their mean."""
-    log = StateLog((pfedme.THETA,))
     overrides = [*PFEDME, "strategy.lambda_=0.5", "strategy.eta=0.4", "strategy.mu_l2=0.01"]
-    _, contexts = run_inprocess(overrides, tmp_path, log.make_client)
-    experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
+    _, log, _ = run_with_proximal_state(overrides, tmp_path, pfedme.THETA, 0.5, 0.01)
     for (round_, pid), uploaded in log.uploaded.items():
+        theta = log.after[round_, pid][pfedme.THETA]
         w_t = log.received[round_, pid]
-        start = log.before[round_, pid][pfedme.THETA] or w_t
-        theta = retrain(
-            experiment,
-            pid,
-            round_,
-            start,
-            lambda model, w_t=w_t: proximal_term(anchor_tensors(model, w_t), 0.5, 0.01),
-        )
-        assert_arrays_close(log.after[round_, pid][pfedme.THETA], theta, rtol=1e-5, atol=1e-6)
         assert_arrays_close(uploaded, pfedme.moreau_step(w_t, theta, 0.2), rtol=1e-5, atol=1e-6)
     mean = [
         np.mean(layer, axis=0) for layer in zip(*(log.uploaded[1, p] for p in CLIENTS), strict=True)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,15 @@ def environment() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
 
 
+def run_pflower(
+    cwd: Path, *args: str, timeout: float = START_S
+) -> subprocess.CompletedProcess[str]:
+    """``python -m pflower args...`` run to its end in ``cwd``, its output captured."""
+    return subprocess.run(
+        pflower(*args), cwd=cwd, env=environment(), capture_output=True, text=True, timeout=timeout
+    )
+
+
 def every_file(directory: Path) -> list[str]:
     return sorted(str(p.relative_to(directory)) for p in directory.rglob("*"))
 
@@ -47,14 +57,7 @@ def test_an_output_dir_that_cannot_be_written_is_refused_and_nothing_is_left(
     message, and the working directory holds what it held (no ``runs/.../.hydra``, no
     ``cli.log``)."""
     (tmp_path / "a-file").write_text("not a directory\n")
-    result = subprocess.run(
-        pflower(*TINY, "rounds=1", f"output_dir={tmp_path / 'a-file' / 'run'}"),
-        cwd=tmp_path,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=START_S,
-    )
+    result = run_pflower(tmp_path, *TINY, "rounds=1", f"output_dir={tmp_path / 'a-file' / 'run'}")
     output = result.stdout + result.stderr
     assert result.returncode == 2, output
     assert "cannot write results to" in output and "output_dir" in output
@@ -65,14 +68,7 @@ def test_an_output_dir_that_cannot_be_written_is_refused_and_nothing_is_left(
 @pytest.mark.skipif(not Path("/sys/kernel").is_dir(), reason="no sysfs here")
 @pytest.mark.slow
 def test_an_output_dir_under_sys_is_refused(tmp_path: Path) -> None:
-    result = subprocess.run(
-        pflower(*TINY, "rounds=1", "output_dir=/sys/pflower-test-run"),
-        cwd=tmp_path,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=START_S,
-    )
+    result = run_pflower(tmp_path, *TINY, "rounds=1", "output_dir=/sys/pflower-test-run")
     assert result.returncode == 2, result.stdout + result.stderr
     assert "cannot write results to /sys/pflower-test-run" in result.stdout
     assert every_file(tmp_path) == []
@@ -82,14 +78,7 @@ def test_an_output_dir_under_sys_is_refused(tmp_path: Path) -> None:
 def test_a_run_writes_only_its_run_directory(tmp_path: Path) -> None:
     """Without ``output_dir`` a run writes ``runs/<date>/<time>/`` and nothing else: no Hydra
     ``.hydra/`` folder or ``cli.log`` there or in the working directory."""
-    result = subprocess.run(
-        pflower(*TINY, "rounds=1"),
-        cwd=tmp_path,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=2 * START_S,
-    )
+    result = run_pflower(tmp_path, *TINY, "rounds=1", timeout=2 * START_S)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     (day,) = (tmp_path / "runs").iterdir()
     (run_dir,) = day.iterdir()
@@ -125,23 +114,14 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
     worker that died of it would fail its message, and the run could be recorded as failed by
     its round's failure policy first)."""
     run_dir = tmp_path / "run"
-    process = subprocess.Popen(
-        pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
-        cwd=tmp_path,
-        env=environment(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    process = start_long_run(
+        tmp_path,
+        run_dir,
         preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL),
         start_new_session=to == "group",
     )
     try:
-        deadline = time.monotonic() + 2 * START_S
-        metrics = run_dir / "metrics.jsonl"
-        while time.monotonic() < deadline and process.poll() is None:
-            if metrics.exists() and '"round": 2,' in metrics.read_text():
-                break
-            time.sleep(0.2)
-        assert process.poll() is None, "the run ended before it could be interrupted"
+        wait_for_round(process, run_dir, 2)
         if to == "group":
             os.killpg(process.pid, sig)
         elif to == "thread":
@@ -165,6 +145,18 @@ def test_a_run_ended_by_a_signal_records_a_failed_summary(
     assert summary["rounds"] == 200
 
 
+def start_long_run(cwd: Path, run_dir: Path, **popen: Any) -> subprocess.Popen[bytes]:
+    """A 200-round run into ``run_dir`` started in the background (to be stopped by the test)."""
+    return subprocess.Popen(
+        pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
+        cwd=cwd,
+        env=environment(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        **popen,
+    )
+
+
 def wait_for_round(process: subprocess.Popen[bytes], run_dir: Path, server_round: int) -> None:
     deadline = time.monotonic() + 2 * START_S
     metrics = run_dir / "metrics.jsonl"
@@ -185,26 +177,15 @@ def test_a_run_into_a_live_runs_folder_is_refused_until_that_run_is_killed(
     is alive; once the first is killed with SIGKILL (no handler runs) ``overwrite=true``
     replaces it."""
     run_dir = tmp_path / "run"
-    first = subprocess.Popen(
-        pflower(*TINY, "rounds=200", "checkpoint.every=0", f"output_dir={run_dir}"),
-        cwd=tmp_path,
-        env=environment(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    first = start_long_run(tmp_path, run_dir)
     try:
         wait_for_round(first, run_dir, 2)
         for extra, message in (
             ((), "holds another run"),
             (("overwrite=true",), f"is being written by a live run (process {first.pid})"),
         ):
-            second = subprocess.run(
-                pflower(*TINY, "rounds=1", "seed=1", f"output_dir={run_dir}", *extra),
-                cwd=tmp_path,
-                env=environment(),
-                capture_output=True,
-                text=True,
-                timeout=START_S,
+            second = run_pflower(
+                tmp_path, *TINY, "rounds=1", "seed=1", f"output_dir={run_dir}", *extra
             )
             output = " ".join((second.stdout + second.stderr).split())
             assert second.returncode == 2, output
@@ -214,13 +195,8 @@ def test_a_run_into_a_live_runs_folder_is_refused_until_that_run_is_killed(
     finally:
         first.kill()
         first.wait()
-    third = subprocess.run(
-        pflower(*TINY, "rounds=1", "overwrite=true", f"output_dir={run_dir}"),
-        cwd=tmp_path,
-        env=environment(),
-        capture_output=True,
-        text=True,
-        timeout=2 * START_S,
+    third = run_pflower(
+        tmp_path, *TINY, "rounds=1", "overwrite=true", f"output_dir={run_dir}", timeout=2 * START_S
     )
     assert third.returncode == 0, third.stdout[-3000:] + third.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -22,7 +22,7 @@ from pflower.core.experiment import Experiment
 from pflower.core.state import ClientState
 from pflower.core.store import ClientModelStore
 from pflower.core.strategy import PersonalizedStrategy
-from pflower.core.training import data_order, evaluate, get_weights, set_weights, train
+from pflower.core.training import evaluate, set_weights
 from pflower.strategies.diversifed import (
     PERSONAL,
     Distance,
@@ -32,11 +32,11 @@ from pflower.strategies.diversifed import (
     mixing_matrix,
 )
 from pflower.strategies.model_mixing import flatten, mix, pairwise_distances, unflatten
-from pflower.strategies.proximal import proximal_to
 from tests.helpers import (
     ADAM_TINY,
     StateLog,
     assert_arrays_close,
+    assert_pulled_toward_target,
 )
 from tests.inprocess import run_inprocess
 
@@ -241,24 +241,11 @@ def test_state_round_three_recomputed_from_stored_model_and_target(tmp_path: Pat
     previous = {pid: log.uploaded[2, pid] for pid in clients}
     expected = expected_targets(previous, clients, mask, tau, eta)
     model = experiment.new_model()
-    settings = experiment.train_settings(3)
     for pid in clients:
-        assert_arrays_close(log.received[3, pid], expected[pid], rtol=1e-5, atol=1e-6)
-        assert_arrays_close(log.before[3, pid], log.uploaded[2, pid], rtol=0, atol=0)
-        assert_arrays_close(log.after[3, pid], log.uploaded[3, pid], rtol=0, atol=0)
-        data = experiment.client_data(pid)
-        set_weights(model, log.before[3, pid])
-        order = data_order(0, 3, pid)
-        prox = proximal_to(model, log.received[3, pid], lam / eta)
-        train(
-            model,
-            data.train,
-            data.prepare,
-            settings,
-            order,
-            prox,
+        assert_pulled_toward_target(
+            log, experiment, 3, pid, expected[pid], lam / eta, rtol=1e-5, atol=1e-6
         )
-        assert_arrays_close(get_weights(model), log.after[3, pid], rtol=1e-5, atol=1e-6)
+        data = experiment.client_data(pid)
         stored = ClientState(contexts[pid].state).get_arrays(PERSONAL)
         set_weights(model, stored)
         result = evaluate(model, data.test, data.prepare, 512)

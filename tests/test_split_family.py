@@ -33,7 +33,7 @@ from pflower.strategies.ala import (
 )
 from pflower.strategies.proximal import anchor_tensors, proximal_term
 from pflower.strategies.split import PERSONAL
-from tests.helpers import comparable, tiny
+from tests.helpers import assert_arrays_close, comparable, retrain, tiny
 from tests.inprocess import run_inprocess
 
 BASE = tiny("train.lr=0.05")
@@ -258,30 +258,40 @@ def test_every_split_family_method_learns(strategy: list[str], tmp_path: Path) -
 
 
 # --------------------------------------------------------------------------- identities
-def test_fedbn_on_a_model_without_batchnorm_is_fedavg(tmp_path: Path) -> None:
-    fedbn, _ = run_inprocess([*BASE, "strategy=fedbn"], tmp_path / "bn")
-    fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "avg")
-    assert comparable(fedbn, ("L1", "L2")) == comparable(fedavg, ("L1", "L2"))
-
-
-def test_fedala_with_p_0_is_fedavg(tmp_path: Path) -> None:
-    """p = 0 (``layer_idx=0``): Eq. 4 overwrites everything, as FedAvg does."""
-    ala, _ = run_inprocess([*BASE, "strategy=fedala", "strategy.layer_idx=0"], tmp_path / "a")
-    fedavg, _ = run_inprocess([*BASE, "strategy=fedavg"], tmp_path / "b")
-    assert comparable(ala) == comparable(fedavg)
-
-
-def test_fedrep_ala_with_p_0_is_fedrep(tmp_path: Path) -> None:
-    """ALA on the body with no mixed tensors overwrites the body: FedRep (small_cnn: no buffers)."""
-    ala, _ = run_inprocess([*BASE, "strategy=fedrep_ala", "strategy.layer_idx=0"], tmp_path / "a")
-    rep, _ = run_inprocess([*BASE, "strategy=fedrep"], tmp_path / "b")
-    assert comparable(ala) == comparable(rep)
-
-
-def test_ditto_ala_with_p_0_is_ditto(tmp_path: Path) -> None:
-    ala, _ = run_inprocess([*BASE, "strategy=ditto_ala", "strategy.layer_idx=0"], tmp_path / "a")
-    plain, _ = run_inprocess([*BASE, "strategy=ditto"], tmp_path / "b")
-    assert comparable(ala) == comparable(plain)
+@pytest.mark.parametrize(
+    ("overrides", "twin", "stages"),
+    [
+        # FedBN on a model without BatchNorm has nothing to keep local
+        pytest.param(["strategy=fedbn"], "fedavg", ("L1", "L2"), id="fedbn-no-bn-is-fedavg"),
+        # p = 0 (``layer_idx=0``): Eq. 4 overwrites everything, as FedAvg does
+        pytest.param(
+            ["strategy=fedala", "strategy.layer_idx=0"],
+            "fedavg",
+            ("L1", "L2", "G"),
+            id="fedala-p0-is-fedavg",
+        ),
+        # ALA on the body with no mixed tensors overwrites the body: FedRep (small_cnn has no
+        # buffers)
+        pytest.param(
+            ["strategy=fedrep_ala", "strategy.layer_idx=0"],
+            "fedrep",
+            ("L1", "L2", "G"),
+            id="fedrep_ala-p0-is-fedrep",
+        ),
+        pytest.param(
+            ["strategy=ditto_ala", "strategy.layer_idx=0"],
+            "ditto",
+            ("L1", "L2", "G"),
+            id="ditto_ala-p0-is-ditto",
+        ),
+    ],
+)
+def test_a_special_case_gives_the_rows_of_its_twin(
+    overrides: list[str], twin: str, stages: tuple[str, ...], tmp_path: Path
+) -> None:
+    rows, _ = run_inprocess([*BASE, *overrides], tmp_path / "special")
+    expected, _ = run_inprocess([*BASE, f"strategy={twin}"], tmp_path / "twin")
+    assert comparable(rows, stages) == comparable(expected, stages)
 
 
 def test_fedrep_without_head_epochs_shares_fedbabus_body_update(tmp_path: Path) -> None:
@@ -370,27 +380,6 @@ class Log:
         return client
 
 
-def _same(left: NDArrays, right: NDArrays, **tolerance: float) -> None:
-    assert len(left) == len(right)
-    for a, b in zip(left, right, strict=True):
-        np.testing.assert_allclose(a, b, **tolerance)
-
-
-def _train_from(experiment: Experiment, start: NDArrays, round_: int, pid: int) -> NDArrays:
-    model = experiment.new_model()
-    set_weights(model, start)
-    data = experiment.client_data(pid)
-    order = data_order(experiment.settings.seed, round_, pid)
-    train(
-        model,
-        data.train,
-        data.prepare,
-        experiment.train_settings(round_),
-        order,
-    )
-    return get_weights(model)
-
-
 def _start_phase(experiment: Experiment, received: NDArrays, local: NDArrays, pid: int):
     """ALA's initial stage (no W yet) for global model version 1, as the client runs it."""
     options = experiment.settings.strategy
@@ -418,7 +407,9 @@ def test_fedala_state_recomputes_ala_and_training(tmp_path: Path) -> None:
     options = experiment.settings.strategy
     for pid in (0, 3):
         assert log.before["fit", 1, pid][ALA_LOCAL] is None  # ALA deactivated in round 1
-        _same(log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0)
+        assert_arrays_close(
+            log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0
+        )
         # Stage L1 of round 1: the initial stage on (Θ^1, the trained model).
         expected = _start_phase(
             experiment, log.received["evaluate", 1, pid], log.sent["fit", 1, pid], pid
@@ -428,15 +419,17 @@ def test_fedala_state_recomputes_ala_and_training(tmp_path: Path) -> None:
         assert (
             stored[ALA_META]["version"] == 1 and stored[ALA_META]["start_epochs"] == expected.epochs
         )
-        _same(stored[ALA_LOCAL], expected.weights, rtol=1e-5, atol=1e-6)
-        _same(stored[ALA_WEIGHTS], expected.mix_weights, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(stored[ALA_LOCAL], expected.weights, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(stored[ALA_WEIGHTS], expected.mix_weights, rtol=1e-5, atol=1e-6)
         w = np.concatenate([a.ravel() for a in stored[ALA_WEIGHTS]])
         assert w.min() >= 0.0 and w.max() <= 1.0
         # Round 2 trains from the stored Θ̂ of version 1 (ALA is not run again).
-        _same(log.before["fit", 2, pid][ALA_LOCAL], stored[ALA_LOCAL], rtol=0, atol=0)
-        trained = _train_from(experiment, stored[ALA_LOCAL], 2, pid)
-        _same(log.sent["fit", 2, pid], trained, rtol=1e-5, atol=1e-6)
-        _same(log.after["fit", 2, pid][ALA_LOCAL], log.sent["fit", 2, pid], rtol=0, atol=0)
+        assert_arrays_close(log.before["fit", 2, pid][ALA_LOCAL], stored[ALA_LOCAL], rtol=0, atol=0)
+        trained = retrain(experiment, pid, 2, stored[ALA_LOCAL])
+        assert_arrays_close(log.sent["fit", 2, pid], trained, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(
+            log.after["fit", 2, pid][ALA_LOCAL], log.sent["fit", 2, pid], rtol=0, atol=0
+        )
         # Stage L1 of round 2: one ALA epoch from the stored W.
         assert log.after["evaluate", 2, pid][ALA_META]["epochs"] == 1
 
@@ -453,15 +446,21 @@ def test_ditto_ala_trains_and_anchors_on_the_ala_model(tmp_path: Path) -> None:
     experiment = Experiment.of(config_from_run_config(contexts[0].run_config))
     for pid in (0, 3):
         assert log.before["fit", 1, pid][ALA_LOCAL] is None  # ALA deactivated in round 1
-        _same(log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0)
+        assert_arrays_close(
+            log.after["fit", 1, pid][ALA_LOCAL], log.sent["fit", 1, pid], rtol=0, atol=0
+        )
         data = experiment.client_data(pid)
         expected = _start_phase(
             experiment, log.received["fit", 2, pid], log.sent["fit", 1, pid], pid
         )
-        _same(log.after["fit", 2, pid][ALA_WEIGHTS], expected.mix_weights, rtol=1e-5, atol=1e-6)
-        trained = _train_from(experiment, expected.weights, 2, pid)
-        _same(log.sent["fit", 2, pid], trained, rtol=1e-5, atol=1e-6)
-        _same(log.after["fit", 2, pid][ALA_LOCAL], log.sent["fit", 2, pid], rtol=0, atol=0)
+        assert_arrays_close(
+            log.after["fit", 2, pid][ALA_WEIGHTS], expected.mix_weights, rtol=1e-5, atol=1e-6
+        )
+        trained = retrain(experiment, pid, 2, expected.weights)
+        assert_arrays_close(log.sent["fit", 2, pid], trained, rtol=1e-5, atol=1e-6)
+        assert_arrays_close(
+            log.after["fit", 2, pid][ALA_LOCAL], log.sent["fit", 2, pid], rtol=0, atol=0
+        )
 
         def personal(anchor: NDArrays, pid: int = pid, data=data) -> NDArrays:
             model = experiment.new_model()
@@ -477,7 +476,7 @@ def test_ditto_ala_trains_and_anchors_on_the_ala_model(tmp_path: Path) -> None:
             return get_weights(model)
 
         stored = log.after["fit", 2, pid][ditto.PERSONAL]
-        _same(stored, personal(expected.weights), rtol=1e-5, atol=1e-6)
+        assert_arrays_close(stored, personal(expected.weights), rtol=1e-5, atol=1e-6)
         toward_received = personal(log.received["fit", 2, pid])
         assert not all(np.allclose(a, b) for a, b in zip(stored, toward_received, strict=True))
 
@@ -527,13 +526,13 @@ def test_fedrep_stores_the_trained_head_and_uploads_the_body(tmp_path: Path) -> 
         with split.trainable_only(model, split.body_parameters(model)):
             train(model, data.train, data.prepare, settings, data_order(0, 2, pid))
         expected = get_weights(model)
-        _same(
+        assert_arrays_close(
             [a for a, m in zip(expected, mask, strict=True) if m],
             log.after["fit", 2, pid][PERSONAL],
             rtol=1e-5,
             atol=1e-6,
         )
-        _same(
+        assert_arrays_close(
             [a for a, m in zip(expected, mask, strict=True) if not m],
             [a for a in log.sent["fit", 2, pid] if a.size],
             rtol=1e-5,
@@ -588,7 +587,7 @@ def test_perfedavg_step_is_first_order_maml(tmp_path: Path) -> None:
     )
     grads = torch.autograd.grad(loss, params)
     expected = [(v - 0.05 * g).numpy() for v, g in zip(w, grads, strict=True)]
-    _same(log.sent["fit", 1, pid], expected, rtol=1e-5, atol=1e-6)
+    assert_arrays_close(log.sent["fit", 1, pid], expected, rtol=1e-5, atol=1e-6)
 
 
 def test_fedrod_stores_the_trained_personal_head(tmp_path: Path) -> None:
@@ -615,7 +614,7 @@ def test_fedrod_stores_the_trained_personal_head(tmp_path: Path) -> None:
     expected = [
         (p - 0.05 * g).detach().numpy() for p, g in zip(model.parameters(), grads, strict=True)
     ]
-    _same(log.sent["fit", 1, pid], expected, rtol=1e-5, atol=1e-6)
+    assert_arrays_close(log.sent["fit", 1, pid], expected, rtol=1e-5, atol=1e-6)
     head = nn.Linear(model.fc.in_features, 10)
     head.load_state_dict(model.fc.state_dict())
     loss = nn.functional.cross_entropy(generic.detach() + head(z.detach()), y)
@@ -623,7 +622,9 @@ def test_fedrod_stores_the_trained_personal_head(tmp_path: Path) -> None:
     expected_head = [
         (p - 0.05 * g).detach().numpy() for p, g in zip(head.parameters(), head_grads, strict=True)
     ]
-    _same(log.after["fit", 1, pid][PERSONAL_HEAD], expected_head, rtol=1e-5, atol=1e-6)
+    assert_arrays_close(
+        log.after["fit", 1, pid][PERSONAL_HEAD], expected_head, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_fedphp_evaluates_the_inherited_model_from_the_stored_one(tmp_path: Path) -> None:
@@ -641,7 +642,7 @@ def test_fedphp_evaluates_the_inherited_model_from_the_stored_one(tmp_path: Path
     for pid in range(4):
         for round_ in (1, 2):
             stored = log.after["fit", round_, pid][LOCAL_MODEL]
-            _same(stored, log.sent["fit", round_, pid], rtol=0, atol=0)
+            assert_arrays_close(stored, log.sent["fit", round_, pid], rtol=0, atol=0)
             set_weights(
                 model,
                 inherit(0.9 * (round_ + 1) / 3, log.received["evaluate", round_, pid], stored),

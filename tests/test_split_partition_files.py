@@ -29,6 +29,12 @@ def _owned(federation) -> list[set[int]]:
     return [set(np.concatenate([c.train, c.test, c.val]).tolist()) for c in federation.clients]
 
 
+def _assert_fedala_trains_on(overrides: list[str], tmp_path: Path) -> None:
+    """A round of FedALA on the federation of ``overrides`` evaluates its 4 clients."""
+    rows, _ = run_inprocess([*overrides, "rounds=1", "strategy=fedala"], tmp_path / "run")
+    assert len([r for r in rows if r["stage"] == "L1"]) == 4
+
+
 def test_a_written_partition_reads_back_as_the_same_client_samples(tmp_path: Path) -> None:
     original = _federation(["partition=pathological"])
     path = write_federation(tmp_path / "indices.json", original, "all")
@@ -36,11 +42,7 @@ def test_a_written_partition_reads_back_as_the_same_client_samples(tmp_path: Pat
     assert _owned(again) == _owned(original)
     for client in again.clients:  # the split config carves 25% test shares, disjoint from train
         assert not set(client.train.tolist()) & set(client.test.tolist())
-    rows, _ = run_inprocess(
-        [*BASE, "partition=from_file", f"partition.path={path}", "rounds=1", "strategy=fedala"],
-        tmp_path / "run",
-    )
-    assert len([r for r in rows if r["stage"] == "L1"]) == 4
+    _assert_fedala_trains_on([*BASE, "partition=from_file", f"partition.path={path}"], tmp_path)
 
 
 def test_a_file_for_another_pool_or_client_count_is_rejected(tmp_path: Path) -> None:
@@ -173,11 +175,7 @@ def test_an_imported_pflib_partition_keeps_every_clients_own_test_set(
     assert json.loads(again.read_text()) == json.loads(out.read_text())  # `pflower partition`'s
     if not run:
         return
-    rows, _ = run_inprocess(
-        [*overrides, "model=small_cnn", "num_clients=4", "rounds=1", "strategy=fedala"],
-        tmp_path / "run",
-    )
-    assert len([r for r in rows if r["stage"] == "L1"]) == 4
+    _assert_fedala_trains_on([*overrides, "model=small_cnn", "num_clients=4"], tmp_path)
 
 
 def test_split_file_needs_a_file_with_tests(tmp_path: Path) -> None:
