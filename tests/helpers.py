@@ -276,3 +276,22 @@ def summary_without_clock(run_dir: Path) -> dict[str, Any]:
     for key in ("output_dir", "checkpoint"):
         config.pop(key)
     return {**summary, "config": config}
+
+
+def tiny_suite(trials: int, tune_seed: int, final_seeds: str) -> str:
+    """The text of a suite of FedProx alone on digits (4 clients, 2 rounds, no pruning):
+    ``trials`` trials, tuning seed ``tune_seed``, final seeds ``final_seeds`` (``"[1, 2]"``)."""
+    return f"""\
+name: tiny
+budget: {trials} trials per method, digits, 4 clients, 2 rounds
+trials: {trials}
+tune_seed: {tune_seed}
+final_seeds: {final_seeds}
+val_fraction: 0.25
+train_knobs: [lr]
+pruner: {{enabled: false}}
+methods: [fedprox]
+settings:
+  - name: digits
+    overrides: [dataset=digits, num_clients=4, rounds=2, train.local_epochs=1]
+"""

@@ -240,24 +240,32 @@ def _overrides(text: str) -> str:
     return f'overrides="{text}"'
 
 
+def _run_fedavg(
+    flower: LocalFlower, run_dir: Path, setting: str, *flwr_options: str
+) -> tuple[subprocess.CompletedProcess[str], str, dict[str, Any]]:
+    """``flwr run . --stream`` of FedAvg on digits for 2 rounds into ``run_dir`` (``setting``:
+    one more override): the process, its output and the run's summary (empty if it wrote none)."""
+    overrides = f"strategy=fedavg dataset=digits {setting} rounds=2 output_dir={run_dir}"
+    result = flower.run(".", "--stream", *flwr_options, "--run-config", _overrides(overrides))
+    path = run_dir / "summary.json"
+    summary = json.loads(path.read_text()) if path.exists() else {}
+    return result, result.stdout + result.stderr, summary
+
+
 @pytest.mark.slow
 def test_flwr_run_as_documented_learns_and_writes_its_run_directory(
     flower: LocalFlower, tmp_path: Path
 ) -> None:
     """The README's command with the default num_clients=10 and a federation of 10 nodes."""
     run_dir = tmp_path / "run"
-    overrides = f"strategy=fedavg dataset=digits partition=iid rounds=2 output_dir={run_dir}"
-    result = flower.run(
-        ".",
-        "--stream",
+    result, output, summary = _run_fedavg(
+        flower,
+        run_dir,
+        "partition=iid",
         "--federation-config",
         "num-supernodes=10 client-resources-num-cpus=1",
-        "--run-config",
-        _overrides(overrides),
     )
-    output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed", output[-3000:]
     assert summary["config"]["num_clients"] == 10
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -273,10 +281,7 @@ def test_flwr_run_with_too_few_supernodes_is_refused_at_once(
 ) -> None:
     """Flower's default federation has 2 SuperNodes; num_clients=4 must not wait for more."""
     run_dir = tmp_path / "run"
-    overrides = f"strategy=fedavg dataset=digits num_clients=4 rounds=2 output_dir={run_dir}"
-    result = flower.run(".", "--stream", "--run-config", _overrides(overrides))
-    output = result.stdout + result.stderr
-    summary = json.loads((run_dir / "summary.json").read_text())
+    _, output, summary = _run_fedavg(flower, run_dir, "num_clients=4")
     assert summary["status"] == "failed", output[-3000:]
     error = summary["error"]
     assert "This Flower simulation has 2 SuperNodes" in error

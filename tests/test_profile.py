@@ -38,21 +38,9 @@ from pflower.tuning.profile import (
 from pflower.tuning.runner import RunRefused, TrialFailed
 from pflower.tuning.search import Layout
 from pflower.tuning.suite import load_suite
+from tests.helpers import tiny_suite
 
-SUITE = """\
-name: tiny
-budget: 1 trial, digits, 4 clients, 2 rounds
-trials: 1
-tune_seed: 3
-final_seeds: [1]
-val_fraction: 0.25
-train_knobs: [lr]
-pruner: {enabled: false}
-methods: [fedprox]
-settings:
-  - name: digits
-    overrides: [dataset=digits, num_clients=4, rounds=2, train.local_epochs=1]
-"""
+SUITE = tiny_suite(1, 3, "[1]")
 
 
 def test_the_grid_spans_a_log_range_and_a_decade_past_its_ends() -> None:

@@ -51,24 +51,12 @@ from pflower.tuning import runner as trial_runner
 from pflower.tuning.ledger import budget_counts
 from pflower.tuning.search import Layout, open_study, trial_overrides
 from pflower.tuning.suite import Setting, load_suite
+from tests.helpers import tiny_suite
 from tests.inprocess import run_inprocess
 
 TINY = ["dataset=digits", "num_clients=4", "rounds=2", "train.local_epochs=1"]
 
-SUITE = """\
-name: tiny
-budget: 2 trials per method, digits, 4 clients, 2 rounds
-trials: 2
-tune_seed: 0
-final_seeds: [1, 2]
-val_fraction: 0.25
-train_knobs: [lr]
-pruner: {enabled: false}
-methods: [fedprox]
-settings:
-  - name: digits
-    overrides: [dataset=digits, num_clients=4, rounds=2, train.local_epochs=1]
-"""
+SUITE = tiny_suite(2, 0, "[1, 2]")
 
 
 class ReadOfATestSample(AssertionError):

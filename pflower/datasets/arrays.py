@@ -31,6 +31,18 @@ def split_of(samples: ArrayLike, labels: ArrayLike, groups: ArrayLike | None = N
     )
 
 
+def check_splits(
+    name: str, train: ImageSplit, test: ImageSplit, num_classes: int, fix: str
+) -> None:
+    """Refuse an empty train split, or a label outside ``0..num_classes - 1`` (``fix`` says how
+    to mend it)."""
+    if not len(train):
+        raise ConfigError(f"dataset '{name}' has no training samples")
+    for split in (train, test):
+        if len(split) and not 0 <= int(split.labels.min()) <= int(split.labels.max()) < num_classes:
+            raise ConfigError(f"dataset '{name}' has labels outside 0..{num_classes - 1}: {fix}")
+
+
 def dataset_from_arrays(
     name: str,
     train: ImageSplit,
@@ -45,14 +57,7 @@ def dataset_from_arrays(
     Raises:
         ConfigError: an empty train split, or a label outside ``0..num_classes - 1``.
     """
-    if not len(train):
-        raise ConfigError(f"dataset '{name}' has no training samples")
-    for split in (train, test):
-        if len(split) and not 0 <= int(split.labels.min()) <= int(split.labels.max()) < num_classes:
-            raise ConfigError(
-                f"dataset '{name}' has labels outside 0..{num_classes - 1}: set "
-                "dataset.num_classes to the number of classes"
-            )
+    check_splits(name, train, test, num_classes, "set dataset.num_classes to the number of classes")
     channels = train.images.transpose(0, 1).reshape(train.images.shape[1], -1).double()
     default_std = channels.std(dim=1)
     default_std[default_std == 0] = 1.0

@@ -35,7 +35,7 @@ so every worker process shares one copy of the images.
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 from pflower.datasets.base import ImageDataset, resolve_data_root
@@ -52,18 +52,22 @@ from pflower.datasets.table import load_table
 from pflower.registry import ConfigError, Registry
 
 DATASETS: Registry[ImageDataset] = Registry("dataset")
-DATASETS.register("digits")(load_digits)
-DATASETS.register("synthetic")(load_synthetic)
-DATASETS.register("mnist")(load_mnist)
-DATASETS.register("fmnist")(load_fmnist)
-DATASETS.register("cifar10")(load_cifar10)
-DATASETS.register("cifar100")(load_cifar100)
-DATASETS.register("svhn")(load_svhn)
-DATASETS.register("celeba_gender")(load_celeba_gender)
-DATASETS.register("leaf")(load_leaf)
-DATASETS.register("image_folder")(load_image_folder)
-DATASETS.register("table")(load_table)
-DATASETS.register("hf")(load_hf)
+_LOADERS: dict[str, Callable[..., ImageDataset]] = {
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+    "mnist": load_mnist,
+    "fmnist": load_fmnist,
+    "cifar10": load_cifar10,
+    "cifar100": load_cifar100,
+    "svhn": load_svhn,
+    "celeba_gender": load_celeba_gender,
+    "leaf": load_leaf,
+    "image_folder": load_image_folder,
+    "table": load_table,
+    "hf": load_hf,
+}
+for _name, _loader in _LOADERS.items():
+    DATASETS.register(_name)(_loader)
 
 _CACHE_SIZE = 4
 """Datasets kept per process; a run uses one, sweeps in one process rarely more than a few."""

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from numpy.typing import ArrayLike
 
+from pflower.datasets.arrays import check_splits
 from pflower.datasets.base import ImageDataset, ImageSplit
 from pflower.registry import ConfigError
 
@@ -144,14 +145,13 @@ def token_dataset(
     Raises:
         ConfigError: an empty train split, or a label outside ``0..num_classes - 1``.
     """
-    if not len(train):
-        raise ConfigError(f"dataset '{name}' has no training samples")
-    for split in (train, test):
-        if len(split) and not 0 <= int(split.labels.min()) <= int(split.labels.max()) < num_classes:
-            raise ConfigError(
-                f"dataset '{name}' has labels outside 0..{num_classes - 1} (LEAF Sent140's y "
-                "is 0 or 1; dataset=hf: set dataset.num_classes)"
-            )
+    check_splits(
+        name,
+        train,
+        test,
+        num_classes,
+        "LEAF Sent140's y is 0 or 1; dataset=hf: set dataset.num_classes",
+    )
     return ImageDataset(
         name=name,
         train=train,

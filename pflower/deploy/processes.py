@@ -19,6 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pflower.runtime.forkclient import pid_alive
+
 TAG_VARIABLE = "PFLOWER_DEPLOY_TAG"
 """Environment variable naming the deployment and process a process belongs to."""
 
@@ -107,17 +109,6 @@ def tagged_pids(tag: str) -> list[int]:
         if any(v == wanted or v.startswith(below) for v in variables):
             found.append(int(entry.name))
     return found
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process ``pid`` exists (one owned by another user counts)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def runs_program(pid: int, program: str) -> bool:
