@@ -3,6 +3,12 @@
 ``pflower`` is imported first: it holds torch's CPU kernels to AVX2 (``numerics=avx2``, the
 default) only where torch is not imported yet, and a test module that imports torch before
 pflower would leave this process on the CPU's own kernels while the runs it starts hold AVX2.
+
+Torch runs on one thread (``OMP_NUM_THREADS=1``, unless the caller set it), in this process and
+the processes it starts: the README's ``pytest`` runs two test processes on two cores, and a
+second OpenMP thread per process then waits for a core at every parallel region. A ResNet step
+that takes 9 ms on one thread took 1 s on two while the other core was busy. (Runs set their
+clients' threads themselves, ``train.threads``.)
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: see above
 
 import pflower  # noqa: F401  (before any test module imports torch: see the module docstring)
 

@@ -86,8 +86,9 @@ def run_inprocess(
     """Run an experiment in-process; returns the metrics.jsonl rows and the client contexts.
 
     If ``strategies`` is given, the server's strategy is appended to it (for its final state).
+    No plots are drawn unless ``overrides`` say ``plots=true``.
     """
-    overrides = [*overrides, f"output_dir={run_dir}", "progress=false"]
+    overrides = ["plots=false", *overrides, f"output_dir={run_dir}", "progress=false"]
     run_config = {RUN_CONFIG_KEY: overrides_to_string(overrides)}
     server_context = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=run_config

@@ -288,7 +288,13 @@ def test_training_does_not_depend_on_how_often_clients_are_evaluated(tmp_path: P
 
 def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     rows, _ = run_inprocess(
-        ["dataset=digits", "partition=pathological", "num_clients=10", "strategy=fliu"],
+        [
+            "dataset=digits",
+            "partition=pathological",
+            "num_clients=10",
+            "strategy=fliu",
+            "plots=true",
+        ],
         tmp_path,
     )
     final_l1 = stage_rows(rows, "L1", 10)
@@ -315,6 +321,12 @@ def test_end_to_end_learns_on_digits(tmp_path: Path) -> None:
     assert (tmp_path / "plots" / "accuracy.png").stat().st_size > 0
     assert (tmp_path / "plots" / "clients.png").stat().st_size > 0
     assert (tmp_path / "config.yaml").read_text().startswith("dataset:")
+
+
+def test_plots_false_completes_the_run_without_figures(tmp_path: Path) -> None:
+    run_inprocess(["dataset=digits", "num_clients=2", "rounds=1", "plots=false"], tmp_path)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "completed"
+    assert not (tmp_path / "plots").exists()
 
 
 def test_stage_g_is_computed_in_the_background_and_recorded_when_finished() -> None:

@@ -65,7 +65,7 @@ PARAMETER_COUNTS = [
 @pytest.fixture(autouse=True)
 def _few_threads() -> Iterator[None]:
     threads = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
 

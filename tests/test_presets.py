@@ -38,7 +38,11 @@ def test_every_paper_has_its_presets() -> None:
         assert {f"{paper}_cpu", f"{paper}_paper"} <= set(PRESETS), paper
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize(
+    "preset",
+    # a paper-scale preset sweeps what its cpu twin sweeps, with more values: the slow tier
+    [pytest.param(p, marks=pytest.mark.slow) if p.endswith("_paper") else p for p in PRESETS],
+)
 def test_every_job_of_a_preset_composes(preset: str) -> None:
     sweep = sweep_of(preset)
     assert sweep, f"{preset} sweeps nothing"

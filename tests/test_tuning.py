@@ -315,28 +315,28 @@ def test_show_prints_the_space_with_its_sources() -> None:
     assert re.search(r"train\.local_epochs\s+one of 1, 2, 5", out)
 
 
-def test_suites_cover_every_method_with_new_final_seeds() -> None:
+@pytest.mark.parametrize("name", ["cpu", "claims", pytest.param("paper", marks=pytest.mark.slow)])
+def test_suites_cover_every_method_with_new_final_seeds(name: str) -> None:
     from pflower.core.algorithm import ALGORITHMS
 
-    for name in ("cpu", "paper", "claims"):
-        suite = load_suite(name)
-        if name == "claims":  # the contested claims' methods only
-            assert {"fedavg", "fliu", "local", "fedmpr"} <= set(suite.methods) <= set(ALGORITHMS)
-        else:
-            assert set(suite.methods) == set(ALGORITHMS)
-        assert suite.tune_seed not in suite.final_seeds and len(suite.final_seeds) >= 3
-        assert suite.budget
-        for setting in suite.settings:  # every setting composes with each of its methods
-            for method in suite.methods_of(setting):
-                compose_config(
-                    [
-                        *setting.overrides_for(method),
-                        f"strategy={method}",
-                        "split.val_fraction=0.2",
-                        "split.evaluate_on=val",
-                    ],
-                    check_scheme=False,
-                )
+    suite = load_suite(name)
+    if name == "claims":  # the contested claims' methods only
+        assert {"fedavg", "fliu", "local", "fedmpr"} <= set(suite.methods) <= set(ALGORITHMS)
+    else:
+        assert set(suite.methods) == set(ALGORITHMS)
+    assert suite.tune_seed not in suite.final_seeds and len(suite.final_seeds) >= 3
+    assert suite.budget
+    for setting in suite.settings:  # every setting composes with each of its methods
+        for method in suite.methods_of(setting):
+            compose_config(
+                [
+                    *setting.overrides_for(method),
+                    f"strategy={method}",
+                    "split.val_fraction=0.2",
+                    "split.evaluate_on=val",
+                ],
+                check_scheme=False,
+            )
 
 
 PER_METHOD = """\

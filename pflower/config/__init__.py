@@ -125,6 +125,9 @@ class ExperimentConfig:
             starts); without it a run refuses a folder that holds another run
             (``pflower.results.ownership``).
         progress: print a line per round to the terminal.
+        plots: draw ``plots/accuracy.png`` and ``plots/clients.png`` when the run completes
+            (0.5-1 s of matplotlib); ``false`` for runs whose figures nobody looks at, such as
+            a test's.
         numerics: ``avx2`` (default) holds torch's CPU kernels to AVX2 so that runs repeat to the
             last digit on any x86-64 CPU with AVX2; ``native`` lets them use AVX-512
             (`Numerics`). Records made before this key existed do not say which they
@@ -158,6 +161,7 @@ class ExperimentConfig:
     output_dir: str | None = None
     overwrite: bool = False
     progress: bool = True
+    plots: bool = True
     numerics: Numerics = Numerics.avx2
 
     def __post_init__(self) -> None:

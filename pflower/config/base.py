@@ -14,6 +14,7 @@ EXECUTION_KEYS = (
     "output_dir",
     "overwrite",
     "progress",
+    "plots",
     "checkpoint",
     "client_state",
     "tracking",

@@ -285,13 +285,17 @@ class RunRecorder(Recorder):
         return time.monotonic() - self._started
 
     def finish(self) -> None:
-        """Write summary.json and the plots (the last round is complete)."""
+        """Write summary.json and, unless ``plots=false``, the plots (the last round is
+        complete)."""
         write_summary(self.run_dir, self.cfg, self.rows, "completed", None, self._elapsed())
         self.tracker.close(self.rows, completed=True)
         self._close()
-        from pflower.results.plots import plot_run, run_title  # matplotlib only when a run ends
+        if self.cfg.plots:
+            from pflower.results.plots import plot_run, run_title  # matplotlib: when a run ends
 
-        plot_run(self.rows, self.rounds, CLIENT_STAGES, self.run_dir / "plots", run_title(self.cfg))
+            plot_run(
+                self.rows, self.rounds, CLIENT_STAGES, self.run_dir / "plots", run_title(self.cfg)
+            )
         if self.console:
             self.console.print(f"[green]results written to {self.run_dir}")
 
