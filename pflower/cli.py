@@ -417,7 +417,22 @@ def main() -> None:
     """Console entry point: answer a question about the command line (help, version, a
     mistyped command: [`pflower.commands`][pflower.commands]), run a subcommand
     (`SUBCOMMANDS`), else run an experiment.
-    ``--help-config`` is Hydra's ``--help``: every configuration group and key."""
+    ``--help-config`` is Hydra's ``--help``: every configuration group and key.
+
+    Ctrl-C that reaches no handler of the command's own (while torch, Flower or Hydra are still
+    being imported, or in a command that keeps nothing) ends it with one line on stderr and
+    exit code 130, the shell's code for SIGINT, instead of a traceback: the stop is the
+    user's. A run records its own stop (`summary_on_signal`), ``pflower tune`` says what it
+    kept."""
+    try:
+        _dispatch()
+    except KeyboardInterrupt:
+        print("pflower: stopped by Ctrl-C.", file=sys.stderr)
+        sys.exit(130)
+
+
+def _dispatch() -> None:
+    """`main`'s work: the command line's answer, a subcommand, or an experiment."""
     if sys.argv[1:3] == ["partition", "import"]:  # its own arguments, help included
         hold_numerics_of(sys.argv[3:])
         _load_plugins()

@@ -20,6 +20,7 @@ dataset, partition, split and model blocks against their factories.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import fields
@@ -299,7 +300,13 @@ def group_options(group: str) -> list[str]:
 
 def group_block(group: str, name: str) -> dict[str, Any]:
     """The block that ``<group>=<name>`` composes (its dataclass's defaults with a preset's
-    changes), as plain values; unchecked, a required key left ``???``."""
+    changes), as plain values; unchecked, a required key left ``???``. Composed once per
+    process (a whole Hydra composition, about 0.15 s); each call returns its own copy."""
+    return copy.deepcopy(_group_block(group, name))
+
+
+@lru_cache(maxsize=256)
+def _group_block(group: str, name: str) -> dict[str, Any]:
     overrides = [f"{group}={name}"]
     if GlobalHydra.instance().is_initialized():
         cfg = compose(config_name="config", overrides=overrides)

@@ -90,6 +90,7 @@ def test_defaults_are_declared_once_in_the_dataclasses() -> None:
     )
 
 
+@pytest.mark.slow
 def test_flwr_run_config_composes_the_same_experiment_as_the_cli() -> None:
     overrides = ["strategy=fedavg", "rounds=3", "train.lr=0.02", "partition=iid"]
     cli = subprocess.run(

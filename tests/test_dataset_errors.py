@@ -74,6 +74,7 @@ def test_corrupt_dataset_ends_with_the_message_and_exit_code_2(tmp_path: Path) -
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_partition_command_reports_a_corrupt_dataset_with_exit_code_2(tmp_path: Path) -> None:
     corrupt_mnist(tmp_path / "data")
     done = pflower(
@@ -88,6 +89,7 @@ def test_partition_command_reports_a_corrupt_dataset_with_exit_code_2(tmp_path: 
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_a_partition_the_data_cannot_satisfy_ends_before_the_simulation(tmp_path: Path) -> None:
     """The command line builds the federation before Ray starts: a scheme option that only the
     data refutes (10 classes, 99 per client) fails there, not in the ServerApp."""
@@ -101,6 +103,7 @@ def test_a_partition_the_data_cannot_satisfy_ends_before_the_simulation(tmp_path
     assert "Starting Flower ServerApp" not in output and not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_a_cached_federation_spares_the_command_line_the_partition_schemes(
     tmp_path: Path,
 ) -> None:

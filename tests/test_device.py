@@ -73,6 +73,7 @@ def test_cuda_without_cuda_fails_in_process_before_any_round(tmp_path: Path) -> 
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 @needs_no_cuda
 def test_cuda_without_cuda_exits_2_from_the_command_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"

@@ -157,6 +157,7 @@ def test_an_entry_point_plugin_loads_in_a_new_process(tmp_path: Path) -> None:
     assert done.stdout.strip() == "FedAvg-step"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command,module,source,cause",
     [
@@ -191,6 +192,7 @@ def test_a_plugin_that_fails_stops_the_command_with_one_line(
     )
 
 
+@pytest.mark.slow
 def test_the_check_before_imports_knows_a_plugins_options(tmp_path: Path) -> None:
     _tutorial_files(tmp_path)
     env = _env(tmp_path, tmp_path / "my-method", plugins="fedavg_step")

@@ -155,6 +155,7 @@ def _numerics_of_a_process(prelude: str, **env: str) -> dict[str, object]:
     return dict(json.loads(done.stdout))
 
 
+@pytest.mark.slow
 def test_a_process_that_imported_torch_first_starts_processes_with_its_own_kernels() -> None:
     """Imported after torch, pflower cannot hold this process's kernels any more; the processes
     it starts (a run's workers) then use what this process uses, so one run computes alike in
@@ -180,6 +181,7 @@ def test_a_process_that_imported_torch_first_starts_processes_with_its_own_kerne
     assert started["cpu_capability"] == parent["cpu_capability"]
 
 
+@pytest.mark.slow
 def test_pflower_holds_the_cpu_kernels_to_avx2_unless_told_native() -> None:
     """``import pflower`` sets the caps (``ATEN_CPU_CAPABILITY=avx2`` and the others of
     ``KERNEL_CAPS``) before torch is imported, so a machine with AVX-512 computes what one

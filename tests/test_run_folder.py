@@ -144,6 +144,7 @@ FSIZE_LIMIT = 32 * 1024
 """Bytes: more than config.yaml, run.log, the rows or a summary take, less than a checkpoint."""
 
 
+@pytest.mark.slow
 def test_a_file_size_limit_ends_the_run_as_failed_with_the_reason(tmp_path: Path) -> None:
     """``ulimit -f``: the checkpoint cannot be written. Python ignores SIGXFSZ (from its start
     on, and in the processes it starts), so the write raises EFBIG instead of the signal

@@ -184,6 +184,7 @@ for seed in (0, 1):
 """
 
 
+@pytest.mark.slow
 def test_runs_in_forked_processes_fork_their_own_workers_one_after_another(
     tmp_path: Path,
 ) -> None:

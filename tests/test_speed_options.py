@@ -121,6 +121,7 @@ def test_a_run_with_default_options_equals_one_without_the_keys(tmp_path: Path) 
     assert [r.get("train_loss") for r in default] == [r.get("train_loss") for r in explicit]
 
 
+@pytest.mark.slow
 def test_import_first_step_modules_leaves_nothing_for_the_first_step() -> None:
     probe = (
         "import sys, torch\n"

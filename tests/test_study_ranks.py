@@ -122,7 +122,8 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
             path = setting / "chosen" / method / f"study_{study}.yaml"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(yaml.safe_dump(chosen))
-    (root / "suite.yaml").write_text(yaml.safe_dump({"name": "tiny", "final_seeds": [1, 2, 3]}))
+    suite = {"name": "tiny", "final_seeds": [1, 2, 3], "studies": 2, "tune_seeds": [0, 1000]}
+    (root / "suite.yaml").write_text(yaml.safe_dump(suite))
     text, rows = render(root)
     header = rows[0]
     assert header[:3] == ["setting", "rank", "95% rank interval"]
@@ -134,5 +135,26 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
     assert by_method["FedAvg"]["configurations (to the end)"] == "14 (4)"
     assert by_method["FedAvg"]["chosen per study"] == "0: lr=0.01; 1: lr=0.02"
     assert by_method["Local"]["95% rank interval"] == "3-3"
+    # every run of every study: 78, 81, 83 twice
+    assert by_method["FedAvg"]["final Acc(L) %"] == "80.67 ± 2.25"
+    assert by_method["FedAvg"]["last-10% Acc(L) %"] == "80.67 ± 2.25"
+    assert by_method["FedAvg"]["between studies (pts)"] == "0.00"
+    assert by_method["FedProx"]["between studies (pts)"] == "3.00"
+    assert "in 2 independent studies (tuning seeds [0, 1000])" in text
+    assert "Ranks are tied unless a paired t-test" not in text  # another protocol's words
     assert "disjoint intervals in" in text and "Smallest difference" in text
     assert "another study would have changed ('moves'): fedavg, fedprox." in text
+
+
+def test_a_method_with_one_study_so_far_shows_no_spread_between_studies(tmp_path: Path) -> None:
+    setting = tmp_path / "suite" / "digits"
+    for method, studies_run in (("fedavg", (0, 1)), ("local", (0,))):
+        for study in studies_run:
+            for seed in (1, 2, 3):
+                run = setting / "final" / method / f"study_{study}" / f"seed_{seed}"
+                _study_run(run, 0.7 + 0.01 * seed + 0.02 * study)
+    _, rows = render(tmp_path / "suite")
+    by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
+    assert by_method["Local"]["runs"] == "1 x 3"
+    assert by_method["Local"]["between studies (pts)"] == "-"
+    assert by_method["FedAvg"]["between studies (pts)"] == "2.00"

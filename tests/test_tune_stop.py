@@ -94,6 +94,38 @@ def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> 
     assert "Traceback" not in err, err
 
 
+def _maps_torch(pid: int) -> bool:
+    """Whether process ``pid`` has loaded torch's library: it is importing torch, or has."""
+    return "libtorch_cpu" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_ctrl_c_while_pflower_starts_prints_one_line(tmp_path: Path) -> None:
+    """Ctrl-C while ``pflower tune`` is still importing torch (before the command has a handler
+    of its own): one line and exit code 130, where it used to print Python's traceback."""
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(SUITE)
+    command = [sys.executable, "-m", "pflower", "tune", "--suite", str(suite)]
+    tune = subprocess.Popen(
+        [*command, "--out", str(tmp_path / "out")],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not _maps_torch(tune.pid):
+            assert tune.poll() is None and time.monotonic() < deadline, "it never imported torch"
+            time.sleep(0.01)
+        tune.send_signal(signal.SIGINT)
+        _, err = tune.communicate(timeout=120)
+    finally:
+        tune.kill()
+    assert tune.returncode == 130, err
+    assert err == "pflower: stopped by Ctrl-C.\n"
+    assert not (tmp_path / "out").exists()  # nothing started
+
+
 def test_a_trial_left_running_by_a_stopped_tune_is_retried_at_once(tmp_path: Path) -> None:
     """A ``pflower tune`` that was killed leaves its trial RUNNING. While another driver holds
     the setting (it may be running that trial), the trial is left to the heartbeat check; once

@@ -294,23 +294,16 @@ def test_a_refusal_names_its_reason_and_survives_pickling() -> None:
     assert str(error).endswith("(the command: pflower dataset=fmnist)")
 
 
-def test_show_prints_the_space_with_its_sources() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "pflower", "tune", "--show", "fedprox", "--suite", "cpu"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+def test_show_prints_the_space_with_its_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    from pflower.tuning import cli as tune_cli
+
+    assert tune_cli.main(["--show", "fedprox", "--suite", "cpu"]) == 0
+    out = capsys.readouterr().out
     assert "strategy.mu" in out and "log-uniform [0.0001, 1]" in out and "FedProx" in out
     assert "train.lr" in out
     # a named setting shows its own knobs and ranges
-    show = ["--show", "fliu", "--suite", "claims", "--setting", "fliu_path"]
-    out = subprocess.run(
-        [sys.executable, "-m", "pflower", "tune", *show],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    assert tune_cli.main(["--show", "fliu", "--suite", "claims", "--setting", "fliu_path"]) == 0
+    out = capsys.readouterr().out
     assert "setting fliu_path" in out and "log-uniform [0.0001, 0.01]" in out
     assert re.search(r"train\.local_epochs\s+one of 1, 2, 5", out)
 

@@ -125,6 +125,52 @@ def _commands(root: Path) -> list[dict[str, Any]]:
     return entries
 
 
+COSTS = (
+    "s / round is the median time between successive rounds (a run's wall time over its "
+    "rounds where the run recorded none) and MB / client-round the array megabytes one "
+    "training client receives and sends per round, '-' where the runs recorded none; both "
+    "are means over the runs, measured on the machines named below."
+)
+
+
+def _intro(suite: dict[str, Any]) -> str:
+    """How the suite tuned and ranked, as its ``suite.yaml`` records: in several studies
+    ([`pflower.reporting.studies`][pflower.reporting.studies]) or in one, ranked by paired
+    tests."""
+    final = f"new seeds {suite.get('final_seeds', '?')} on test"
+    accuracy = (
+        "Accuracy is stage L1 Acc(L), the clients' deployable models on their own test shares"
+    )
+    if int(suite.get("studies") or 1) > 1:
+        return (
+            "Every method was tuned on the clients' validation shares with the same budget "
+            f"(below), in {suite['studies']} independent studies (tuning seeds "
+            f"{suite.get('tune_seeds', '?')}), with the same shared train.* knobs for every "
+            "method of a setting (listed under it); each study's chosen values then ran with "
+            f"{final}. {accuracy}: mean ± sd over every study's final runs, at the final round "
+            "and averaged over the last 10% of rounds; never the best round. Methods are "
+            "ranked by that mean, not by tests (a method whose seeds spread widely cannot be "
+            "separated from anything and would rank first by them); the 95% rank interval "
+            "holds where its rank lies given both the search's luck and the seeds' (a nested "
+            "bootstrap over studies and paired seeds; the notes under each table give its error "
+            "rate). 'between studies' is the range of the studies' means in points; 'rank by "
+            "study' ranks each study's choice among the other methods' same-numbered studies "
+            "('moves' where they differ); 'configurations' counts the distinct configurations "
+            f"the studies tried and, in brackets, those run to the last round. {COSTS}"
+        )
+    return (
+        "Every method was tuned on the clients' validation shares with the same budget "
+        f"({trials_drawn(suite.get('trials'))}, tuning seed {suite.get('tune_seed', '?')}, "
+        "the same shared train.* knobs for every method of a setting, listed under it), then "
+        f"run with the chosen values and {final}. {accuracy}, mean ± std over seeds; never "
+        "the best round. Ranks are tied unless a paired t-test over the final seeds separates "
+        f"them (two-sided, p < {ALPHA}; a seed fixes the partition, the initial model and the "
+        "batches for every method alike, so the seeds pair up). The FDR rank counts only the "
+        "separations that remain when the p-values of all the setting's pairs are adjusted "
+        f"together for a {ALPHA:.0%} false discovery rate (Benjamini-Hochberg). {COSTS}"
+    )
+
+
 def render(root: Path) -> tuple[str, list[list[str]]]:
     """The leaderboard page (markdown) and its CSV rows."""
     suite = (
@@ -132,25 +178,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
     )
     settings = sorted(p for p in root.iterdir() if p.is_dir() and (p / "final").is_dir())
     name = suite.get("name", root.name)
-    lines = [f"# pflower leaderboard: suite {name}", ""]
-    lines += [
-        "Every method was tuned on the clients' validation shares with the same budget "
-        f"({trials_drawn(suite.get('trials'))}, tuning seed "
-        f"{suite.get('tune_seed', '?')}, the same shared train.* knobs for every method of a "
-        "setting, listed under it), then run with the "
-        f"chosen values and new seeds {suite.get('final_seeds', '?')} on test. Accuracy is "
-        "stage L1 Acc(L), the clients' deployable models on their own test shares, mean ± std "
-        "over seeds; never the best round. Ranks are tied unless a paired t-test over the final "
-        f"seeds separates them (two-sided, p < {ALPHA}; a seed fixes the partition, the initial "
-        "model and the batches for every method alike, so the seeds pair up). The FDR rank "
-        "counts only the separations that remain when the p-values of all the setting's pairs "
-        f"are adjusted together for a {ALPHA:.0%} false discovery rate (Benjamini-Hochberg). "
-        "s / round is the median time between successive rounds (a run's wall time over its "
-        "rounds where the run recorded none) and MB / client-round the array megabytes one "
-        "training client receives and sends per round, '-' where the runs recorded none; both "
-        "are means over the seeds, measured on the machines named below.",
-        "",
-    ]
+    lines = [f"# pflower leaderboard: suite {name}", "", _intro(suite), ""]
     if suite.get("budget"):
         lines += [f"Budget: {suite['budget']}", ""]
     csv_rows: list[list[str]] = []

@@ -118,6 +118,8 @@ def method_row(entry: Entry) -> studies.MethodRow:
     return studies.MethodRow(
         label=entry.label,
         collapse=entry.collapse[0],
+        final=mean_std(entry.final),
+        last10=mean_std(entry.last10),
         chosen={k: _chosen(c) for k, c in entry.study_chosen.items()},
         searched={k: c.get("search") or {} for k, c in entry.study_chosen.items()},
         seconds_per_round=_number(entry.seconds_per_round, 2),

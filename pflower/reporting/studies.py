@@ -226,16 +226,16 @@ class MethodRow:
 
     label: str
     collapse: str
+    final: str
+    """Final accuracy over all its runs (every study's seeds), ``mean ± sd``, percent."""
+    last10: str
+    """The same for the mean over each run's last 10% of rounds."""
     chosen: Mapping[int, str]
     """Each study's chosen values, in words."""
     searched: Mapping[int, Mapping[str, Any]]
     """Each study's ``search`` record (its chosen file's: configurations, run to the end)."""
     seconds_per_round: str
     mb_per_client_round: str
-
-
-def _percent(value: float) -> str:
-    return f"{100 * value:.2f}"
 
 
 def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[list[str]]:
@@ -245,6 +245,7 @@ def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[l
         f"{LEVEL:.0%} rank interval",
         "method",
         "final Acc(L) %",
+        "last-10% Acc(L) %",
         "between studies (pts)",
         "rank by study",
         "runs",
@@ -264,8 +265,9 @@ def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[l
                 str(r.rank),
                 f"{r.interval[0]}-{r.interval[1]}",
                 row.label + (" (!)" if r.too_few_seeds else ""),
-                f"{_percent(r.mean)}",
-                f"{100 * r.between_studies:.2f}",
+                row.final,
+                row.last10,
+                f"{100 * r.between_studies:.2f}" if len(r.study_means) > 1 else "-",
                 "/".join(str(r.study_ranks[k]) for k in sorted(r.study_ranks))
                 + (" (moves)" if r.rank_moves_with_the_study else ""),
                 f"{len(r.study_means)} x {r.seeds}",

@@ -36,7 +36,6 @@ import fcntl
 import shutil
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -422,10 +421,12 @@ def tune(
     size = space_size(space)
     lock = layout.lock_file(setting.name)
     errors: list[BaseException] = []
+    ended, trials_ended = threading.Condition(), [0]  # a waiting worker wakes when one ends
 
     def worker() -> None:
         study = open_study(layout, setting.name, method, seed, parallel, pruner, study_id)
         while not errors:
+            seen = trials_ended[0]
             with file_lock(lock):  # count and start under one lock: the budget stays exact
                 fail_stale_trials(study)
                 spent = spending(study.get_trials(deepcopy=False), plan)
@@ -445,8 +446,9 @@ def tune(
                         study.tell(trial, state=TrialState.FAIL)
                         log(f"{study.study_name} trial {trial.number} repeats {repeat}: skipped")
                         continue
-            if trial is None:
-                time.sleep(POLL_S * 5)  # others' trials are running; wait for them
+            if trial is None:  # others' trials are running: wait for one to end (another
+                with ended:  # driver's, in another process, is seen at the next poll)
+                    ended.wait_for(lambda n=seen: trials_ended[0] != n, timeout=POLL_S * 5)
                 continue
             try:
                 _one_trial(
@@ -465,6 +467,10 @@ def tune(
             except BaseException as error:  # raised below, once every worker has stopped
                 errors.append(error)
                 return
+            finally:
+                with ended:
+                    trials_ended[0] += 1
+                    ended.notify_all()
 
     with file_lock(lock):  # create the study once before the workers open it
         study = open_study(layout, setting.name, method, seed, parallel, None, study_id)
