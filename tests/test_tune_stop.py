@@ -111,6 +111,8 @@ def test_ctrl_c_while_pflower_starts_prints_one_line(tmp_path: Path) -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        # as in a terminal: a test worker of pytest-xdist ignores SIGINT, and so would its child
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 120
