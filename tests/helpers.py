@@ -20,6 +20,7 @@ from flwr.client import Client
 from flwr.common import FitIns, FitRes, NDArrays, parameters_to_ndarrays
 
 from pflower.client.app import client_fn
+from pflower.config.base import EXECUTION_KEYS
 from pflower.core.checkpoint import PersistentClient
 from pflower.core.client import PersonalClient
 from pflower.core.experiment import Experiment
@@ -267,14 +268,15 @@ def results(rows: list[dict[str, Any]], after: int = 0) -> list[dict[str, Any]]:
 
 
 def summary_without_clock(run_dir: Path) -> dict[str, Any]:
-    """``summary.json`` without what the clock decides: the wall time, the seconds per round,
-    the run's folder and checkpoint settings."""
+    """``summary.json`` without what the clock decides (the wall time, the seconds per round)
+    and without the keys that say how the run executed, not what it computed (its folder,
+    checkpoints, plots, ...: `EXECUTION_KEYS`)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     summary.pop("wall_time_s")
     summary["cost"].pop("seconds_per_round", None)
     config = summary.pop("config")
-    for key in ("output_dir", "checkpoint"):
-        config.pop(key)
+    for key in EXECUTION_KEYS:
+        config.pop(key, None)
     return {**summary, "config": config}
 
 
