@@ -448,7 +448,8 @@ def tune(
                         continue
             if trial is None:  # others' trials are running: wait for one to end (another
                 with ended:  # driver's, in another process, is seen at the next poll)
-                    ended.wait_for(lambda n=seen: trials_ended[0] != n, timeout=POLL_S * 5)
+                    if trials_ended[0] == seen:
+                        ended.wait(timeout=POLL_S * 5)
                 continue
             try:
                 _one_trial(
