@@ -97,8 +97,10 @@ def run_experiment(settings: ExperimentConfig, record: RunRecord) -> None:
     _check_numerics(settings)
     forked = settings.backend.name == "fork"
     if forked:
+        from pflower.runtime.forkbackend import NVML_CUDA_CHECK
+
         # torch's CUDA check without initializing CUDA, so that forked workers can use it
-        os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+        os.environ.setdefault(NVML_CUDA_CHECK, "1")
     device = resolve_device(settings.train.device)  # fails here, not in the server or an actor
     if forked and device.type == "cuda":
         # The run's process uses CUDA (stage G), after which it could not fork workers again:
