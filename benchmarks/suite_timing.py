@@ -1,0 +1,218 @@
+"""Where a tuning suite's wall time goes (issue 59): read a ``pflower tune`` results folder and
+say, per setting and method, how long the searches and the final runs took, how much compute the
+searches spent, and how long the whole suite will take at that pace.
+
+From each setting's ``study.db`` (Optuna's public API): every trial's start and end, its state,
+its values and the rounds it reported (a pruned trial costs the rounds it ran, as the suite's
+budget counts them). From each final run's ``summary.json``: its wall time, and, where the run's
+folder still has the file's original time (a working folder, not a git checkout), when it ended.
+
+- *busy wall time*: the union of the intervals in which a trial or a final run was running, so
+  that the gaps between sessions (the suite stopped, then run again) do not count;
+- *worker-seconds*: the summed durations of trials and final runs (with ``--workers 2`` on two
+  cores, at best twice the busy wall time);
+- *seconds per round*: the trials' worker-seconds over the rounds they ran;
+- the projection: the busy wall time per method with every study and final run done, times the
+  methods of every setting of the suite.
+
+Run it on the suite's working folder while it runs or after; it reads, never writes there::
+
+    python benchmarks/suite_timing.py /path/to/results/tuning/cpu-s3 --out benchmarks/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import yaml
+
+Interval = tuple[float, float]
+
+
+@dataclass
+class MethodTime:
+    """One method of one setting: its studies' trials and its final runs."""
+
+    trials: int = 0
+    configurations: set[tuple[tuple[str, Any], ...]] = field(default_factory=set)
+    to_the_end: int = 0
+    rounds: int = 0
+    trial_seconds: float = 0.0
+    final_runs: int = 0
+    final_seconds: float = 0.0
+    studies_done: int = 0
+    intervals: list[Interval] = field(default_factory=list)
+    durations: list[tuple[int, float]] = field(default_factory=list)
+    """(rounds run, seconds) of each trial that ended by itself (completed or pruned)."""
+    interrupted: int = 0
+    """Trials left running by a stopped ``pflower tune`` (failed, then retried): their end is
+    when the next command failed them, so their time is not counted."""
+
+
+def busy(intervals: list[Interval]) -> float:
+    """The length of the union of ``intervals`` (seconds)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if start > end:
+            total += stop - start
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total
+
+
+def read_trials(setting_dir: Path, methods: dict[str, MethodTime]) -> None:
+    storage = f"sqlite:///{setting_dir / 'study.db'}"
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    for name in optuna.study.get_all_study_names(storage):
+        method = name.split("@")[0]
+        entry = methods.setdefault(method, MethodTime())
+        for trial in optuna.load_study(study_name=name, storage=storage).trials:
+            if trial.datetime_start is None:
+                continue
+            entry.trials += 1
+            entry.configurations.add(tuple(sorted(trial.params.items())))
+            entry.rounds += max(trial.intermediate_values, default=0)
+            if trial.state == optuna.trial.TrialState.COMPLETE:
+                entry.to_the_end += 1
+            if trial.state == optuna.trial.TrialState.FAIL:
+                entry.interrupted += 1
+            elif trial.datetime_complete is not None:
+                start = trial.datetime_start.timestamp()
+                stop = trial.datetime_complete.timestamp()
+                entry.trial_seconds += stop - start
+                entry.intervals.append((start, stop))
+                entry.durations.append((max(trial.intermediate_values, default=0), stop - start))
+
+
+def read_finals(setting_dir: Path, methods: dict[str, MethodTime], seeds: int) -> None:
+    for method_dir in sorted((setting_dir / "final").iterdir()):
+        entry = methods.setdefault(method_dir.name, MethodTime())
+        per_study: dict[str, int] = {}
+        for summary_path in method_dir.rglob("summary.json"):
+            summary = json.loads(summary_path.read_text())
+            if summary.get("status") != "completed":
+                continue
+            wall = float(summary.get("wall_time_s") or 0.0)
+            entry.final_runs += 1
+            entry.final_seconds += wall
+            study = summary_path.parent.parent.name
+            per_study[study] = per_study.get(study, 0) + 1
+            ended = summary_path.stat().st_mtime
+            entry.intervals.append((ended - wall, ended))
+        entry.studies_done = sum(1 for count in per_study.values() if count >= seeds)
+
+
+def measure(root: Path) -> dict[str, Any]:
+    suite = yaml.safe_load((root / "suite.yaml").read_text())
+    studies, seeds = int(suite.get("studies") or 1), len(suite.get("final_seeds") or [])
+    report: dict[str, Any] = {"suite": suite.get("name"), "settings": {}}
+    all_methods = sum(len(m) for m in (suite.get("setting_methods") or {}).values())
+    for setting_dir in sorted(p for p in root.iterdir() if (p / "study.db").exists()):
+        methods: dict[str, MethodTime] = {}
+        read_trials(setting_dir, methods)
+        if (setting_dir / "final").is_dir():
+            read_finals(setting_dir, methods, seeds)
+        done = {m: e for m, e in methods.items() if e.studies_done >= studies}
+        per_method = [busy(e.intervals) for e in done.values()]
+        intervals = [i for e in methods.values() for i in e.intervals]
+        trial_s = sum(e.trial_seconds for e in methods.values())
+        final_s = sum(e.final_seconds for e in methods.values())
+        rounds = sum(e.rounds for e in methods.values())
+        durations = [d for e in methods.values() for d in e.durations]
+        fixed, per_round = (
+            np.polyfit([r for r, _ in durations], [t for _, t in durations], 1)[::-1]
+            if len(durations) > 2
+            else (None, None)
+        )
+        report["settings"][setting_dir.name] = {
+            "methods_done": sorted(done),
+            "methods_started": len(methods),
+            "busy_wall_s": busy(intervals),
+            "trial_worker_s": trial_s,
+            "final_worker_s": final_s,
+            "trial_rounds": rounds,
+            "trial_s_per_round": trial_s / rounds if rounds else None,
+            "trial_fit_fixed_s": fixed,
+            "trial_fit_per_round_s": per_round,
+            "trials_interrupted": sum(e.interrupted for e in methods.values()),
+            "busy_s_per_done_method": statistics.fmean(per_method) if per_method else None,
+            "by_method": {
+                m: {
+                    "busy_wall_s": busy(e.intervals),
+                    "trials": e.trials,
+                    "configurations": len(e.configurations),
+                    "to_the_end": e.to_the_end,
+                    "trial_rounds": e.rounds,
+                    "trial_worker_s": e.trial_seconds,
+                    "final_runs": e.final_runs,
+                    "final_worker_s": e.final_seconds,
+                    "studies_done": e.studies_done,
+                }
+                for m, e in methods.items()
+            },
+        }
+    paces = [s["busy_s_per_done_method"] for s in report["settings"].values()]
+    paces = [p for p in paces if p]
+    report["methods_in_suite"] = all_methods
+    report["projected_busy_h"] = statistics.fmean(paces) * all_methods / 3600 if paces else None
+    return report
+
+
+def markdown(report: dict[str, Any], root: Path) -> str:
+    lines = [
+        f"## {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: suite "
+        f"{report['suite']}, `{root}`",
+        "",
+        "| setting | methods done (3 studies x 5 seeds) | busy wall | trials | finals | "
+        "trial s / round | a trial: fixed + per round | busy per done method |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in report["settings"].items():
+        per_round = s["trial_s_per_round"]
+        pace = s["busy_s_per_done_method"]
+        lines.append(
+            f"| {name} | {len(s['methods_done'])} of {s['methods_started']} started | "
+            f"{s['busy_wall_s'] / 3600:.2f} h | {s['trial_worker_s'] / 3600:.2f} worker-h, "
+            f"{s['trial_rounds']} rounds | {s['final_worker_s'] / 3600:.2f} worker-h | "
+            f"{per_round:.2f} | {s['trial_fit_fixed_s']:.1f} s + "
+            f"{s['trial_fit_per_round_s']:.2f} s x rounds | {pace / 60:.1f} min |"
+            if per_round and pace
+            else f"| {name} | {len(s['methods_done'])} | - | - | - | - | - | - |"
+        )
+    if report["projected_busy_h"]:
+        lines += [
+            "",
+            f"At that pace the suite's {report['methods_in_suite']} method-settings take "
+            f"{report['projected_busy_h']:.1f} h of busy wall time.",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("root", type=Path, help="a pflower tune results folder")
+    parser.add_argument("--out", type=Path, help="append to <out>/suite_timing.md, write .json")
+    args = parser.parse_args(argv)
+    report = measure(args.root)
+    text = markdown(report, args.root)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "suite_timing.json").write_text(json.dumps(report, indent=1) + "\n")
+        with (args.out / "suite_timing.md").open("a") as handle:
+            handle.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
