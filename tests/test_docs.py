@@ -133,7 +133,7 @@ def test_every_recorded_leaderboard_is_a_site_page_with_its_figures() -> None:
     hook.IMAGES.clear()
     pages = hook.leaderboard_pages()
     recorded = sorted((ROOT / "results" / "tuning").glob("*/leaderboard.md"))
-    assert recorded and sorted(pages) == [f"leaderboard/{p.parent.name}.md" for p in recorded]
+    assert recorded and sorted(pages) == sorted(f"leaderboard/{p.parent.name}.md" for p in recorded)
     for uri, (_, text) in pages.items():
         suite = uri.removeprefix("leaderboard/").removesuffix(".md")
         figures = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
