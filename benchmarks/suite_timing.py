@@ -4,14 +4,16 @@ searches spent, and how long the whole suite will take at that pace.
 
 From each setting's ``study.db`` (Optuna's public API): every trial's start and end, its state,
 its values and the rounds it reported (a pruned trial costs the rounds it ran, as the suite's
-budget counts them). From each final run's ``summary.json``: its wall time, and, where the run's
-folder still has the file's original time (a working folder, not a git checkout), when it ended.
+budget counts them). From each final run's ``summary.json``: its wall time, and, from the file's
+modification time, when it ended (so run it on the suite's working folder: a git checkout's
+files carry the time of the checkout, and the busy wall time then means nothing).
 
 - *busy wall time*: the union of the intervals in which a trial or a final run was running, so
   that the gaps between sessions (the suite stopped, then run again) do not count;
 - *worker-seconds*: the summed durations of trials and final runs (with ``--workers 2`` on two
   cores, at best twice the busy wall time);
-- *seconds per round*: the trials' worker-seconds over the rounds they ran;
+- *seconds per round*: the trials' worker-seconds over the rounds they ran (trials left running
+  by a stopped command are in neither: their end is when the next command failed them);
 - the projection: the busy wall time per method with every study and final run done, times the
   methods of every setting of the suite.
 
@@ -116,7 +118,12 @@ def read_finals(setting_dir: Path, methods: dict[str, MethodTime], seeds: int) -
 def measure(root: Path) -> dict[str, Any]:
     suite = yaml.safe_load((root / "suite.yaml").read_text())
     studies, seeds = int(suite.get("studies") or 1), len(suite.get("final_seeds") or [])
-    report: dict[str, Any] = {"suite": suite.get("name"), "settings": {}}
+    report: dict[str, Any] = {
+        "suite": suite.get("name"),
+        "studies": studies,
+        "final_seeds": seeds,
+        "settings": {},
+    }
     all_methods = sum(len(m) for m in (suite.get("setting_methods") or {}).values())
     for setting_dir in sorted(p for p in root.iterdir() if (p / "study.db").exists()):
         methods: dict[str, MethodTime] = {}
@@ -130,6 +137,7 @@ def measure(root: Path) -> dict[str, Any]:
         final_s = sum(e.final_seconds for e in methods.values())
         rounds = sum(e.rounds for e in methods.values())
         durations = [d for e in methods.values() for d in e.durations]
+        timed = sum(r for r, _ in durations)  # the rounds of the trials whose time is counted
         fixed, per_round = (
             np.polyfit([r for r, _ in durations], [t for _, t in durations], 1)[::-1]
             if len(durations) > 2
@@ -142,7 +150,7 @@ def measure(root: Path) -> dict[str, Any]:
             "trial_worker_s": trial_s,
             "final_worker_s": final_s,
             "trial_rounds": rounds,
-            "trial_s_per_round": trial_s / rounds if rounds else None,
+            "trial_s_per_round": trial_s / timed if timed else None,
             "trial_fit_fixed_s": fixed,
             "trial_fit_per_round_s": per_round,
             "trials_interrupted": sum(e.interrupted for e in methods.values()),
@@ -174,7 +182,8 @@ def markdown(report: dict[str, Any], root: Path) -> str:
         f"## {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC: suite "
         f"{report['suite']}, `{root}`",
         "",
-        "| setting | methods done (3 studies x 5 seeds) | busy wall | trials | finals | "
+        f"| setting | methods done ({report['studies']} studies x {report['final_seeds']} seeds) "
+        "| busy wall | trials | finals | "
         "trial s / round | a trial: fixed + per round | busy per done method |",
         "|---|---|---|---|---|---|---|---|",
     ]
