@@ -20,6 +20,7 @@ import pytest
 from optuna.trial import TrialState
 
 from pflower.registry import ConfigError
+from pflower.results.rows import last_round_done
 from pflower.searchspace import Param
 from pflower.tuning import finals, search
 from pflower.tuning.ledger import REPEAT_ATTR, rounds_run, spending
@@ -304,7 +305,7 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
     """A tuning run leaves out stage G, stage L2 and Acc(G) (``OBJECTIVE_ONLY``), which only
     read the models: its stage-L1 Acc(L) rows equal those of the run that measures everything
     (FedAvg; Ditto, two models a client; FedProto, its own stage metrics; FedALA, a stage-L1
-    personalization step)."""
+    personalization step). It draws no plots, and marks each round complete for the pruner."""
     overrides = [
         "dataset=digits",
         "num_clients=4",
@@ -316,9 +317,12 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
         "split.evaluate_on=val",
     ]
     full, _ = run_inprocess(overrides, tmp_path / "full")
-    lean, _ = run_inprocess([*overrides, *OBJECTIVE_ONLY], tmp_path / "lean")
+    lean, _ = run_inprocess([*overrides, "plots=true", *OBJECTIVE_ONLY], tmp_path / "lean")
     assert _stage_rows(full, "L1") == _stage_rows(lean, "L1")
     assert len(_stage_rows(lean, "L1")) == 4 * 2  # 4 clients, rounds 1 and 2
     assert {row["stage"] for row in full} >= {"L1", "L2"}
     assert not [row for row in lean if row["stage"] in ("G", "L2")]
     assert not [row for row in lean if "acc_global" in row]
+    # the pruner's mark of the last complete round; no plots
+    assert last_round_done(tmp_path / "lean") == 2
+    assert not (tmp_path / "lean" / "plots").exists()

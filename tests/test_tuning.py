@@ -530,6 +530,73 @@ def test_the_runner_sees_a_run_end_at_once_not_at_its_next_look(
     assert time.monotonic() - began < 20.0, "the runner waited for its next look"
 
 
+ROUNDS_SCRIPT = """\
+import json, pathlib, sys, time
+run_dir = pathlib.Path(sys.argv[1])
+for server_round, acc in ((1, 0.5), (2, 0.25)):
+    with (run_dir / "metrics.jsonl").open("a") as out:  # the round's rows, then its mark
+        for client in (0, 1):
+            row = {"round": server_round, "stage": "L1", "client": client, "acc_local": acc}
+            out.write(json.dumps(row) + "\\n")
+    (run_dir / ".round_done").write_text(str(server_round))
+    time.sleep(0.5)
+time.sleep(600)
+"""
+
+
+def test_a_pruned_run_stops_when_its_round_is_marked_not_at_the_next_look(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose rounds go to the pruner is looked at every ``ROUND_POLL_S``: the round that
+    prunes it reaches the pruner when the run marks it complete, not at the runner's next
+    every-``POLL_S`` look (nor when the next round's rows appear), and the run is stopped."""
+    monkeypatch.setattr(trial_runner, "POLL_S", 30.0)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    seen: list[int] = []
+
+    def on_round(server_round: int, value: float) -> bool:
+        seen.append(server_round)
+        return server_round == 2
+
+    began = time.monotonic()
+    with pytest.raises(trial_runner.Pruned, match="pruned after round 2"):
+        trial_runner.run_pflower(
+            [sys.executable, "-c", ROUNDS_SCRIPT, str(run_dir)], run_dir, on_round
+        )
+    assert seen == [1, 2]
+    assert time.monotonic() - began < 25.0, "the round waited for the runner's next look"
+
+
+def test_the_pruner_gets_a_round_once_and_only_when_it_is_marked_complete(
+    tmp_path: Path,
+) -> None:
+    """Rows of a round the run has not marked complete (``.round_done``) are not a result yet:
+    its clients may still be evaluating. Each marked round goes to the pruner once, with its
+    mean over clients."""
+    rows = [
+        {"round": r, "stage": "L1", "client": c, "acc_local": a}
+        for r, c, a in [(1, 0, 0.5), (1, 1, 0.7), (2, 0, 0.2), (2, 1, 0.4), (3, 0, 0.9)]
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    seen: list[tuple[int, float]] = []
+
+    def on_round(server_round: int, value: float) -> bool:
+        seen.append((server_round, round(value, 6)))
+        return server_round == 3
+
+    watch = trial_runner.RoundWatch(tmp_path, on_round)
+    watch.look()
+    assert seen == []  # no mark yet
+    (tmp_path / ".round_done").write_text("2")
+    watch.look()
+    watch.look()
+    assert seen == [(1, 0.6), (2, 0.3)]
+    (tmp_path / ".round_done").write_text("3")
+    with pytest.raises(trial_runner.Pruned, match="pruned after round 3"):
+        watch.look()
+
+
 DRIVER = """\
 import sys
 from pathlib import Path

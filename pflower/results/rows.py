@@ -41,3 +41,19 @@ def read_rows(run_dir: Path) -> list[Row]:
     with contextlib.suppress(json.JSONDecodeError, IndexError):
         rows.append(json.loads(lines[-1]))
     return rows
+
+
+ROUND_DONE_FILE = ".round_done"
+"""The number of the last round whose rows are all in ``metrics.jsonl``, rewritten at the end of
+every round ([`RunRecorder.round_done`][pflower.results.rundir.RunRecorder.round_done]): what a
+watcher of a live run (``pflower tune``'s pruner) reads to act on a round as soon as it is
+complete, rather than when the next round's rows appear."""
+
+
+def last_round_done(run_dir: Path) -> int:
+    """The last round whose rows are all written (`ROUND_DONE_FILE`); 0 before the first
+    (and while the file is being rewritten)."""
+    try:
+        return int((run_dir / ROUND_DONE_FILE).read_text())
+    except (OSError, ValueError):
+        return 0

@@ -30,6 +30,8 @@ Layout::
     mlflow.db        the MLflow store, with ``tracking=mlflow`` (unless ``tracking.uri`` names
                      another)
     run.log          Flower's log
+    .round_done      the last round whose rows are all in metrics.jsonl (for a watcher of the
+                     live run: ``pflower tune``'s pruner)
     error.txt        the traceback, when the run failed with an exception
     .pflower.lock    locked while a run writes the folder (``pflower.results.ownership``)
     .summary.reserve space set aside while the run lives, for the summary of a failed write
@@ -67,7 +69,16 @@ from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 
 from pflower.results.disk import reserve_space, write_atomic, write_failure
-from pflower.results.rows import CLIENT_STAGES, FAILURE, SERVER, TIME, G, Row, read_rows
+from pflower.results.rows import (
+    CLIENT_STAGES,
+    FAILURE,
+    ROUND_DONE_FILE,
+    SERVER,
+    TIME,
+    G,
+    Row,
+    read_rows,
+)
 from pflower.results.summary import resolved_config, round_summary, write_summary
 from pflower.results.tracking import Tracker
 
@@ -212,6 +223,7 @@ class RunRecorder(Recorder):
         self._digest.update(kept)
         self._size = len(kept)
         (self.run_dir / "summary.json").unlink(missing_ok=True)
+        (self.run_dir / ROUND_DONE_FILE).unlink(missing_ok=True)  # rounds past the checkpoint
 
     @property
     def position(self) -> RecorderPosition:
@@ -262,9 +274,18 @@ class RunRecorder(Recorder):
         self._write({"round": server_round, "stage": SERVER, **metrics})
 
     def round_done(self, server_round: int) -> None:
+        self._mark_round_done(server_round)
         self.tracker.round_done(self.rows, server_round)
         if self.console:
             self.console.print(self._progress_line(server_round))
+
+    def _mark_round_done(self, server_round: int) -> None:
+        """Rewrite `ROUND_DONE_FILE` in place (a reader that catches it empty reads 0, which a
+        watcher takes as nothing new). Not flushed to the disk, and a failed write is let pass:
+        the mark only tells a watcher when to read the rows, which are written, and checked,
+        on their own."""
+        with contextlib.suppress(OSError):
+            (self.run_dir / ROUND_DONE_FILE).write_text(str(server_round))
 
     def _progress_line(self, server_round: int) -> str:
         summary = round_summary(self.rows, server_round, self.thresholds)

@@ -83,9 +83,10 @@ from pflower.tuning.schedule import (
 from pflower.tuning.suite import Setting, Suite
 
 OBJECTIVE = "last-10% mean of stage-L1 Acc(L) on the clients' validation shares"
-OBJECTIVE_ONLY = ("eval.stages=[L1]", "eval.client_global_test=off")
+OBJECTIVE_ONLY = ("eval.stages=[L1]", "eval.client_global_test=off", "plots=false")
 """A tuning run measures what `OBJECTIVE` reads and nothing else: no stage G, no stage L2,
-no Acc(G) (the same stage-L1 Acc(L) as a run that measures all: ``tests/test_search_plan.py``)."""
+no Acc(G) (the same stage-L1 Acc(L) as a run that measures all: ``tests/test_search_plan.py``),
+and draws no plots (0.4-0.8 s of a completed trial; its rows say what a plot would)."""
 GRACE_S = 90
 
 
