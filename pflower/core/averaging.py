@@ -22,6 +22,14 @@ from pflower.core.policy import ClientUpdate
 from pflower.robust.aggregators import clip_update_norms, robust_average, robust_average_partial
 
 
+def aggregation_weights(aggregation: Aggregation, sizes: Sequence[float]) -> np.ndarray:
+    """The weights of a mean of client models: each client's training-set size, or 1 for every
+    client where ``aggregation`` is ``uniform``."""
+    if aggregation == Aggregation.uniform:
+        return np.ones(len(sizes))
+    return np.array(sizes, dtype=np.float64)
+
+
 class ModelAveraging:
     """The mean of client models a strategy computes (see the module docstring).
 
@@ -48,9 +56,7 @@ class ModelAveraging:
 
     def client_weights(self, updates: Sequence[ClientUpdate]) -> np.ndarray:
         """Each update's weight in the mean: its sample count, or 1 (``uniform``)."""
-        if self.aggregation == Aggregation.uniform:
-            return np.ones(len(updates))
-        return np.array([u.num_examples for u in updates], dtype=np.float64)
+        return aggregation_weights(self.aggregation, [u.num_examples for u in updates])
 
     def mean(self, arrays: Sequence[NDArrays], weights: np.ndarray, current: NDArrays) -> NDArrays:
         """The weighted mean of client models (over the clients that sent each array, keeping

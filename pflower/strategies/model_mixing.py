@@ -31,8 +31,9 @@ from flwr.common import NDArrays, Scalar
 
 from pflower.api import AlgorithmOptions, PersonalClient, PersonalizedStrategy
 from pflower.core.aggregation import weighted_mean
+from pflower.core.averaging import aggregation_weights
 from pflower.core.declared import state
-from pflower.core.options import Aggregation, OptionsT
+from pflower.core.options import OptionsT
 from pflower.core.strategy import ClientUpdate
 
 MEAN_OF_CLIENT_MODELS = "mean_of_client_models"
@@ -110,12 +111,8 @@ def mean_of_stored(strategy: PersonalizedStrategy) -> NDArrays:
     store = strategy.client_models
     pids = store.partition_ids
     models = [store.get(pid, []) for pid in pids]  # every listed partition has a model
-    if strategy.options.aggregation == Aggregation.uniform:
-        weights = np.ones(len(pids))
-    else:
-        sizes = strategy.client_sizes
-        weights = np.array([sizes.get(pid, 1) for pid in pids], dtype=np.float64)
-    return weighted_mean(models, weights)
+    sizes = [strategy.client_sizes.get(pid, 1) for pid in pids]
+    return weighted_mean(models, aggregation_weights(strategy.options.aggregation, sizes))
 
 
 # ----------------------------------------------- shared by the server-personalized methods
