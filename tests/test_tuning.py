@@ -34,7 +34,7 @@ import pflower.core.experiment as experiment_module
 from pflower.compose import compose_config
 from pflower.datasets.base import ImageSplit
 from pflower.registry import ConfigError
-from pflower.reporting.leaderboard import load_setting, render
+from pflower.reporting.leaderboard import codes_line, load_setting, render
 from pflower.reporting.leaderboard_notes import inversion_notes, range_end_notes, range_ends
 from pflower.reporting.leaderboard_ranks import (
     fdr_better_counts,
@@ -733,6 +733,15 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     assert not significantly_better({1: 0.95, 2: 0.9}, {2: 0.8, 3: 0.81})  # one common seed
     # twins one ulp apart on every seed are not separated
     assert not significantly_better({1: 0.1 + 0.2, 2: 0.6}, {1: 0.3, 2: 0.6})
+
+
+def test_the_provenance_names_each_settings_code_where_the_settings_ran_different_code() -> None:
+    """A suite whose settings ran at different times may hold two codes, one per setting: the
+    page says which setting ran which; one list where they agree."""
+    assert codes_line({"a": {"x1"}, "b": {"x1"}}) == "x1"
+    assert codes_line({"a": {"x1"}, "b": {"y2"}}) == "a: x1; b: y2"
+    assert codes_line({"a": {"y2", "x1"}}) == "x1, y2"
+    assert codes_line({}) == "-"
 
 
 def test_leaderboard_costs_come_from_the_summary_then_the_rows_then_the_wall_time(

@@ -112,6 +112,15 @@ def load_setting(setting_dir: Path) -> list[Entry]:
     return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final)))
 
 
+def codes_line(codes: dict[str, set[str]]) -> str:
+    """The final runs' code fingerprints: one list where every setting ran the same code, else
+    each setting's (a suite's settings may run at different times, each with one code)."""
+    every = set().union(*codes.values()) if codes else set()
+    if all(found == every for found in codes.values()):
+        return ", ".join(sorted(every)) or "-"
+    return "; ".join(f"{name}: {', '.join(sorted(found))}" for name, found in codes.items())
+
+
 def _commands(root: Path) -> list[dict[str, Any]]:
     path = root / "commands.log"
     if not path.exists():
@@ -182,7 +191,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
     if suite.get("budget"):
         lines += [f"Budget: {suite['budget']}", ""]
     csv_rows: list[list[str]] = []
-    codes: set[str] = set()
+    codes: dict[str, set[str]] = {}  # setting -> code fingerprints of its final runs
     kernels: collections.Counter[str] = collections.Counter()
     for setting_dir in settings:
         entries = load_setting(setting_dir)
@@ -234,7 +243,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             csv_rows += [["setting", *rows[0]]]
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:
-            codes |= entry.codes
+            codes.setdefault(setting_dir.name, set()).update(entry.codes)
             kernels.update(entry.kernels)
     now = code_version()
     commands = _commands(root)
@@ -245,7 +254,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         f"- rendered {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} by "
         f"pflower {now['fingerprint']} (commit {now.get('commit')}, "
         f"{'uncommitted changes' if now.get('dirty') else 'clean'})",
-        f"- code fingerprint(s) of the final runs: {', '.join(sorted(codes)) or '-'}",
+        f"- code fingerprint(s) of the final runs: {codes_line(codes)}",
         f"- machine(s): {'; '.join(machines) or '-'}",
         "- CPU kernels of the final runs (torch's CPU capability; results differ in the last "
         "bits between AVX2 and AVX-512 kernels, and `numerics=avx2`, the default, or for runs "
