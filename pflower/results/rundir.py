@@ -274,6 +274,8 @@ class RunRecorder(Recorder):
         self._write({"round": server_round, "stage": SERVER, **metrics})
 
     def round_done(self, server_round: int) -> None:
+        """Mark the round complete for a watcher of the run (`ROUND_DONE_FILE`), send its rows
+        to the tracker, and print its progress line if asked to."""
         self._mark_round_done(server_round)
         self.tracker.round_done(self.rows, server_round)
         if self.console:
