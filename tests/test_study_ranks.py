@@ -16,8 +16,10 @@ import yaml
 from scipy import stats
 
 from pflower.reporting.leaderboard import render
+from pflower.reporting.report import main as report_main
 from pflower.reporting.studies import (
     detectable_difference,
+    difference,
     false_separation_rate,
     rank_intervals,
 )
@@ -158,3 +160,58 @@ def test_a_method_with_one_study_so_far_shows_no_spread_between_studies(tmp_path
     assert by_method["Local"]["runs"] == "1 x 3"
     assert by_method["Local"]["between studies (pts)"] == "-"
     assert by_method["FedAvg"]["between studies (pts)"] == "2.00"
+
+
+def test_a_difference_of_one_study_each_is_the_paired_t_test_over_the_seeds() -> None:
+    first = {0: {1: 0.90, 2: 0.93, 3: 0.88, 4: 0.95, 5: 0.91}}
+    second = {0: {1: 0.89, 2: 0.93, 3: 0.86, 4: 0.94, 5: 0.92}}
+    d = difference(first, second)
+    a, b = (list(m[0].values()) for m in (first, second))
+    paired = stats.ttest_rel(a, b)
+    low, high = paired.confidence_interval(0.95)
+    assert d.mean == pytest.approx(statistics.fmean(a) - statistics.fmean(b))
+    assert d.p_value == pytest.approx(paired.pvalue)
+    assert d.interval == pytest.approx((low, high))
+    assert (d.studies, d.seeds, d.df) == ((1, 1), 5, pytest.approx(4))
+
+
+def test_a_difference_counts_each_methods_studies_as_well_as_the_seeds() -> None:
+    """A method whose studies found different configurations is less certain to be above
+    another than its seeds alone say: the study means' variance enters the interval, with
+    Welch-Satterthwaite degrees of freedom."""
+    seeds = {1: -0.02, 2: 0.01, 3: 0.03, 4: -0.01, 5: 0.0}
+    luck = {0: 0.0, 1: 0.02, 2: -0.01}  # the first method's studies differ
+    first = {k: {s: 0.81 + e + luck[k] for s, e in seeds.items()} for k in luck}
+    second = {k: {s: 0.80 + e for s, e in seeds.items()} for k in range(3)}
+    d = difference(first, second)
+    study_means = [0.81 + statistics.fmean(seeds.values()) + luck[k] for k in luck]
+    # the per-seed differences are all equal (the seeds cancel): only the studies vary
+    variance = statistics.variance(study_means) / 3
+    half = stats.t.ppf(0.975, 2) * math.sqrt(variance)
+    assert d.mean == pytest.approx(0.01 + statistics.fmean(luck.values()))
+    assert d.df == pytest.approx(2)
+    assert d.interval == pytest.approx((d.mean - half, d.mean + half))
+    assert not d.separated  # the seeds alone would call it certain
+    same = difference(second, second)
+    assert (same.mean, same.p_value, same.separated) == (0.0, 1.0, False)
+    with pytest.raises(ValueError, match="fewer than 2 final seeds"):
+        difference({0: {1: 0.5}}, {0: {1: 0.4, 2: 0.4}})
+
+
+def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = tmp_path / "suite"
+    for method, level in {"fedavg": 0.80, "local": 0.70}.items():
+        for study in (0, 1):
+            for seed, effect in ((1, -0.02), (2, 0.01), (3, 0.03)):
+                run = root / "digits" / "final" / method / f"study_{study}" / f"seed_{seed}"
+                _study_run(run, level + effect + 0.01 * study)
+    assert report_main([str(root), "--compare", "fedavg,local"]) == 0
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("digits: FedAvg - Local = +10.00 points, 95% interval +")
+    assert "(above; 2 and 2 studies, 3 paired seeds)" in line
+    assert report_main([str(root), "--compare", "fedavg,nope"]) == 2
+    assert "no final runs of 'nope'" in capsys.readouterr().out
+    assert report_main([str(root), "--compare", "fedavg"]) == 2
+    assert "--compare takes two methods" in capsys.readouterr().out

@@ -112,6 +112,43 @@ def load_setting(setting_dir: Path) -> list[Entry]:
     return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final)))
 
 
+def compare(root: Path, first: str, second: str) -> list[str]:
+    """``first`` against ``second`` on every setting of the suite at ``root`` where both have
+    final runs, one line each: the difference of their means over the seeds both ran, its 95%
+    interval and p-value, counting the paired seeds and each method's studies
+    ([`difference`][pflower.reporting.studies.difference]; a suite of one study: the paired
+    t-test over the seeds).
+
+    Raises:
+        ValueError: a method with final runs on none of the settings.
+    """
+    settings = sorted(p for p in root.iterdir() if p.is_dir() and (p / "final").is_dir())
+    found: dict[str, dict[str, Entry]] = {}
+    for setting_dir in settings:
+        found[setting_dir.name] = {e.method: e for e in read_setting(setting_dir)}
+    for method in (first, second):
+        if not any(method in entries for entries in found.values()):
+            known = sorted({m for entries in found.values() for m in entries})
+            raise ValueError(
+                f"no final runs of {method!r} in {root}; methods with final runs there: "
+                f"{', '.join(known) or 'none'}"
+            )
+    lines = []
+    for setting, entries in found.items():
+        if first not in entries or second not in entries:
+            continue
+        a, b = entries[first], entries[second]
+        d = studies.difference(a.studies or {0: a.by_seed}, b.studies or {0: b.by_seed})
+        low, high = (100 * x for x in d.interval)
+        verdict = ("above" if d.mean > 0 else "below") if d.separated else "not separated"
+        lines.append(
+            f"{setting}: {a.label} - {b.label} = {100 * d.mean:+.2f} points, 95% interval "
+            f"{low:+.2f} to {high:+.2f}, p = {d.p_value:.2g} ({verdict}; {d.studies[0]} and "
+            f"{d.studies[1]} studies, {d.seeds} paired seeds)"
+        )
+    return lines
+
+
 def codes_line(codes: dict[str, set[str]]) -> str:
     """The final runs' code fingerprints: one list where every setting ran the same code, else
     each setting's (a suite's settings may run at different times, each with one code)."""

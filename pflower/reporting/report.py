@@ -68,6 +68,15 @@ def _parser() -> argparse.ArgumentParser:
         help="the path is a `pflower tune` suite folder: render its tuned leaderboard "
         "(pflower.reporting.leaderboard) into leaderboard.md/.csv there",
     )
+    parser.add_argument(
+        "--compare",
+        metavar="A,B",
+        action="append",
+        default=[],
+        help="the path is a `pflower tune` suite folder: print method A minus method B on each "
+        "setting, with its 95%% interval and p-value counting the paired seeds and each method's "
+        "studies (repeatable)",
+    )
     return parser
 
 
@@ -147,9 +156,31 @@ def write_report(
     return report_path
 
 
+def _compare(paths: Sequence[Path], pairs: Sequence[str]) -> int:
+    """``--compare A,B``: each pair on each suite folder's settings; exit code 2 for a pair
+    that does not name two methods with final runs there."""
+    from pflower.reporting.leaderboard import compare
+
+    for path in paths:
+        for pair in pairs:
+            names = [name.strip() for name in pair.split(",")]
+            if len(names) != 2 or not all(names):
+                print(f"pflower report: --compare takes two methods, A,B; got {pair!r}")
+                return 2
+            try:
+                lines = compare(path, names[0], names[1])
+            except ValueError as error:
+                print(f"pflower report: {error}")
+                return 2
+            print("\n".join(lines) or f"{path}: no setting has final runs of both {pair}")
+    return 0
+
+
 def main(argv: Sequence[str]) -> int:
     """Command line entry (``pflower report ...``); returns the exit code."""
     args = _parser().parse_args(list(argv))
+    if args.compare:
+        return _compare(args.paths, args.compare)
     if args.leaderboard:
         from pflower.reporting.leaderboard import write_leaderboard
 
