@@ -15,7 +15,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from pflower.reporting.leaderboard import render
+from pflower.reporting.leaderboard import compare, render
 from pflower.reporting.report import main as report_main
 from pflower.reporting.studies import (
     detectable_difference,
@@ -215,3 +215,11 @@ def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
     assert "no final runs of 'nope'" in capsys.readouterr().out
     assert report_main([str(root), "--compare", "fedavg"]) == 2
     assert "--compare takes two methods" in capsys.readouterr().out
+
+
+def test_the_tuning_guides_compare_example_is_what_the_command_prints() -> None:
+    root = Path(__file__).resolve().parents[1]
+    line = compare(root / "results" / "tuning" / "cpu", "diversifed", "local")[0]
+    head, _, tail = line.partition(" (")
+    guide = (root / "docs" / "guide" / "tuning.md").read_text()
+    assert f"# {head}" in guide and f"#   ({tail}" in guide, line
