@@ -297,3 +297,26 @@ settings:
   - name: digits
     overrides: [dataset=digits, num_clients=4, rounds=2, train.local_epochs=1]
 """
+
+
+def fake_final_run(run_dir: Path, final: float, last10: float | None = None) -> None:
+    """A completed final run of a tuning suite, as the leaderboard reads it: ``summary.json``
+    with stage-L1 Acc(L) ``final`` (and ``last10``, default the same) and two rounds' rows
+    (3 s apart; 1 MB down and 0.5 MB up for one client)."""
+    run_dir.mkdir(parents=True)
+    summary = {
+        "status": "completed",
+        "rounds": 2,
+        "final_round": 2,
+        "wall_time_s": 4.0,
+        "final": {"L1": {"acc_local": {"mean": final}}},
+        "last10": {"L1": {"acc_local": {"mean": final if last10 is None else last10}}},
+        "code": {"fingerprint": "abc123"},
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary))
+    rows = [
+        {"round": 1, "stage": "time", "fit_done_unix_s": 10.0},
+        {"round": 2, "stage": "time", "fit_done_unix_s": 13.0},
+        {"round": 1, "stage": "L2", "client": 0, "bytes_down": 1_000_000, "bytes_up": 500_000},
+    ]
+    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))

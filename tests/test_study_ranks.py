@@ -5,7 +5,6 @@ ranking (detectable difference, false separation rate) are what their formulas s
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from pathlib import Path
@@ -23,6 +22,7 @@ from pflower.reporting.studies import (
     false_separation_rate,
     rank_intervals,
 )
+from tests.helpers import fake_final_run
 
 SEED_EFFECT = {1: -4.0, 2: 3.0, 3: -1.0, 4: 5.0, 5: -2.0}
 """How hard each final seed's partition is, for every method alike (large: seeds are paired)."""
@@ -91,19 +91,6 @@ def test_intervals_of_equal_methods_rarely_separate_when_seeds_dominate() -> Non
     assert 0.0 <= rate <= 0.1
 
 
-def _study_run(run_dir: Path, final: float) -> None:
-    run_dir.mkdir(parents=True)
-    summary = {
-        "status": "completed",
-        "rounds": 2,
-        "wall_time_s": 4.0,
-        "final": {"L1": {"acc_local": {"mean": final}}},
-        "last10": {"L1": {"acc_local": {"mean": final}}},
-        "code": {"fingerprint": "abc123"},
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary))
-
-
 def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
     """Final runs under ``final/<method>/study_<k>/seed_<s>`` are ranked by their mean with
     intervals; the table shows each study's rank and what each study searched; the notes give
@@ -116,7 +103,9 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
         for study in (0, 1):
             for seed, effect in ((1, -0.02), (2, 0.01), (3, 0.03)):
                 value = level + effect + luck.get((method, study), 0.0)
-                _study_run(setting / "final" / method / f"study_{study}" / f"seed_{seed}", value)
+                fake_final_run(
+                    setting / "final" / method / f"study_{study}" / f"seed_{seed}", value
+                )
             chosen = {
                 "params": {"train.lr": 0.01 * (study + 1)},
                 "search": {"configurations": 7, "to_the_end": 2, "study": study},
@@ -154,7 +143,7 @@ def test_a_method_with_one_study_so_far_shows_no_spread_between_studies(tmp_path
         for study in studies_run:
             for seed in (1, 2, 3):
                 run = setting / "final" / method / f"study_{study}" / f"seed_{seed}"
-                _study_run(run, 0.7 + 0.01 * seed + 0.02 * study)
+                fake_final_run(run, 0.7 + 0.01 * seed + 0.02 * study)
     _, rows = render(tmp_path / "suite")
     by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
     assert by_method["Local"]["runs"] == "1 x 3"
@@ -206,7 +195,7 @@ def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
         for study in (0, 1):
             for seed, effect in ((1, -0.02), (2, 0.01), (3, 0.03)):
                 run = root / "digits" / "final" / method / f"study_{study}" / f"seed_{seed}"
-                _study_run(run, level + effect + 0.01 * study)
+                fake_final_run(run, level + effect + 0.01 * study)
     assert report_main([str(root), "--compare", "fedavg,local"]) == 0
     line = capsys.readouterr().out.strip()
     assert line.startswith("digits: FedAvg - Local = +10.00 points, 95% interval +")

@@ -51,7 +51,7 @@ from pflower.tuning import runner as trial_runner
 from pflower.tuning.ledger import budget_counts
 from pflower.tuning.search import Layout, open_study, trial_overrides
 from pflower.tuning.suite import Setting, load_suite
-from tests.helpers import tiny_suite
+from tests.helpers import fake_final_run, tiny_suite
 from tests.inprocess import run_inprocess
 
 TINY = ["dataset=digits", "num_clients=4", "rounds=2", "train.local_epochs=1"]
@@ -390,7 +390,7 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(
     assert not calls
     refusal = (out / "digits_adam" / "refused" / "feddc.txt").read_text()
     assert "train.optimizer=adam" in refusal
-    _fake_run(out / "digits_adam" / "final" / "fedavg" / "seed_1", 0.9, 0.9)
+    fake_final_run(out / "digits_adam" / "final" / "fedavg" / "seed_1", 0.9, 0.9)
     text, _ = render(out)
     assert "- scaffold: `train.optimizer=sgd`: control variates assume SGD" in text
     assert "Methods this setting refuses (not run):" in text and "- feddc: " in text
@@ -457,7 +457,7 @@ def test_final_runs_keep_failed_runs_and_rerun_interrupted_ones(tmp_path: Path) 
     chosen = layout.chosen_file(setting.name, "fedprox")
     chosen.parent.mkdir(parents=True)
     chosen.write_text(yaml.safe_dump({"overrides": ["strategy=fedprox", "train.lr=0.05"]}))
-    _fake_run(layout.final_dir(setting.name, "fedprox", 1), 0.9, 0.9)
+    fake_final_run(layout.final_dir(setting.name, "fedprox", 1), 0.9, 0.9)
     for seed, error in [
         (2, "Round 3: 4 of 4 clients failed.\n  NaN"),
         (3, "interrupted by SIGTERM"),
@@ -659,26 +659,6 @@ def test_ctrl_c_and_sigterm_stop_the_runs_of_worker_threads(
 
 
 # ---------------------------------------------------------------------------- leaderboard
-def _fake_run(run_dir: Path, final: float, last10: float) -> None:
-    run_dir.mkdir(parents=True)
-    summary = {
-        "status": "completed",
-        "rounds": 2,
-        "final_round": 2,
-        "wall_time_s": 4.0,
-        "final": {"L1": {"acc_local": {"mean": final}}},
-        "last10": {"L1": {"acc_local": {"mean": last10}}},
-        "code": {"fingerprint": "abc123"},
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary))
-    rows = [
-        {"round": 1, "stage": "time", "fit_done_unix_s": 10.0},
-        {"round": 2, "stage": "time", "fit_done_unix_s": 13.0},
-        {"round": 1, "stage": "L2", "client": 0, "bytes_down": 1_000_000, "bytes_up": 500_000},
-    ]
-    (run_dir / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
-
-
 def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> None:
     root = tmp_path / "suite"
     accuracies = {
@@ -688,7 +668,7 @@ def test_leaderboard_ranks_with_ties_and_records_provenance(tmp_path: Path) -> N
     }
     for method, values in accuracies.items():
         for seed, value in enumerate(values, start=1):
-            _fake_run(root / "digits" / "final" / method / f"seed_{seed}", value, value - 0.01)
+            fake_final_run(root / "digits" / "final" / method / f"seed_{seed}", value, value - 0.01)
     chosen = root / "digits" / "chosen"
     chosen.mkdir(parents=True)
     (chosen / "fedprox.yaml").write_text(
@@ -752,7 +732,7 @@ def test_leaderboard_costs_come_from_the_summary_then_the_rows_then_the_wall_tim
     is unknown, not zero."""
     setting = tmp_path / "digits"
     for method, seed in (("fedavg", 1), ("fedavg", 2), ("fedprox", 1), ("fedprox", 2)):
-        _fake_run(setting / "final" / method / f"seed_{seed}", 0.9 + seed / 100, 0.9)
+        fake_final_run(setting / "final" / method / f"seed_{seed}", 0.9 + seed / 100, 0.9)
     recorded = {"seconds_per_round": 7.0, "mb_down_per_client_round": 0.25}
     for seed in (1, 2):
         summary_path = setting / "final" / "fedavg" / f"seed_{seed}" / "summary.json"
@@ -862,9 +842,9 @@ def test_a_failed_final_run_is_listed_not_dropped(tmp_path: Path) -> None:
     method; a method whose every final run failed is said to have failed, not to be pending."""
     setting = tmp_path / "suite" / "digits"
     for seed, value in enumerate([0.90, 0.91, 0.92], start=1):
-        _fake_run(setting / "final" / "fedavg" / f"seed_{seed}", value, value)
-    _fake_run(setting / "final" / "scaffold" / "seed_1", 0.85, 0.85)
-    _fake_run(setting / "final" / "scaffold" / "seed_2", 0.86, 0.86)
+        fake_final_run(setting / "final" / "fedavg" / f"seed_{seed}", value, value)
+    fake_final_run(setting / "final" / "scaffold" / "seed_1", 0.85, 0.85)
+    fake_final_run(setting / "final" / "scaffold" / "seed_2", 0.86, 0.86)
     (setting / "final" / "fedavg" / "seed_1.bak").mkdir()  # not a run folder: skipped
     for method, seed in [("scaffold", 3), ("feddc", 1)]:
         failed = setting / "final" / method / f"seed_{seed}"
@@ -898,7 +878,7 @@ def test_a_run_that_went_on_without_a_diverged_client_is_named(tmp_path: Path) -
     setting = tmp_path / "suite" / "digits"
     for method in ("fedavg", "fedfomo"):
         for seed in (1, 2):
-            _fake_run(setting / "final" / method / f"seed_{seed}", 0.9 + seed / 100, 0.9)
+            fake_final_run(setting / "final" / method / f"seed_{seed}", 0.9 + seed / 100, 0.9)
     nan = "array 0 contains NaN or Inf"
     failures = [
         {"round": r, "stage": "failure", "phase": phase, "client": 7, "error": error}
