@@ -382,6 +382,8 @@ def test_the_tutorial_ranks_a_plugin_method_against_stored_runs(tmp_path: Path) 
     rows = [line for line in board.splitlines() if line.startswith("| 1 |")]
     assert {row.split(" | ")[2] for row in rows} <= {"FedAvg", "FedAvg-step"}
     assert "| FedAvg-step |" in board and "| FedAvg |" in board
+    assert "digits_iid: FedAvg-step - FedAvg = " in done.stdout  # --compare
+    assert "; 1 and 1 studies, 2 paired seeds)" in done.stdout
 
     # against the stored cpu runs, from the repository's root: refused, nothing written
     ((where, body),) = [(w, b) for w, b in blocks if w]
