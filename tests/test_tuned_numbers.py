@@ -11,7 +11,9 @@ quote the paper ("Paper ...") aside:
 - ``<method> <mean> ± <std>`` (a method's label, as the leaderboard writes it) is its final or
   last-10% accuracy;
 - ``<method> <mean> at rank <n>`` and ``<method> (<mean>) ranks <n>`` give its rank;
-- ``<n> methods share rank 1`` (or ``<n> share rank 1``) counts the setting's rank-1 methods.
+- ``<n> methods share rank 1`` (or ``<n> share rank 1``) counts the setting's rank-1 methods;
+- ``<A> - <B> = <+d> points, 95% interval <lo> to <hi>, p = <p>`` is what ``pflower report
+  <suite> --compare a,b`` prints for one of the section's settings.
 
 A table row that holds the comment (the README's reproduction table) is checked alone.
 
@@ -28,6 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+import pflower.strategies  # noqa: F401  (registers the algorithms, whose labels the pages use)
+from pflower.core.algorithm import ALGORITHMS
+from pflower.reporting.leaderboard import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 TUNING = ROOT / "results" / "tuning"
@@ -90,6 +96,24 @@ def sections() -> Iterator[tuple[str, list[str], str]]:
                     yield page.name, row_marker.group(1).split(), line
 
 
+DIFFERENCE = re.compile(
+    r"(?P<a>[\w-]+) - (?P<b>[\w-]+) = [+-]\d+\.\d\d points, 95% interval "
+    r"[+-]\d+\.\d\d to [+-]\d+\.\d\d, p = [\d.e-]+\d"
+)
+"""A difference as ``pflower report --compare`` prints it, the methods by their labels."""
+
+
+def differences(settings: list[str], first: str, second: str) -> str:
+    """What ``pflower report --compare`` prints for two methods (by label) on ``settings``."""
+    names = {a.options.display_name: name for name, a in ALGORITHMS.items()}
+    lines = []
+    for suite in sorted({s.split("/")[0] for s in settings}):
+        for line in compare(TUNING / suite, names.get(first, first), names.get(second, second)):
+            if f"{suite}/{line.split(':')[0]}" in settings:
+                lines.append(line)
+    return "\n".join(lines)
+
+
 def _label(name: str) -> str:
     return re.escape(name)
 
@@ -124,6 +148,9 @@ def problems(settings: list[str], text: str) -> list[str]:
         for m in re.finditer(rf"(?<![\w+-]){name} \(?\d+\.\d\d\)? (?:at rank|ranks) (\d+)", flat):
             if not any(int(m.group(1)) == r.rank for r in values(method)):
                 found.append(f"{method} at rank {m.group(1)}: leaderboard {values(method)}")
+    for m in DIFFERENCE.finditer(flat):
+        if m.group(0) not in differences(settings, m.group("a"), m.group("b")):
+            found.append(f"{m.group(0)}: pflower report --compare prints otherwise")
     for m in re.finditer(r"(\w+) (?:methods )?share rank 1", flat):
         count = WORDS.get(m.group(1).lower()) or (int(m.group(1)) if m.group(1).isdigit() else None)
         if count is None:
@@ -153,3 +180,16 @@ def test_the_check_catches_a_drifted_number() -> None:
     drifted = good.replace(f"at rank {row.rank}", f"at rank {row.rank + 1}")
     assert problems([setting], drifted)
     assert problems([setting], f"{method} 12.34 ± 0.56")
+
+
+def test_the_check_catches_a_drifted_difference() -> None:
+    setting = "cpu/fmnist_dir01"
+    line = compare(TUNING / "cpu", "ditto", "diversifed")[0]
+    quoted = line.split(": ", 1)[1].split(" (")[0]  # "Ditto - DiversiFed = ..., p = ..."
+    assert quoted.startswith("Ditto - DiversiFed = ")
+    assert not problems([setting], f"On this setting {quoted} (not separated).")
+    for drifted in (
+        quoted[:-1] + ("8" if quoted[-1] == "9" else "9"),  # the p-value's last digit
+        quoted.replace("DiversiFed = +", "DiversiFed = -"),  # the sign of the difference
+    ):
+        assert problems([setting], drifted), drifted
