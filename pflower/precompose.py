@@ -46,15 +46,38 @@ def check_overrides(arguments: Sequence[str]) -> None:
 
 
 def _compose_run(overrides: Sequence[str]) -> None:
-    """Compose a single run's overrides as its run record will give them to its apps (the
-    folder resolved, and last: [`compose_record`][pflower.compose.compose_record]), into the
-    process's cache, where the run's ServerApp and forked workers then find them composed
-    (a composition costs 0.2-0.3 s; a tuning trial ran it twice)."""
-    from pflower.compose import compose_record
-    from pflower.config import RunRecord
+    """Compose a single run's overrides. Where they name the run's folder (``output_dir``) and
+    do not resume, as its run record will give them to its apps (the folder resolved, and last:
+    [`compose_record`][pflower.compose.compose_record]), into the process's cache, where the
+    run's ServerApp and forked workers then find them composed (a composition costs 0.2-0.3 s;
+    a tuning trial ran it twice); otherwise as given."""
+    from pflower.compose import compose_config, compose_record
 
-    given = RunRecord.from_overrides(overrides).run_dir
-    compose_record(overrides, run_dir=None if given is None else given.resolve())
+    folder = _given_folder(overrides)
+    if folder is None:
+        compose_config(overrides, check_scheme=False)
+    else:
+        compose_record(overrides, run_dir=folder.resolve())
+
+
+def _given_folder(overrides: Sequence[str]) -> Path | None:
+    """The ``output_dir`` that ``overrides`` set (the last, unquoted as Hydra reads it), or None:
+    none given, ``null``, an interpolation, a run that resumes, or overrides that Hydra cannot
+    parse (the full composition reports those)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    except HydraException:
+        return None
+    values = {override.key_or_group: override.value() for override in parsed}
+    folder = values.get("output_dir")
+    if "checkpoint.resume" in values or not isinstance(folder, str) or not folder:
+        return None
+    if "${" in folder:  # an interpolation: what it names is Hydra's to resolve
+        return None
+    return Path(folder)
 
 
 def _claim_sweep_dir(arguments: Sequence[str]) -> None:

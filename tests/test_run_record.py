@@ -123,3 +123,26 @@ def test_a_composed_run_builds_a_strategy_complete_at_construction(tmp_path: Pat
     strategy = build_strategy(record.composed, tmp_path)
     assert strategy.trainable_mask == trainable_mask(experiment.new_model())
     assert strategy.roster.train_sizes == [len(c.train) for c in experiment.federation.clients]
+
+
+def test_the_check_composes_a_run_as_its_record_will_and_reads_values_as_hydra_does(
+    tmp_path: Path,
+) -> None:
+    """The check before Hydra runs composes a single run as its run record gives it to the
+    run's apps (the folder resolved, last), into the cache they read; the folder is read as
+    Hydra reads it (quoted, with a space), and a run that resumes from ``hydra.run.dir`` or a
+    run without ``output_dir`` is composed as given."""
+    from pflower.compose import composed_overrides
+    from pflower.precompose import check_overrides
+
+    folder = tmp_path / "my run"
+    check_overrides(["dataset=digits", "num_clients=2", f"output_dir='{folder}'"])
+    assert composed_overrides()[-1] == (
+        "dataset=digits",
+        "num_clients=2",
+        f"output_dir={folder.resolve()}",
+    )
+    check_overrides(["dataset=digits", "checkpoint.resume=true", f"hydra.run.dir={tmp_path}"])
+    check_overrides(["dataset=digits", "num_clients=3"])
+    with pytest.raises(ConfigError, match="num_clients"):
+        check_overrides(["dataset=digits", "num_clients=0", f"output_dir={folder}"])

@@ -200,6 +200,18 @@ def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
     line = capsys.readouterr().out.strip()
     assert line.startswith("digits: FedAvg - Local = +10.00 points, 95% interval +")
     assert "(above; 2 and 2 studies, 3 paired seeds)" in line
+    # a setting where the two share fewer than 2 seeds says so, and the others still print
+    for seed in (2, 3):
+        for study in (0, 1):
+            run = root / "other" / "final" / "local" / f"study_{study}" / f"seed_{seed}"
+            fake_final_run(run, 0.5)
+    fake_final_run(root / "other" / "final" / "fedavg" / "study_0" / "seed_1", 0.9)
+    assert report_main([str(root), "--compare", "fedavg,local"]) == 0
+    out = capsys.readouterr().out
+    assert "digits: FedAvg - Local = +10.00 points" in out
+    assert "other: FedAvg and Local cannot be compared: the two methods share fewer" in out
+    assert report_main([str(tmp_path / "missing"), "--compare", "fedavg,local"]) == 2
+    assert "is not a folder of `pflower tune` results" in capsys.readouterr().out
     assert report_main([str(root), "--compare", "fedavg,nope"]) == 2
     assert "no final runs of 'nope'" in capsys.readouterr().out
     assert report_main([str(root), "--compare", "fedavg"]) == 2

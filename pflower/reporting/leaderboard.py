@@ -120,8 +120,11 @@ def compare(root: Path, first: str, second: str) -> list[str]:
     t-test over the seeds).
 
     Raises:
-        ValueError: a method with final runs on none of the settings.
+        ValueError: a method with final runs on none of the settings, or ``root`` is not a
+            folder.
     """
+    if not root.is_dir():
+        raise ValueError(f"{root} is not a folder of `pflower tune` results")
     settings = sorted(p for p in root.iterdir() if p.is_dir() and (p / "final").is_dir())
     found: dict[str, dict[str, Entry]] = {}
     for setting_dir in settings:
@@ -138,7 +141,11 @@ def compare(root: Path, first: str, second: str) -> list[str]:
         if first not in entries or second not in entries:
             continue
         a, b = entries[first], entries[second]
-        d = studies.difference(a.studies or {0: a.by_seed}, b.studies or {0: b.by_seed})
+        try:
+            d = studies.difference(a.studies or {0: a.by_seed}, b.studies or {0: b.by_seed})
+        except ValueError as error:
+            lines.append(f"{setting}: {a.label} and {b.label} cannot be compared: {error}")
+            continue
         low, high = (100 * x for x in d.interval)
         verdict = ("above" if d.mean > 0 else "below") if d.separated else "not separated"
         lines.append(

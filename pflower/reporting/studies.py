@@ -176,7 +176,7 @@ class Difference:
     """One method's mean minus another's on a setting, with the uncertainty of both sources."""
 
     mean: float
-    """The first method's mean over all its runs minus the second's (accuracy)."""
+    """The first method's mean minus the second's over the final seeds both ran (accuracy)."""
     interval: tuple[float, float]
     """The `LEVEL` confidence interval of the difference."""
     p_value: float
@@ -204,8 +204,10 @@ def difference(first: Scores, second: Scores) -> Difference:
     (sample variances): the seeds are paired, so a seed that is hard for both cancels; each
     method's studies are independent searches, so a lucky study of either counts. The degrees of
     freedom follow Welch and Satterthwaite (``n - 1``, ``K_A - 1``, ``K_B - 1`` for the three
-    terms). With one study per method it is the paired t-test over the seeds; a study term counts
-    the seed-by-study interaction that ``var(D_s)`` also holds, which errs on the wide side.
+    terms). With one study per method it is the paired t-test over the seeds; a method with one
+    study adds no study term (its search's luck cannot be estimated from one study, and is
+    left out); a study term counts the seed-by-study noise that ``var(D_s)`` also holds, which
+    errs on the wide side. A seed that either method failed to complete is left out.
     Where the rank intervals resample (`rank_intervals`), which with 3 studies and 5 seeds is
     narrower than the truth, this is an interval for one chosen pair.
 

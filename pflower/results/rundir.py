@@ -202,6 +202,8 @@ class RunRecorder(Recorder):
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
         if resume_at is not None:
             self._rewind(resume_at)
+        else:  # a folder run again with overwrite=true: its old mark says nothing of this run
+            (run_dir / ROUND_DONE_FILE).unlink(missing_ok=True)
         # unbuffered: a row is on disk, or (a failed write) cut off again, when _write returns
         self._metrics_file = (run_dir / "metrics.jsonl").open(
             "wb" if resume_at is None else "ab", buffering=0

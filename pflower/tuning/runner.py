@@ -415,11 +415,13 @@ class RayRunner:
         task = ray.remote(**options)(_run_on_worker)
         ref = task.remote(list(command), str(run_dir), timeout_s)
         watch = RoundWatch(run_dir, on_round)
+        last_beat = time.monotonic()
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=POLL_S if on_round is None else ROUND_POLL_S)
-                if heartbeat:
-                    heartbeat()
+                if heartbeat and time.monotonic() - last_beat > HEARTBEAT_S / 2:
+                    heartbeat()  # a write to the study's storage: not at every look
+                    last_beat = time.monotonic()
                 if ready:
                     summary: dict[str, Any] = ray.get(ref)  # a TrialFailed re-raises here
                     return summary

@@ -293,6 +293,7 @@ def _one_trial(
     timeout_s: float | None,
     log: Callable[[str], None],
     runner: Runner,
+    rounds: int,
     study_id: int | None = None,
 ) -> None:
     from optuna.exceptions import UpdateFinishedTrialError
@@ -305,8 +306,7 @@ def _one_trial(
     trial.set_user_attr("run_dir", str(run_dir))
 
     def on_round(server_round: int, value: float) -> bool:
-        trial.report(value, server_round)
-        return bool(trial.should_prune())
+        return pruned_at(trial, server_round, value, rounds)
 
     try:
         _run_and_tell(study, trial, command, run_dir, on_round, timeout_s, values, log, runner)
@@ -315,6 +315,15 @@ def _one_trial(
             f"{setting.name} {method} trial {trial.number} was failed as stale while it ran "
             "(its heartbeat came late, e.g. on a loaded machine); Optuna retries its values"
         )
+
+
+def pruned_at(trial: Any, server_round: int, value: float, rounds: int) -> bool:
+    """Report a trial's round to its study; whether the pruner stops the trial there. Never at
+    the run's last round (``rounds``): the run has computed all it will, its result is its
+    objective, and a stop would only cut off its summary (the median pruner judges every
+    round past its warm-up)."""
+    trial.report(value, server_round)
+    return server_round < rounds and bool(trial.should_prune())
 
 
 def _run_and_tell(
@@ -464,6 +473,7 @@ def tune(
                     timeout_s,
                     log,
                     runner,
+                    rounds,
                     study_id,
                 )
             except BaseException as error:  # raised below, once every worker has stopped
