@@ -46,7 +46,7 @@ from pflower.reporting.leaderboard_ranks import (
 from pflower.reporting.leaderboard_runs import Entry
 from pflower.results.failures import failed_by_itself
 from pflower.searchspace import Param
-from pflower.tuning import finals, search
+from pflower.tuning import finals, schedule, search
 from pflower.tuning import runner as trial_runner
 from pflower.tuning.ledger import budget_counts
 from pflower.tuning.search import Layout, open_study, trial_overrides
@@ -531,7 +531,7 @@ def test_the_runner_sees_a_run_end_at_once_not_at_its_next_look(
 
 
 class _Trial:
-    """What `search.pruned_at` uses of an Optuna trial, with a pruner that always stops."""
+    """What `schedule.pruned_at` uses of an Optuna trial, with a pruner that always stops."""
 
     def __init__(self) -> None:
         self.reported: list[tuple[float, int]] = []
@@ -548,8 +548,8 @@ def test_a_trial_is_never_pruned_at_its_last_round() -> None:
     writing its summary then): that round is reported, but never stops the run, which would
     lose its objective (the median pruner judges every round past its warm-up)."""
     trial = _Trial()
-    assert search.pruned_at(trial, 3, 0.5, rounds=4)
-    assert not search.pruned_at(trial, 4, 0.6, rounds=4)
+    assert schedule.pruned_at(trial, 3, 0.5, rounds=4)
+    assert not schedule.pruned_at(trial, 4, 0.6, rounds=4)
     assert trial.reported == [(0.5, 3), (0.6, 4)]
 
 

@@ -237,3 +237,12 @@ def space_size(space: Mapping[str, Param]) -> int | None:
 def distinct(configurations: Sequence[tuple[tuple[str, str], ...]]) -> int:
     """The number of distinct configurations among ``configurations``."""
     return len(set(configurations))
+
+
+def pruned_at(trial: Any, server_round: int, value: float, rounds: int) -> bool:
+    """Report a trial's round to its study; whether the pruner stops the trial there. Never at
+    the run's last round (``rounds``): the run has computed all it will, its result is its
+    objective, and a stop would only cut off its summary (the median pruner judges every
+    round past its warm-up)."""
+    trial.report(value, server_round)
+    return server_round < rounds and bool(trial.should_prune())

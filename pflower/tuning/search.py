@@ -77,6 +77,7 @@ from pflower.tuning.runner import (
 from pflower.tuning.schedule import (
     TPE_STARTUP_TRIALS,
     SearchPlan,
+    pruned_at,
     quasi_random_point,
     space_size,
 )
@@ -315,15 +316,6 @@ def _one_trial(
             f"{setting.name} {method} trial {trial.number} was failed as stale while it ran "
             "(its heartbeat came late, e.g. on a loaded machine); Optuna retries its values"
         )
-
-
-def pruned_at(trial: Any, server_round: int, value: float, rounds: int) -> bool:
-    """Report a trial's round to its study; whether the pruner stops the trial there. Never at
-    the run's last round (``rounds``): the run has computed all it will, its result is its
-    objective, and a stop would only cut off its summary (the median pruner judges every
-    round past its warm-up)."""
-    trial.report(value, server_round)
-    return server_round < rounds and bool(trial.should_prune())
 
 
 def _run_and_tell(
