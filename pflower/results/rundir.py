@@ -200,10 +200,11 @@ class RunRecorder(Recorder):
         self._log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         logging.getLogger("flwr").addHandler(self._log_handler)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+        # an earlier mark (a folder run again with overwrite=true, a resumed run's rounds past
+        # its checkpoint) says nothing of this run's rows
+        (run_dir / ROUND_DONE_FILE).unlink(missing_ok=True)
         if resume_at is not None:
             self._rewind(resume_at)
-        else:  # a folder run again with overwrite=true: its old mark says nothing of this run
-            (run_dir / ROUND_DONE_FILE).unlink(missing_ok=True)
         # unbuffered: a row is on disk, or (a failed write) cut off again, when _write returns
         self._metrics_file = (run_dir / "metrics.jsonl").open(
             "wb" if resume_at is None else "ab", buffering=0
@@ -225,7 +226,6 @@ class RunRecorder(Recorder):
         self._digest.update(kept)
         self._size = len(kept)
         (self.run_dir / "summary.json").unlink(missing_ok=True)
-        (self.run_dir / ROUND_DONE_FILE).unlink(missing_ok=True)  # rounds past the checkpoint
 
     @property
     def position(self) -> RecorderPosition:

@@ -213,7 +213,7 @@ def run_pflower(
     started = last_beat = time.monotonic()
     timed_out = ""
     try:
-        while not _ended(process, POLL_S if on_round is None else ROUND_POLL_S):
+        while not _ended(process, watch.wait_s):
             if LIVE_RUNS.stopping.is_set():
                 break
             if heartbeat and time.monotonic() - last_beat > HEARTBEAT_S / 2:
@@ -259,6 +259,12 @@ class RoundWatch:
     run_dir: Path
     on_round: Callable[[int, float], bool] | None
     reported: int = 0
+
+    @property
+    def wait_s(self) -> float:
+        """How long the runner may wait between looks: `ROUND_POLL_S` where a pruner is
+        waiting for the rounds, else `POLL_S`."""
+        return POLL_S if self.on_round is None else ROUND_POLL_S
 
     def look(self) -> None:
         """Report the rounds completed since the last look.
@@ -418,7 +424,7 @@ class RayRunner:
         last_beat = time.monotonic()
         try:
             while True:
-                ready, _ = ray.wait([ref], timeout=POLL_S if on_round is None else ROUND_POLL_S)
+                ready, _ = ray.wait([ref], timeout=watch.wait_s)
                 if heartbeat and time.monotonic() - last_beat > HEARTBEAT_S / 2:
                     heartbeat()  # a write to the study's storage: not at every look
                     last_beat = time.monotonic()
