@@ -23,7 +23,6 @@ import hashlib
 import inspect
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from flwr.server.compat.grid_client_proxy import GridClientProxy
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
+from pflower.config.base import stage_app
 from pflower.deploy import launcher
 from pflower.deploy.topology import launcher_command
 from pflower.runtime import launcher as runtime_launcher
@@ -152,11 +152,8 @@ def test_child_runs_the_task_as_flwr_clientapp(server: ForkServerProcess, tmp_pa
 
 
 def _fab(root: Path, changed: bool) -> Path:
-    """A FAB directory holding this checkout's pflower and conf, one file changed or not."""
-    repo = Path(__file__).resolve().parents[1]
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(repo / "pflower", root / "pflower", ignore=ignore)
-    shutil.copytree(repo / "conf", root / "conf", ignore=ignore)
+    """A FAB directory holding this checkout's app, one file changed or not."""
+    stage_app(root)
     if changed:
         with (root / "pflower" / "deploy" / "topology.py").open("a") as file:
             file.write("\n# a change\n")
@@ -175,6 +172,18 @@ def test_child_keeps_the_imported_app_only_for_the_same_code(
     report = json.loads(result.stdout.splitlines()[0])
     imported_from_fab = Path(report["app_file"]).is_relative_to(fab)
     assert imported_from_fab == changed
+
+
+def test_a_child_composes_with_the_changed_fabs_own_schema(
+    server: ForkServerProcess, tmp_path: Path
+) -> None:
+    """A child that forgot the server's import for a FAB with other code stores that code's
+    schema in Hydra's ConfigStore (a process-wide store the forgotten import had filled) and
+    composes with it: the configuration's dataclasses are the FAB's."""
+    fab = _fab(tmp_path / "fab", changed=True)
+    result = _run(server, tmp_path, PROBE_FAB=str(fab), PROBE_COMPOSE="dataset=digits rounds=1")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.splitlines()[0])["composed"] == [["dataset=digits", "rounds=1"]]
 
 
 def test_server_prepares_ahead_what_a_child_composed(

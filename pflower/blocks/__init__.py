@@ -128,12 +128,14 @@ def store_blocks() -> None:
     block, the split schema, the backends, the trackers, the attacks and the robust aggregators
     in the ConfigStore (the algorithms store their own options when they are registered)."""
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     from pflower.datasets.split import SplitConfig
 
     store = ConfigStore.instance()
-    if f"{SCHEMA_NAME}.yaml" in store.repo:
-        return  # stored once per process (the check before imports may have done it)
+    stored = store.repo.get(f"{SCHEMA_NAME}.yaml")
+    if stored is not None and OmegaConf.get_type(stored.node) is ExperimentConfig:
+        return  # stored once per import of pflower (the check before imports may have done it)
     for attack in AttackKind:
         store.store(group="attack", name=attack.value, node=AttackConfig(attack))
     for robust in RobustKind:

@@ -4,6 +4,7 @@ one check every config section uses ([`require`][pflower.config.base.require])."
 from __future__ import annotations
 
 import shlex
+import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,42 @@ def app_dir() -> Path:
     raise FileNotFoundError(
         f"No pflower app directory (pyproject.toml + conf/) near {_PACKAGE_DIR}"
     )
+
+
+def app_files(package_dir: Path, conf: Path) -> list[tuple[str, Path]]:
+    """What a Flower app of pflower consists of: the ``*.py`` of ``package_dir`` and the
+    ``*.yaml`` of ``conf``, as (path in the app, file) sorted by path; byte caches and a wheel's
+    ``_app`` copy left out."""
+    files = []
+    for root, folder, pattern in (
+        (package_dir, package_dir.name, "*.py"),
+        (conf, "conf", "*.yaml"),
+    ):
+        for path in root.rglob(pattern):
+            relative = path.relative_to(root)
+            if not {"__pycache__", "_app"} & set(relative.parts):
+                files.append((f"{folder}/{relative.as_posix()}", path))
+    return sorted(files)
+
+
+def stage_app(destination: Path) -> Path:
+    """Copy the Flower app ([`app_files`][pflower.config.base.app_files] and ``pyproject.toml``)
+    into ``destination``, laid out as in a checkout; ``destination``.
+
+    ``flwr run`` packs the directory it is given into a FAB (at most 10 MiB), keeping what the
+    ``fab-include`` of ``[tool.flwr.app]`` names: the package and its config tree. A checkout also
+    holds results and docs, and a wheel install keeps only the config tree beside its
+    ``pyproject.toml`` (``pflower/_app``), where ``fab-include`` would name a missing folder.
+    Staged, both give the same FAB, whose code is the installed pflower's, so a SuperNode's
+    fork server keeps its import of pflower for it.
+    """
+    destination.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(app_dir() / "pyproject.toml", destination / "pyproject.toml")
+    for relative, path in app_files(_PACKAGE_DIR, conf_dir()):
+        target = destination / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+    return destination
 
 
 def conf_dir() -> Path:

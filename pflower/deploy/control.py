@@ -142,17 +142,18 @@ class SuperLinkControl:
         double quote.
         """
         # Imported here: pflower.config loads Hydra, which the other commands do not need.
-        from pflower.config import app_dir
+        from pflower.config.base import stage_app
 
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as file:
-            file.write(tomli_w.dumps(record.to_run_config()))
-        try:
+        with tempfile.TemporaryDirectory(prefix="pflower-app-") as folder:
+            app, run_config = stage_app(Path(folder, "app")), Path(folder, "run-config.toml")
+            run_config.write_text(tomli_w.dumps(record.to_run_config()))
             result = self.flwr(
-                "run", str(app_dir()), CONNECTION, "--run-config", file.name, "--format", "json"
+                "run", str(app), CONNECTION, "--run-config", str(run_config), "--format", "json"
             )
-        finally:
-            os.unlink(file.name)
-        return str(json.loads(result.stdout)["run-id"])
+        reply = json.loads(result.stdout)
+        if "run-id" not in reply:
+            raise RuntimeError(f"`flwr run` started no run: {reply.get('error-message', reply)}")
+        return str(reply["run-id"])
 
     def run_status(self, run_id: str) -> str:
         """Status of run ``run_id`` as ``flwr list`` reports it (e.g. ``finished:completed``);

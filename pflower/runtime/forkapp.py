@@ -94,18 +94,14 @@ def forget(package: str = APP_PACKAGE) -> None:
 
 
 def app_digest(package_dir: Path, conf_dir: Path) -> str:
-    """A digest of an app's code and configuration: the ``*.py`` files under ``package_dir``
-    and the ``*.yaml`` files under ``conf_dir``, by relative path and content."""
+    """A digest of an app's code and configuration
+    ([`app_files`][pflower.config.base.app_files]), by path and content."""
+    from pflower.config.base import app_files
+
     digest = hashlib.sha256()
-    for kind, root, pattern in (("py", package_dir, "*.py"), ("conf", conf_dir, "*.yaml")):
-        files = sorted(
-            p
-            for p in root.rglob(pattern)
-            if not {"__pycache__", "_app"} & set(p.relative_to(root).parts)
-        )
-        for path in files:
-            digest.update(f"{kind}:{path.relative_to(root).as_posix()}:".encode())
-            digest.update(hashlib.sha256(path.read_bytes()).digest())
+    for relative, path in app_files(package_dir, conf_dir):
+        digest.update(f"{relative}:".encode())
+        digest.update(hashlib.sha256(path.read_bytes()).digest())
     return digest.hexdigest()
 
 
