@@ -36,6 +36,7 @@ from pflower.core.checkpoint import (
     check_compatible,
     load_checkpoint,
 )
+from pflower.results.failures import record_interrupted
 from pflower.results.rows import read_rows
 from pflower.server.app import build_strategy
 from tests.helpers import (
@@ -235,6 +236,29 @@ def test_resuming_a_completed_run_changes_nothing(
     output = capsys.readouterr().out
     assert len(output.strip().splitlines()) == 1, output
     assert "nothing to resume" in output and "rounds=N" in output
+
+
+@pytest.mark.parametrize("end", ["missing", "interrupted"])
+def test_a_run_stopped_after_its_last_checkpoint_resumes_to_its_completed_end(
+    stopped_run: Path, tmp_path: Path, end: str
+) -> None:
+    """A run stopped after its last round's checkpoint but before its end was recorded (or a
+    SIGTERM's handler recorded it as interrupted) has all its rows: resumed, it runs no round and
+    writes the summary its last round would have, with the same results."""
+    run_dir = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(stopped_run), str(run_dir)], check=True)
+    completed = json.loads((run_dir / "summary.json").read_text())
+    rows = read_rows(run_dir)
+    (run_dir / "summary.json").unlink()
+    if end == "interrupted":
+        record_interrupted(run_dir, OmegaConf.create(completed["config"]), "interrupted by SIGTERM")
+        assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
+    assert resume([str(run_dir)]) == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert read_rows(run_dir) == rows
+    assert summary["status"] == "completed" and summary["error"] is None
+    for key in ("final_round", "final", "last10", "last10_rounds", "failures"):
+        assert summary[key] == completed[key], key
 
 
 # ------------------------------------------------------------------------------ client files

@@ -129,6 +129,11 @@ class CheckpointingServer(Server):
         ):
             stage_g = GlobalStage(executor, history)
             first_round = self._start(timeout, stage_g)
+            if first_round > num_rounds:
+                # A resume from the last round's checkpoint: the run stopped after it, before
+                # its end was recorded (or an interruption recorded it as failed). Its rows are
+                # complete: record the end the last round would have.
+                self.personalized.recorder.finish()
             start_time = timeit.default_timer()
             for current_round in range(first_round, num_rounds + 1):
                 log(INFO, "")
