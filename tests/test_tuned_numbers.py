@@ -38,7 +38,7 @@ from pflower.reporting.leaderboard import compare
 ROOT = Path(__file__).resolve().parents[1]
 TUNING = ROOT / "results" / "tuning"
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-MARKER = re.compile(r"<!-- leaderboard: ([\w/ ]+) -->")
+MARKER = re.compile(r"<!-- leaderboard: ([\w/ -]+) -->")
 WORDS = {
     "two": 2,
     "three": 3,
@@ -166,6 +166,18 @@ def problems(settings: list[str], text: str) -> list[str]:
 @pytest.mark.parametrize("page,settings,text", list(sections()), ids=lambda v: str(v)[:30])
 def test_a_tuned_section_quotes_the_leaderboard(page: str, settings: list[str], text: str) -> None:
     assert not problems(settings, text), page
+
+
+def test_every_leaderboard_comment_names_stored_settings() -> None:
+    """A comment that the marker's pattern misses (a suite name it cannot read) or that names a
+    setting no leaderboard holds would leave its section unchecked."""
+    stored = board()
+    for page in PAGES:
+        for comment in re.findall(r"<!-- leaderboard:[^>]*-->", page.read_text()):
+            marker = MARKER.fullmatch(comment)
+            assert marker, f"{page.name}: {comment} does not match {MARKER.pattern}"
+            for setting in marker.group(1).split():
+                assert setting in stored, f"{page.name}: no leaderboard holds {setting}"
 
 
 def test_every_results_page_with_a_tuned_section_is_checked() -> None:
