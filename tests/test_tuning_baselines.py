@@ -15,7 +15,12 @@ import pytest
 import yaml
 
 from pflower.provenance import CODE_FINGERPRINT, code_version
-from pflower.tuning.baselines import StoredRunsChanged, check_stored_runs, compare_code
+from pflower.tuning.baselines import (
+    StoredRunsChanged,
+    check_protocol,
+    check_stored_runs,
+    compare_code,
+)
 from pflower.tuning.cli import main as tune_main
 from pflower.tuning.suite import Suite, load_suite
 
@@ -39,9 +44,11 @@ def _suite(tmp_path: Path) -> Suite:
     return load_suite(str(path))
 
 
-def _store(out: Path, suite: Suite, runs: dict[str, dict[str, Any]]) -> None:
+def _store(
+    out: Path, suite: Suite, runs: dict[str, dict[str, Any]], study: str | None = None
+) -> None:
     """A folder as ``pflower tune`` leaves it: the suite's record and, per method, completed final
-    runs (seeds 1 and 2) whose ``summary.json`` holds ``code``."""
+    runs (seeds 1 and 2; in folder ``study`` where given) whose ``summary.json`` holds ``code``."""
     out.mkdir(parents=True, exist_ok=True)
     settings = {s.name: list(s.overrides) for s in suite.settings}
     record = {
@@ -56,7 +63,7 @@ def _store(out: Path, suite: Suite, runs: dict[str, dict[str, Any]]) -> None:
     (out / "suite.yaml").write_text(yaml.safe_dump(record))
     for method, code in runs.items():
         for seed in suite.final_seeds:
-            run_dir = out / "digits" / "final" / method / f"seed_{seed}"
+            run_dir = out / "digits" / "final" / method / (study or "") / f"seed_{seed}"
             run_dir.mkdir(parents=True)
             (run_dir / "summary.json").write_text(json.dumps({"status": "completed", "code": code}))
 
@@ -129,3 +136,34 @@ def test_pflower_tune_refuses_before_anything_runs_or_is_written(
     assert tune_main(argv) == 2
     assert "fedprox cannot be ranked against the stored runs" in capsys.readouterr().err
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before  # no commands.log
+
+
+def test_runs_of_several_studies_are_checked_too(tmp_path: Path) -> None:
+    """A suite of several studies keeps its final runs in ``final/<method>/study_<k>/seed_<s>``."""
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    changed = code_version("fedprox")
+    changed = {**changed, "components": {**changed["components"], "model": "0" * 16}}
+    _store(out, suite, {"fedavg": code_version("fedavg"), "fedprox": changed}, study="study_1")
+    with pytest.raises(StoredRunsChanged, match=r"changed code: fedprox \(model\)"):
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fliu"])
+
+
+def test_a_whole_suite_is_not_run_into_another_protocols_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pflower tune --suite S --out F`` without methods runs every method of S into F: where F
+    holds final runs of another protocol, the leaderboard of F would mix the two, so it refuses
+    before anything runs; under the same protocol the runs accumulate."""
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    _store(out, suite, {"fedavg": code_version("fedavg")})
+    check_protocol(out, suite, suite.settings)  # the same protocol: runs accumulate
+    record = yaml.safe_load((out / "suite.yaml").read_text())
+    (out / "suite.yaml").write_text(yaml.safe_dump({**record, "final_seeds": [1, 2, 3]}))
+    before = sorted(p.relative_to(out) for p in out.rglob("*"))
+    assert tune_main(["--suite", str(tmp_path / "suite.yaml"), "--out", str(out)]) == 2
+    error = " ".join(capsys.readouterr().err.split())
+    assert "holds final runs of digits made under another protocol" in error
+    assert "final_seeds [1, 2, 3] -> [1, 2]" in error and "give another --out" in error
+    assert sorted(p.relative_to(out) for p in out.rglob("*")) == before

@@ -50,7 +50,8 @@ def app_dir() -> Path:
 def app_files(package_dir: Path, conf: Path) -> list[tuple[str, Path]]:
     """What a Flower app of pflower consists of: the ``*.py`` of ``package_dir`` and the
     ``*.yaml`` of ``conf``, as (path in the app, file) sorted by path; byte caches and a wheel's
-    ``_app`` copy left out."""
+    ``_app`` copy left out. Flower's FAB build also drops ``test_*.py``, ``*_test.py`` and
+    symbolic links, none of which the package holds (``tests/test_fab.py`` compares the two)."""
     files = []
     for root, folder, pattern in (
         (package_dir, package_dir.name, "*.py"),

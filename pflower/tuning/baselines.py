@@ -77,7 +77,8 @@ def stored_methods(setting_dir: Path, skip: Sequence[str]) -> list[StoredMethod]
         if method_dir.name in skip:
             continue
         stored = StoredMethod(method_dir.name)
-        for run_dir in sorted(method_dir.glob("seed_*")):
+        runs = [*method_dir.glob("seed_*"), *method_dir.glob("study_*/seed_*")]  # 1 or k studies
+        for run_dir in sorted(runs):
             summary = read_summary(run_dir) or {}
             if summary.get("status") != "completed":
                 continue
@@ -159,6 +160,26 @@ def check_stored_runs(
             f"not what this code (pflower {CODE_FINGERPRINT}) makes under this suite: "
             + " ".join(problems)
         )
+
+
+def check_protocol(out: Path, suite: Suite, settings: Sequence[Setting]) -> None:
+    """Refuse to run ``settings`` into ``out`` where it holds final runs made under another
+    protocol than the suite's: its leaderboard would rank the two protocols' runs together (a
+    method not run again keeps its old runs, and its old chosen values stand beside the new).
+
+    Raises:
+        StoredRunsChanged: naming the setting, what changed, and the way out.
+    """
+    for setting in settings:
+        stored = stored_methods(out / setting.name, ())
+        changes = protocol_changes(out, suite, setting) if stored else []
+        if changes:
+            raise StoredRunsChanged(
+                f"{out} holds final runs of {setting.name} made under another protocol than "
+                f"{out / 'suite.yaml'}'s ({'; '.join(changes)}), which a leaderboard of the folder "
+                "would rank together with this suite's: give another --out, or remove the "
+                "folder's runs first"
+            )
 
 
 def _methods(some: Sequence[StoredMethod], stored: Sequence[StoredMethod]) -> str:

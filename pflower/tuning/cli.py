@@ -45,7 +45,7 @@ from pflower.core.algorithm import ALGORITHMS
 from pflower.provenance import kernel_caps
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value, number_or_text
-from pflower.tuning.baselines import check_stored_runs
+from pflower.tuning.baselines import check_protocol, check_stored_runs
 from pflower.tuning.runner import RunRefused
 from pflower.tuning.search import Layout, Runner
 from pflower.tuning.suite import Setting, Suite, check_suite, load_suite
@@ -362,6 +362,8 @@ def main(argv: Sequence[str]) -> int:
         out = args.out or Path("tuning") / suite.name
         if methods is not None and not args.profile:
             check_stored_runs(out, suite, args.suite, settings, methods, args.trust_unchecked)
+        elif not args.profile:
+            check_protocol(out, suite, settings)
     except ConfigError as error:
         return _exit_with(error)
     _record_invocation(out, argv)
