@@ -45,6 +45,7 @@ from flwr.superlink.grid import HttpGrid, InMemoryGrid
 from pflower.config.base import stage_app
 from pflower.deploy import launcher
 from pflower.deploy.topology import launcher_command
+from pflower.plugins import PLUGINS_ENV
 from pflower.runtime import launcher as runtime_launcher
 from pflower.runtime.forkapp import (
     APP_DIGEST_FILE,
@@ -104,18 +105,37 @@ def main():
 """
 
 
+PROBE_PLUGIN = """
+from dataclasses import dataclass
+from typing import ClassVar
+
+from pflower.api import register_algorithm
+from pflower.strategies.fedavg import FedAvgClient, FedAvgOptions, FedAvgStrategy
+
+
+@register_algorithm("probe_avg", strategy=FedAvgStrategy, client=FedAvgClient)
+@dataclass
+class ProbeOptions(FedAvgOptions):
+    display_name: ClassVar[str] = "Probe-Avg"
+"""
+"""A plugin the fork server loads (``PFLOWER_PLUGINS``): FedAvg under another name."""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerProcess]:
     """A fork server whose children call ``probe:main``; it pre-imports pflower.deploy.local
-    (which imports tomli_w) and pflower.client.app (with pflower.compose)."""
+    (which imports tomli_w) and pflower.client.app (with pflower.compose and the plugin
+    ``probe_plugin``)."""
     root = tmp_path_factory.mktemp("fork")
     modules = root / "modules"
     modules.mkdir()
     (modules / "probe.py").write_text(textwrap.dedent(PROBE))
+    (modules / "probe_plugin.py").write_text(textwrap.dedent(PROBE_PLUGIN))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(
             "PYTHONPATH", os.pathsep.join([str(modules), os.environ.get("PYTHONPATH", "")])
         )
+        patch.setenv(PLUGINS_ENV, "probe_plugin")
         started = ForkServerProcess.start(
             root / "server",
             target="probe:main",
@@ -179,11 +199,14 @@ def test_a_child_composes_with_the_changed_fabs_own_schema(
 ) -> None:
     """A child that forgot the server's import for a FAB with other code stores that code's
     schema in Hydra's ConfigStore (a process-wide store the forgotten import had filled) and
-    composes with it: the configuration's dataclasses are the FAB's."""
+    composes with it, the plugins registered again with the FAB's registry: the
+    configuration's dataclasses are the FAB's."""
     fab = _fab(tmp_path / "fab", changed=True)
-    result = _run(server, tmp_path, PROBE_FAB=str(fab), PROBE_COMPOSE="dataset=digits rounds=1")
+    overrides = "dataset=digits rounds=1 strategy=probe_avg"
+    env = {PLUGINS_ENV: "probe_plugin"}
+    result = _run(server, tmp_path, PROBE_FAB=str(fab), PROBE_COMPOSE=overrides, **env)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.splitlines()[0])["composed"] == [["dataset=digits", "rounds=1"]]
+    assert json.loads(result.stdout.splitlines()[0])["composed"] == [overrides.split()]
 
 
 def test_server_prepares_ahead_what_a_child_composed(

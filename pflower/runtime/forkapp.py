@@ -88,9 +88,15 @@ def install_fabs_once() -> None:
 
 def forget(package: str = APP_PACKAGE) -> None:
     """Drop ``package`` and its submodules from ``sys.modules`` (the next import reads them
-    anew, from wherever ``sys.path`` finds them first)."""
-    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
-        del sys.modules[name]
+    anew, from wherever ``sys.path`` finds them first), and the plugins that its next import
+    loads ([`configured_plugins`][pflower.plugins.configured_plugins]): a plugin left imported
+    would not run again, and so register nothing with the new import's registry."""
+    from pflower.plugins import configured_plugins
+
+    plugins = [plugin.module for plugin in configured_plugins()]
+    for root in (package, *plugins):
+        for name in [m for m in sys.modules if m == root or m.startswith(root + ".")]:
+            del sys.modules[name]
 
 
 def app_digest(package_dir: Path, conf_dir: Path) -> str:
