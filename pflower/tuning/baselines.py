@@ -171,9 +171,9 @@ def check_protocol(out: Path, suite: Suite, settings: Sequence[Setting]) -> None
         StoredRunsChanged: naming the setting, what changed, and the way out.
     """
     for setting in settings:
-        stored = stored_methods(out / setting.name, ())
-        changes = protocol_changes(out, suite, setting) if stored else []
-        if changes:
+        final = out / setting.name / "final"
+        stored = final.is_dir() and any(final.iterdir())
+        if stored and (changes := protocol_changes(out, suite, setting)):
             raise StoredRunsChanged(
                 f"{out} holds final runs of {setting.name} made under another protocol than "
                 f"{out / 'suite.yaml'}'s ({'; '.join(changes)}), which a leaderboard of the folder "
