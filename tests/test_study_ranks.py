@@ -5,6 +5,7 @@ ranking (detectable difference, false separation rate) are what their formulas s
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from pathlib import Path
@@ -14,14 +15,18 @@ import pytest
 import yaml
 from scipy import stats
 
+from pflower.compose import compose_config
 from pflower.reporting.leaderboard import compare, render
 from pflower.reporting.report import main as report_main
 from pflower.reporting.studies import (
+    FAILED,
     detectable_difference,
     difference,
     false_separation_rate,
     rank_intervals,
+    scored,
 )
+from pflower.results.summary import resolved_config
 from tests.helpers import fake_final_run
 
 SEED_EFFECT = {1: -4.0, 2: 3.0, 3: -1.0, 4: 5.0, 5: -2.0}
@@ -135,6 +140,97 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
     assert "Ranks are tied unless a paired t-test" not in text  # another protocol's words
     assert "disjoint intervals in" in text and "Smallest difference" in text
     assert "another study would have changed ('moves'): fedavg, fedprox." in text
+
+
+def test_a_failed_final_run_is_scored_zero_not_left_out_of_the_mean() -> None:
+    """A failure tends to come on a hard seed; leaving it out ranks the method on the seeds it
+    survived against the others' means over every seed. Scored 0, it costs what a run without
+    a model costs, and the difference pairs the failed seed like any other."""
+    results = {"steady": _method(90.0), "fragile": _method(90.5)}
+    completed = {k: dict(runs) for k, runs in results["fragile"].items()}
+    del completed[0][1]  # seed 1, the hardest (-4 points), diverged in study 0
+    survived = rank_intervals({"steady": results["steady"], "fragile": completed}, 300)
+    assert survived[0].method == "fragile"  # what leaving the run out would say
+    fragile = scored(completed, {0: [1]})
+    assert fragile[0][1] == FAILED == 0.0 and list(fragile[0]) == [1, 2, 3, 4, 5]
+    ranked = rank_intervals({"steady": results["steady"], "fragile": fragile}, 300)
+    assert [r.method for r in ranked] == ["steady", "fragile"]
+    assert ranked[1].mean == pytest.approx((15 * 90.5 + sum(SEED_EFFECT.values()) * 3 - 86.5) / 15)
+    d = difference(fragile, results["steady"])
+    assert d.seeds == 5 and d.mean == pytest.approx(0.5 - 86.5 / 3 / 5)
+
+
+def test_the_leaderboard_counts_a_failed_run_and_names_its_study(tmp_path: Path) -> None:
+    """Runs column, means and notes of a suite of several studies with a failed final run and a
+    run that scored its final accuracy on fewer clients; the same seed failing in two studies
+    is two runs, each named."""
+    setting = tmp_path / "suite" / "digits"
+    error = "Round 15: all 20 clients failed, nothing to aggregate.\n  client 0: NaN"
+    for method in ("fedavg", "apple"):
+        for study in (0, 1):
+            for seed in (1, 2, 3):
+                run = setting / "final" / method / f"study_{study}" / f"seed_{seed}"
+                if method == "apple" and seed == 3:
+                    run.mkdir(parents=True)
+                    summary = {"status": "failed", "error": error}
+                    (run / "summary.json").write_text(json.dumps(summary))
+                else:
+                    fake_final_run(run, 0.8 + 0.01 * seed + (0.05 if method == "apple" else 0))
+    short = setting / "final" / "apple" / "study_1" / "seed_2" / "summary.json"
+    summary = json.loads(short.read_text())
+    summary["final"]["L1"]["acc_local"]["num_clients"] = 19
+    summary["failures"] = [
+        {"round": 2, "stage": "failure", "phase": phase, "client": 7, "error": "array 0 NaN"}
+        for phase in ("fit", "evaluate")
+    ]
+    short.write_text(json.dumps(summary))
+    suite = {"name": "tiny", "final_seeds": [1, 2, 3], "studies": 2, "tune_seeds": [0, 1000]}
+    (tmp_path / "suite" / "suite.yaml").write_text(yaml.safe_dump(suite))
+    text, rows = render(tmp_path / "suite")
+    by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
+    # apple: 86, 87 in each study and two failures at 0 -> mean 57.67, below fedavg's 82
+    assert [row[3] for row in rows[1:]] == ["FedAvg", "APPLE"]
+    assert by_method["APPLE"]["final Acc(L) %"] == "57.67 ± 44.67"
+    assert by_method["APPLE"]["runs"] == "2 x 3, 2 failed (scored 0%), 1 short of clients"
+    assert by_method["FedAvg"]["runs"] == "2 x 3"
+    assert "- APPLE, study 0 seed 3: Round 15: all 20 clients failed" in text
+    assert "- APPLE, study 1 seed 3: Round 15: all 20 clients failed" in text
+    assert "- APPLE, study 1 seed 2: 2 client replies rejected" in text
+    assert "a final run that failed (diverged) is scored 0" in text
+    line = compare(tmp_path / "suite", "apple", "fedavg")[0]
+    assert line.startswith("digits: APPLE - FedAvg = -24.33 points")  # seeds 1-2 +5, seed 3 -83
+
+
+def test_a_collapse_in_one_study_is_named_with_its_study(tmp_path: Path) -> None:
+    """FedMPR tuned in three studies whose third chose no pruning: that study's runs are
+    FedAvg's, and the row says which study; where every study collapses, the row is the base
+    method."""
+    setting = tmp_path / "suite" / "digits"
+    off = {"prune_ratio": 0.0, "dropout": 0.0, "noise_sigma": 0.0}
+    for method, ratios in (("fedmpr", (0.4, 0.2, 0.0)), ("fedprox", (None,) * 3)):
+        for study, ratio in enumerate(ratios):
+            overrides = [f"strategy={method}", "dataset=digits", "model=mlp"]
+            if ratio is not None:
+                overrides += [
+                    f"strategy.{k}={ratio if k == 'prune_ratio' else v}" for k, v in off.items()
+                ]
+            else:
+                overrides += ["strategy.mu=0"]
+            config = resolved_config(compose_config(overrides))
+            for seed in (1, 2, 3):
+                run = setting / "final" / method / f"study_{study}" / f"seed_{seed}"
+                fake_final_run(run, 0.8 + 0.01 * seed)
+                summary = json.loads((run / "summary.json").read_text())
+                (run / "summary.json").write_text(json.dumps({**summary, "config": config}))
+            chosen = setting / "chosen" / method / f"study_{study}.yaml"
+            chosen.parent.mkdir(parents=True, exist_ok=True)
+            chosen.write_text(yaml.safe_dump({"params": {}, "space": {}}))
+    text, rows = render(tmp_path / "suite")
+    by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
+    assert by_method["FedMPR"]["collapse"] == "study 2 = FedAvg"
+    assert by_method["FedProx"]["collapse"] == "= FedAvg"
+    assert "- FedMPR study 2 = FedAvg (at prune_ratio=0, dropout=0, noise_sigma=0)" in text
+    assert "- FedProx = FedAvg (at mu=0)" in text
 
 
 def test_a_method_with_one_study_so_far_shows_no_spread_between_studies(tmp_path: Path) -> None:

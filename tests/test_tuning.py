@@ -920,7 +920,7 @@ def test_a_run_that_went_on_without_a_diverged_client_is_named(tmp_path: Path) -
     path.write_text(json.dumps(summary))
     entries = {e.method: e for e in load_setting(setting)}
     assert entries["fedfomo"].by_seed == {1: 0.91, 2: 0.92}  # in the mean, as recorded
-    rejected = entries["fedfomo"].rejected[2]
+    rejected = entries["fedfomo"].rejected[None, 2]
     assert (rejected.replies, rejected.fit, rejected.evaluate) == (4, 2, 2)
     assert (rejected.missing_at_end, rejected.evaluated_at_end) == (1, 19)
     text, _ = render(tmp_path / "suite")

@@ -29,13 +29,16 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
 - **collapse**: ``= FedAvg`` where the final runs' configuration is another method (a declared
   neutral point, [`pflower.core.options.collapse_of`][pflower.core.options.collapse_of], or a model
   that leaves the method nothing of its own: FedBN without BatchNorm), ``≈ Local`` where it is next
-  to one (`collapse`): such a row ranks its base method at other settings, not a method.
+  to one (`collapse`): such a row ranks its base method at other settings, not a method. Tuned in
+  several studies, each study's choice is checked: ``study 2 = FedAvg`` where only some collapse.
 
 Under each setting's table: the methods ranked above a method with a higher mean (their
 differences to the others vary from seed to seed, so the test separates few methods from
 them: [`ranked_above_higher_means`][pflower.reporting.leaderboard_ranks.ranked_above_higher_means]),
-the final runs that failed (a diverged run, say: in no mean and no test, counted in the seeds
-column and named with the error, since the mean over the other seeds flatters the method; an
+the final runs that failed (a diverged run, say, named with the error; tuned in one study, it is
+in no mean and no test and the seeds column counts it apart, since the mean over the other seeds
+flatters the method; tuned in several, where methods are ranked by their means, it is scored 0 in
+the means, the rank and its interval, [`FAILED`][pflower.reporting.studies.FAILED]; an
 interrupted run, one stopped by a signal, has not run yet and counts nowhere), the final runs
 that completed without some clients' replies
 ([`rejected_replies`][pflower.results.failures.rejected_replies]: a client whose model diverged is
@@ -142,7 +145,7 @@ def compare(root: Path, first: str, second: str) -> list[str]:
             continue
         a, b = entries[first], entries[second]
         try:
-            d = studies.difference(a.studies or {0: a.by_seed}, b.studies or {0: b.by_seed})
+            d = studies.difference(a.scores or {0: a.by_seed}, b.scores or {0: b.by_seed})
         except ValueError as error:
             lines.append(f"{setting}: {a.label} and {b.label} cannot be compared: {error}")
             continue
@@ -201,7 +204,8 @@ def _intro(suite: dict[str, Any]) -> str:
             f"{suite.get('tune_seeds', '?')}), with the same shared train.* knobs for every "
             "method of a setting (listed under it); each study's chosen values then ran with "
             f"{final}. {accuracy}: mean ± sd over every study's final runs, at the final round "
-            "and averaged over the last 10% of rounds; never the best round. Methods are "
+            "and averaged over the last 10% of rounds; never the best round; a final run that "
+            "failed (diverged) is scored 0, since its configuration gave no model. Methods are "
             "ranked by that mean, not by tests (a method whose seeds spread widely cannot be "
             "separated from anything and would rank first by them); the 95% rank interval "
             "holds where its rank lies given both the search's luck and the seeds' (a nested "
@@ -246,7 +250,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         knobs = shared_knobs(entries)
         if knobs:
             lines += [f"Shared knobs searched for every method: {', '.join(knobs)}.", ""]
-        results = {e.method: e.studies for e in entries if e.studies}
+        results = {e.method: e.scores for e in entries if e.studies}
         ranked = studies.rank_intervals(results) if results else []
         single: list[Entry] = []
         if ranked:  # a suite of several studies: ranked by the mean, with intervals

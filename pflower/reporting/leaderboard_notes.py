@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pflower.reporting import studies
 from pflower.reporting.leaderboard_ranks import ranked_above_higher_means
-from pflower.reporting.leaderboard_runs import Entry, final_runs
+from pflower.reporting.leaderboard_runs import Entry, final_runs, run_name
 from pflower.reporting.leaderboard_table import mean_std
 from pflower.results.failures import REJECTION_NOTE, error_line, failed_by_itself
 from pflower.searchspace import RANGE_END
@@ -90,7 +91,9 @@ def collapse_notes(entries: Sequence[Entry]) -> list[str]:
         "(`=`: its declared neutral point, or a model that leaves it nothing of its own; the "
         "rows are the same to the last digit, `tests/test_collapses.py`) or all but does "
         "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method, with "
-        "its own tuned values, not the method itself:",
+        "its own tuned values, not the method itself (`study k`: tuned in several studies, "
+        "only study k's choice collapsed, and its share of the row's runs is the other "
+        "method's):",
         "",
     ]
     lines += [f"- {e.label} {e.collapse[0]} ({e.collapse[1]})" for e in collapsed]
@@ -98,29 +101,52 @@ def collapse_notes(entries: Sequence[Entry]) -> list[str]:
 
 
 def failure_notes(entries: Sequence[Entry]) -> list[str]:
-    """The final runs that failed by themselves, with the first line of their error."""
-    failures = [(e, seed, error) for e in entries for seed, error in sorted(e.failed.items())]
-    if not failures:
-        return []
-    lines = [
-        "Final runs that failed (in no mean and no test, so the method's mean over its other "
-        "seeds flatters it; the seeds column counts them apart):",
-        "",
+    """The final runs that failed by themselves, with the first line of their error: tuned in
+    several studies, scored [`FAILED`][pflower.reporting.studies.FAILED]; in one, left out of
+    the means."""
+    scored = [
+        f"- {e.label}, {run_name(study, seed)}: {error}"
+        for e in entries
+        for study, runs in sorted(e.study_failed.items())
+        for seed, error in sorted(runs.items())
     ]
-    lines += [f"- {e.label}, seed {seed}: {error}" for e, seed, error in failures]
-    return [*lines, ""]
+    left_out = [
+        f"- {e.label}, {run_name(None, seed)}: {error}"
+        for e in entries
+        if not e.study_failed
+        for seed, error in sorted(e.failed.items())
+    ]
+    lines = []
+    if scored:
+        lines += [
+            f"Final runs that failed, scored {studies.FAILED:.0%} in the means, the ranks and "
+            "their intervals (the configuration gave no model on that seed; leaving the run "
+            "out would rank the method by the seeds it survived):",
+            "",
+            *scored,
+            "",
+        ]
+    if left_out:
+        lines += [
+            "Final runs that failed (in no mean and no test, so the method's mean over its "
+            "other seeds flatters it; the seeds column counts them apart):",
+            "",
+            *left_out,
+            "",
+        ]
+    return lines
 
 
 def rejection_notes(entries: Sequence[Entry]) -> list[str]:
     """The completed final runs that did without some clients' replies."""
-    runs = [(e, seed, r) for e in entries for seed, r in sorted(e.rejected.items())]
+    runs = [(e, run, r) for e in entries for run, r in sorted(e.rejected.items())]
     if not runs:
         return []
     lines = [
         f"Final runs that completed without some clients' replies, in the means. {REJECTION_NOTE}",
         "",
     ]
-    lines += [f"- {e.label}, seed {seed}: {r.describe()}" for e, seed, r in runs]
+    lines += [f"- {e.label}, {run_name(*run)}: {r.describe()}" for e, run, r in runs]
     return [*lines, ""]
 
 

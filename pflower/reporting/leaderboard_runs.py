@@ -19,6 +19,7 @@ import yaml
 from pflower.compose import meta_model
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import collapse_of
+from pflower.reporting import studies
 from pflower.results.failures import Rejected, error_line, failed_by_itself, rejected_replies
 from pflower.results.summary import recorded_cost
 from pflower.searchspace import Param
@@ -36,8 +37,9 @@ class Entry:
     failed: dict[int, str] = field(default_factory=dict)
     """Final runs that stopped with an error (a diverged run, say): seed -> the error's first
     line. They are in no mean and no test; the table and a note under it say so."""
-    rejected: dict[int, Rejected] = field(default_factory=dict)
-    """Completed final runs that went on without some clients' replies, by seed
+    rejected: dict[tuple[int | None, int], Rejected] = field(default_factory=dict)
+    """Completed final runs that went on without some clients' replies, by study (None: one)
+    and seed
     ([`rejected_replies`][pflower.results.failures.rejected_replies]). They are in the means; a note
     under the
     table names them."""
@@ -66,6 +68,22 @@ class Entry:
     """A suite of several studies: final accuracy by study, then seed (empty: one study)."""
     study_chosen: dict[int, Mapping[str, Any]] = field(default_factory=dict)
     """A suite of several studies: each study's chosen file."""
+    study_failed: dict[int, dict[int, str]] = field(default_factory=dict)
+    """A suite of several studies: the final runs that failed by themselves, by study, then
+    seed, with the error's first line (``failed`` keeps the same by seed alone)."""
+    study_collapse: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """A suite of several studies: `collapse` of each study's final runs, where it collapses."""
+
+    @property
+    def scores(self) -> dict[int, dict[int, float]]:
+        """A suite of several studies: final accuracy by study, then seed, with each failed run
+        at [`FAILED`][pflower.reporting.studies.FAILED] (empty: one study)."""
+        return studies.scored(self.studies, self.study_failed)
+
+    @property
+    def failed_runs(self) -> int:
+        """How many final runs failed by themselves (every study's)."""
+        return sum(map(len, self.study_failed.values())) or len(self.failed)
 
     @property
     def by_seed(self) -> dict[int, float]:
@@ -184,13 +202,19 @@ def read_setting(setting_dir: Path) -> list[Entry]:
         for study, seed, run_dir, summary in _study_runs(final_root / method):
             if failed_by_itself(summary):  # an interrupted run has not run yet
                 entry.failed[seed] = error_line(summary)
+                if study is not None:
+                    entry.study_failed.setdefault(study, {})[seed] = entry.failed[seed]
             if summary.get("status") != "completed":
                 continue
             if not entry.final:
                 entry.collapse = collapse(method, summary.get("config") or {}, entry.chosen)
+            if study is not None and study not in entry.studies:
+                chosen = entry.study_chosen.get(study, entry.chosen)
+                if (found := collapse(method, summary.get("config") or {}, chosen))[0]:
+                    entry.study_collapse[study] = found
             cost = recorded_cost(run_dir, summary)
             if rejected := rejected_replies(summary):
-                entry.rejected[seed] = rejected
+                entry.rejected[study, seed] = rejected
             entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
             entry.seeds.append(seed)
             if study is not None:
@@ -201,9 +225,30 @@ def read_setting(setting_dir: Path) -> list[Entry]:
             entry.codes.add(str((summary.get("code") or {}).get("fingerprint")))
             numerics = summary.get("numerics") or {}
             entry.kernels.append(str(numerics.get("cpu_capability") or "not recorded"))
+        if entry.study_collapse:
+            entry.collapse = _studies_collapse(entry)
         if entry.final:
             entries.append(entry)
     return entries
+
+
+def _studies_collapse(entry: Entry) -> tuple[str, str]:
+    """The collapse of a method tuned in several studies: ``= FedAvg`` where every study's
+    final runs collapse alike, else each collapsing study named (``study 2 = FedAvg``): a
+    study whose search chose another method makes that share of the method's runs another
+    method's."""
+    found = entry.study_collapse
+    if len(found) == len(entry.studies) and len(set(found.values())) == 1:
+        return next(iter(found.values()))
+    marks = "; ".join(f"study {k} {mark}" for k, (mark, _) in sorted(found.items()))
+    if len(found) == 1:
+        return marks, next(iter(found.values()))[1]
+    return marks, "; ".join(f"study {k}: {why}" for k, (_, why) in sorted(found.items()))
+
+
+def run_name(study: int | None, seed: int) -> str:
+    """A final run in words: ``study 1 seed 2``, or ``seed 2`` where the suite has one study."""
+    return f"seed {seed}" if study is None else f"study {study} seed {seed}"
 
 
 def shared_knobs(entries: Sequence[Entry]) -> list[str]:

@@ -22,9 +22,14 @@ def _seeds(entry: Entry) -> str:
     notes = []
     if entry.failed:
         notes.append(f"+{len(entry.failed)} failed")
-    if short := sum(r.missing_at_end > 0 for r in entry.rejected.values()):
+    if short := _short(entry):
         notes.append(f"{short} short of clients")
     return str(len(entry.final)) + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _short(entry: Entry) -> int:
+    """How many of its completed final runs scored their final accuracy on fewer clients."""
+    return sum(r.missing_at_end > 0 for r in entry.rejected.values())
 
 
 def mean_std(values: Sequence[float], scale: float = 100.0, digits: int = 2) -> str:
@@ -118,12 +123,14 @@ def method_row(entry: Entry) -> studies.MethodRow:
     return studies.MethodRow(
         label=entry.label,
         collapse=entry.collapse[0],
-        final=mean_std(entry.final),
-        last10=mean_std(entry.last10),
+        final=mean_std([*entry.final, *[studies.FAILED] * entry.failed_runs]),
+        last10=mean_std([*entry.last10, *[studies.FAILED] * entry.failed_runs]),
         chosen={k: _chosen(c) for k, c in entry.study_chosen.items()},
         searched={k: c.get("search") or {} for k, c in entry.study_chosen.items()},
         seconds_per_round=_number(entry.seconds_per_round, 2),
         mb_per_client_round=_number(entry.mb_per_client_round, 3),
+        failed=entry.failed_runs,
+        short=_short(entry),
     )
 
 

@@ -19,6 +19,13 @@ averages, and its interval, not its rank, widens. (The paired t-test rank of
 [`pflower.reporting.leaderboard`][pflower.reporting.leaderboard], 1 + the methods significantly
 above, gives a widely spread method rank 1, since nothing can be separated from it.)
 
+A final run that failed by itself (it diverged, say) is scored `FAILED` (accuracy 0) in every
+mean, rank, interval and difference here: the tuned configuration gave no model on that seed.
+Leaving it out would rank the method by the seeds it survived against the others' means over all
+seeds, and a failure tends to come on a hard seed, where every method scores lower, so the
+method's mean would gain twice. (The one-study leaderboard, which ranks by paired tests over the
+seeds both methods ran, leaves a failed seed out of each pair instead.)
+
 The percentile interval of a bootstrap over a few studies and seeds is narrower than the truth
 (a resample cannot hold more spread than the sample), so `false_separation_rate` measures
 how often two methods with the same true mean get disjoint intervals under this procedure, with
@@ -35,7 +42,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +58,19 @@ RESAMPLES = 2000
 """Bootstrap resamples (33 methods, 3 studies, 5 seeds: about 0.1 s)."""
 MIN_SEEDS = 3
 """Fewer final seeds than this per study is too few to rank on: the leaderboard warns."""
+FAILED = 0.0
+"""The score of a final run that failed by itself: it produced no model (see the module
+docstring)."""
+
+
+def scored(completed: Scores, failed: Mapping[int, Iterable[int]]) -> dict[int, dict[int, float]]:
+    """A method's scores: its ``completed`` runs' accuracy and each ``failed`` run (study ->
+    seeds) at `FAILED`."""
+    scores = {study: dict(runs) for study, runs in completed.items()}
+    for study, seeds in failed.items():
+        for seed in seeds:
+            scores.setdefault(study, {})[seed] = FAILED
+    return {study: dict(sorted(runs.items())) for study, runs in sorted(scores.items())}
 
 
 @dataclass(frozen=True)
@@ -134,8 +154,9 @@ def rank_intervals(
 ) -> list[StudyRanks]:
     """Rank the methods of a setting (``results[method][study][seed]``) by their mean over all
     their runs, with nested-bootstrap rank intervals (see the module docstring), each study's
-    mean and rank among the others', best first. Seeds that not every method ran are left out
-    of the resamples (they would unpair the methods) but count in the means."""
+    mean and rank among the others', best first. A failed run is in ``results`` at `FAILED`
+    (`scored`). Seeds that not every method ran are left out of the resamples (they would
+    unpair the methods) but count in the means."""
     methods = sorted(results)
     if not methods:
         return []
@@ -207,7 +228,8 @@ def difference(first: Scores, second: Scores) -> Difference:
     terms). With one study per method it is the paired t-test over the seeds; a method with one
     study adds no study term (its search's luck cannot be estimated from one study, and is
     left out); a study term counts the seed-by-study noise that ``var(D_s)`` also holds, which
-    errs on the wide side. A seed that either method failed to complete is left out.
+    errs on the wide side. A seed that either method has not run is left out (a failed run is
+    in ``first`` or ``second`` at `FAILED`: see `scored`).
     Where the rank intervals resample (`rank_intervals`), which with 3 studies and 5 seeds is
     narrower than the truth, this is an interval for one chosen pair.
 
@@ -316,7 +338,8 @@ class MethodRow:
     label: str
     collapse: str
     final: str
-    """Final accuracy over all its runs (every study's seeds), ``mean ± sd``, percent."""
+    """Final accuracy over all its runs (every study's seeds, a failed run at `FAILED`),
+    ``mean ± sd``, percent."""
     last10: str
     """The same for the mean over each run's last 10% of rounds."""
     chosen: Mapping[int, str]
@@ -325,6 +348,11 @@ class MethodRow:
     """Each study's ``search`` record (its chosen file's: configurations, run to the end)."""
     seconds_per_round: str
     mb_per_client_round: str
+    failed: int = 0
+    """Its final runs that failed by themselves, in the scores at `FAILED`."""
+    short: int = 0
+    """Its completed final runs whose final evaluation left out some clients (a client's
+    reply rejected: in the scores on the clients that replied)."""
 
 
 def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[list[str]]:
@@ -359,7 +387,7 @@ def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[l
                 f"{100 * r.between_studies:.2f}" if len(r.study_means) > 1 else "-",
                 "/".join(str(r.study_ranks[k]) for k in sorted(r.study_ranks))
                 + (" (moves)" if r.rank_moves_with_the_study else ""),
-                f"{len(r.study_means)} x {r.seeds}",
+                _runs(r, row),
                 f"{tried} ({ended})" if row.searched else "-",
                 "; ".join(f"{k}: {row.chosen[k]}" for k in sorted(row.chosen)) or "-",
                 row.seconds_per_round,
@@ -368,6 +396,13 @@ def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[l
             ]
         )
     return body
+
+
+def _runs(ranked: StudyRanks, row: MethodRow) -> str:
+    """The runs column: studies x seeds, the failed runs and those short of clients."""
+    notes = [f"{row.failed} failed (scored {FAILED:.0%})"] if row.failed else []
+    notes += [f"{row.short} short of clients"] if row.short else []
+    return f"{len(ranked.study_means)} x {ranked.seeds}" + "".join(f", {n}" for n in notes)
 
 
 def spreads(results: Mapping[str, Scores]) -> tuple[float, float]:
