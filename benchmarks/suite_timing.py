@@ -19,7 +19,7 @@ files carry the time of the checkout, and the busy wall time then means nothing)
 
 Run it on the suite's working folder while it runs or after; it reads, never writes there::
 
-    python benchmarks/suite_timing.py /path/to/results/tuning/cpu-s3 --out benchmarks/results
+    python benchmarks/suite_timing.py results/tuning/cpu --out benchmarks/results
 """
 
 from __future__ import annotations

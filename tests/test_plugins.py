@@ -9,7 +9,8 @@
 - a plugin dataset, partition scheme and model run (slow);
 - the tutorial ``docs/tutorials/rank-your-method.md`` runs as written: its files are written into a
   fresh folder and its commands run there (simulation, local deployment, tuning, leaderboard), and
-  its last command, against the stored cpu runs, is refused from the repository's root (slow).
+  its last command, against the previous protocol's stored cpu runs, is refused from the
+  repository's root (slow).
 
 Plugins are imported in subprocesses only: registering in this process would add an algorithm
 without a documentation page to the registry the other tests read.
@@ -388,15 +389,16 @@ def test_the_tutorial_ranks_a_plugin_method_against_stored_runs(tmp_path: Path) 
     # against the stored cpu runs, from the repository's root: refused, nothing written
     ((where, body),) = [(w, b) for w, b in blocks if w]
     assert where == "repository, exit 2"
-    stored = ROOT / "results" / "tuning" / "cpu"
+    stored = ROOT / "results" / "tuning" / "cpu-v1"
     before = (stored / "commands.log").read_text()
     refused = _run(
         body.split(), _env(tmp_path, tmp_path / "my-method", plugins="fedavg_step"), ROOT
     )
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "fedavg_step cannot be ranked against the stored runs in results/tuning/cpu" in (
+    assert "fedavg_step cannot be ranked against the stored runs in results/tuning/cpu-v1" in (
         refused.stderr
     )
     assert "what changed cannot be checked: all 33 stored methods" in refused.stderr
     assert "--trust-unchecked" in refused.stderr
+    assert "another protocol than results/tuning/cpu-v1/suite.yaml's" in refused.stderr
     assert (stored / "commands.log").read_text() == before

@@ -316,7 +316,7 @@ def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
 
 def test_the_tuning_guides_compare_example_is_what_the_command_prints() -> None:
     root = Path(__file__).resolve().parents[1]
-    line = compare(root / "results" / "tuning" / "cpu", "diversifed", "local")[0]
+    line = compare(root / "results" / "tuning" / "cpu-v1", "diversifed", "local")[0]
     head, _, tail = line.partition(" (")
     guide = (root / "docs" / "guide" / "tuning.md").read_text()
     assert f"# {head}" in guide and f"#   ({tail}" in guide, line

@@ -187,7 +187,7 @@ def test_every_results_page_with_a_tuned_section_is_checked() -> None:
 
 def test_the_check_catches_a_drifted_number() -> None:
     rows = board()
-    setting = "cpu/mnist_path"
+    setting = "cpu-v1/mnist_path"
     method, row = next(iter(rows[setting].items()))
     good = f"{method} {row.final} and {method} {row.final.split(' ')[0]} at rank {row.rank}"
     assert not problems([setting], good)
@@ -197,8 +197,8 @@ def test_the_check_catches_a_drifted_number() -> None:
 
 
 def test_the_check_catches_a_drifted_difference() -> None:
-    setting = "cpu/fmnist_dir01"
-    line = compare(TUNING / "cpu", "ditto", "diversifed")[0]
+    setting = "cpu-v1/fmnist_dir01"
+    line = compare(TUNING / "cpu-v1", "ditto", "diversifed")[0]
     quoted = line.split(": ", 1)[1].split(" (")[0]  # "Ditto - DiversiFed = ..., p = ..."
     assert quoted.startswith("Ditto - DiversiFed = ")
     assert not problems([setting], f"On this setting {quoted} (not separated).")

@@ -91,9 +91,13 @@ def collapse_notes(entries: Sequence[Entry]) -> list[str]:
         "(`=`: its declared neutral point, or a model that leaves it nothing of its own; the "
         "rows are the same to the last digit, `tests/test_collapses.py`) or all but does "
         "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method, with "
-        "its own tuned values, not the method itself (`study k`: tuned in several studies, "
-        "only study k's choice collapsed, and its share of the row's runs is the other "
-        "method's):",
+        "its own tuned values, not the method itself"
+        + (
+            " (`study k`: tuned in several studies, only study k's choice collapsed, and its "
+            "share of the row's runs is the other method's):"
+            if any(e.study_collapse and e.collapse[0].startswith("study") for e in collapsed)
+            else ":"
+        ),
         "",
     ]
     lines += [f"- {e.label} {e.collapse[0]} ({e.collapse[1]})" for e in collapsed]
