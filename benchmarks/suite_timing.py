@@ -19,7 +19,7 @@ files carry the time of the checkout, and the busy wall time then means nothing)
 
 Run it on the suite's working folder while it runs or after; it reads, never writes there::
 
-    python benchmarks/suite_timing.py results/tuning/cpu --out benchmarks/results
+    python benchmarks/suite_timing.py /path/to/working/folder/tuning/cpu --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ from typing import Any
 import numpy as np
 import optuna
 import yaml
+
+from pflower.results.failures import failed_by_itself
 
 Interval = tuple[float, float]
 
@@ -103,8 +105,8 @@ def read_finals(setting_dir: Path, methods: dict[str, MethodTime], seeds: int) -
         per_study: dict[str, int] = {}
         for summary_path in method_dir.rglob("summary.json"):
             summary = json.loads(summary_path.read_text())
-            if summary.get("status") != "completed":
-                continue
+            if summary.get("status") != "completed" and not failed_by_itself(summary):
+                continue  # interrupted: it has not run yet
             wall = float(summary.get("wall_time_s") or 0.0)
             entry.final_runs += 1
             entry.final_seconds += wall
