@@ -141,3 +141,20 @@ def test_the_leaderboard_figure_reads_cleanly_and_names_its_setting_in_words(
     fig = saved["leaderboard_mnist_path.png"]
     check_layout(fig)
     assert fig.get_suptitle().startswith("MNIST, each client holds 2 classes, 20 clients: ")
+
+
+def test_the_leaderboard_figure_of_several_studies_marks_a_failed_run_at_the_edge(
+    saved: dict[str, Figure], tmp_path: Path
+) -> None:
+    """A failed run is in the mean at 0 but drawn as a cross at the axis' left edge, which
+    starts below the completed runs, not at 0."""
+    rows = [("FedAvg", [0.91, 0.93, 0.92], 1), ("APPLE", [0.0, 0.95, 0.96], 2)]
+    figures.leaderboard(rows, tmp_path / "leaderboard.png", failed={"APPLE": 1}, by_mean=True)
+    fig = saved["leaderboard.png"]
+    check_layout(fig)
+    (ax,) = fig.axes
+    assert ax.get_xlim() == pytest.approx((89.0, 98.0))
+    crosses = [c for c in ax.collections if "failed run" in str(c.get_label())]
+    assert [list(c.get_offsets()[:, 0]) for c in crosses] == [[89.0]]
+    labels = {t.get_text() for t in fig.legends[0].get_texts()}
+    assert "rank 1: the best mean" in labels and "one final run" in labels

@@ -22,7 +22,7 @@ panels:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -234,14 +234,29 @@ def _save(fig: plt.Figure, path: Path) -> Path:
 
 
 def leaderboard(
-    rows: Sequence[tuple[str, Sequence[float], int]], path: Path, title: str = ""
+    rows: Sequence[tuple[str, Sequence[float], int]],
+    path: Path,
+    title: str = "",
+    failed: Mapping[str, int] | None = None,
+    by_mean: bool = False,
 ) -> Path:
     """A tuned setting at a glance: per method (``label, final accuracies over seeds, rank``),
     best mean on top, its seeds as dots and its mean ± std (ddof=1) over seeds as a bar; methods
-    that share rank 1 (no method beats them beyond the seeds' noise) in colour."""
+    ranked 1 in colour (``by_mean``: the best mean; else those no method beats beyond the seeds'
+    noise). ``failed`` counts, by label, the failed runs that ``rows`` holds at 0 (a suite of
+    several studies scores them so): drawn as crosses at the left edge, whose axis starts at
+    the completed runs' lowest value."""
+    failed = failed or {}
     ordered = sorted(rows, key=lambda row: -float(np.mean(row[1])))
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.28 * len(ordered)))
-    for y, (_, values, rank) in enumerate(ordered):
+    completed = [
+        100 * v for label, values, _ in ordered for v in sorted(values)[failed.get(label, 0) :]
+    ]
+    left = min(completed, default=0.0) - 2.0
+    first_label = (
+        "rank 1: the best mean" if by_mean else "rank 1: no method better beyond the seeds' noise"
+    )
+    for y, (label, values, rank) in enumerate(ordered):
         percent = 100 * np.asarray(values, dtype=float)
         first = rank == 1
         color = "tab:blue" if first else "tab:gray"
@@ -254,21 +269,36 @@ def leaderboard(
             color=color,
             capsize=3,
             markersize=6,
-            label="rank 1: no method better beyond the seeds' noise" if first else "ranked below",
+            label=first_label if first else "ranked below",
         )
+        shown = np.sort(percent)[failed.get(label, 0) :]
         ax.scatter(
-            percent,
-            [y] * len(percent),
+            shown,
+            [y] * len(shown),
             s=10,
             color="black",
             alpha=0.5,
             zorder=3,
-            label="one final seed",
+            label="one final run" if by_mean else "one final seed",
         )
+        if failed.get(label):
+            ax.scatter(
+                [left] * failed[label],
+                [y] * failed[label],
+                marker="x",
+                s=30,
+                color="tab:red",
+                zorder=3,
+                clip_on=False,
+                label="a failed run (scored 0; in the mean ± std)",
+            )
+    if failed:  # a failed run's bar would reach past 100%
+        ax.set_xlim(left, max(completed, default=100.0) + 2.0)
     ax.set_yticks(range(len(ordered)), [row[0] for row in ordered], fontsize=8)
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
-    ax.set_xlabel("final-round L1 Acc(L), % (clients' own test shares; mean ± std over seeds)")
+    over = "runs" if by_mean else "seeds"
+    ax.set_xlabel(f"final-round L1 Acc(L), % (clients' own test shares; mean ± std over {over})")
     _legend_outside(fig, [ax])
     _title(fig, "every method tuned on validation with the same budget", title)
     return _save(fig, path)

@@ -159,6 +159,12 @@ def compare(root: Path, first: str, second: str) -> list[str]:
     return lines
 
 
+def _scored_runs(entry: Entry) -> list[float]:
+    """Every final run's score of a method tuned in several studies, a failed run's at
+    [`FAILED`][pflower.reporting.studies.FAILED]."""
+    return [value for runs in entry.scores.values() for value in runs.values()]
+
+
 def codes_line(codes: dict[str, set[str]]) -> str:
     """The final runs' code fingerprints: one list where every setting ran the same code, else
     each setting's (a suite's settings may run at different times, each with one code)."""
@@ -264,9 +270,11 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             rows = table(entries)
         if entries:
             figure = figures.leaderboard(
-                [(e.label, e.final, e.rank) for e in entries],
+                [(e.label, _scored_runs(e) if ranked else e.final, e.rank) for e in entries],
                 root / f"leaderboard_{setting_dir.name}.png",
                 setting_in_words(setting_dir),
+                failed={e.label: e.failed_runs for e in entries if ranked and e.failed_runs},
+                by_mean=bool(ranked),
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*markdown_table(rows), ""]
