@@ -147,14 +147,17 @@ def test_the_leaderboard_figure_of_several_studies_marks_a_failed_run_at_the_edg
     saved: dict[str, Figure], tmp_path: Path
 ) -> None:
     """A failed run is in the mean at 0 but drawn as a cross at the axis' left edge, which
-    starts below the completed runs, not at 0."""
-    rows = [("FedAvg", [0.91, 0.93, 0.92], 1), ("APPLE", [0.0, 0.95, 0.96], 2)]
+    starts below the completed runs and the means, not at 0."""
+    rows = [("FedAvg", [0.91, 0.93, 0.92], 1), ("APPLE", [0.95, 0.96], 2)]
     figures.leaderboard(rows, tmp_path / "leaderboard.png", failed={"APPLE": 1}, by_mean=True)
     fig = saved["leaderboard.png"]
     check_layout(fig)
     (ax,) = fig.axes
-    assert ax.get_xlim() == pytest.approx((89.0, 98.0))
+    apple = (0 + 95 + 96) / 3  # its mean, with the failed run at 0
+    assert ax.get_xlim() == pytest.approx((apple - 2, 98.0))
     crosses = [c for c in ax.collections if "failed run" in str(c.get_label())]
-    assert [list(c.get_offsets()[:, 0]) for c in crosses] == [[89.0]]
+    assert [list(c.get_offsets()[:, 0]) for c in crosses] == [pytest.approx([apple - 2])]
+    means = [bar.lines[0].get_xdata()[0] for bar in ax.containers]  # the errorbars
+    assert means == pytest.approx([92.0, apple])  # best mean on top
     labels = {t.get_text() for t in fig.legends[0].get_texts()}
     assert "rank 1: the best mean" in labels and "one final run" in labels

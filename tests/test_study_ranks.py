@@ -166,11 +166,11 @@ def test_the_leaderboard_counts_a_failed_run_and_names_its_study(tmp_path: Path)
     is two runs, each named."""
     setting = tmp_path / "suite" / "digits"
     error = "Round 15: all 20 clients failed, nothing to aggregate.\n  client 0: NaN"
-    for method in ("fedavg", "apple"):
+    for method in ("fedavg", "apple", "fedfomo"):
         for study in (0, 1):
             for seed in (1, 2, 3):
                 run = setting / "final" / method / f"study_{study}" / f"seed_{seed}"
-                if method == "apple" and seed == 3:
+                if (method == "apple" and seed == 3) or method == "fedfomo":
                     run.mkdir(parents=True)
                     summary = {"status": "failed", "error": error}
                     (run / "summary.json").write_text(json.dumps(summary))
@@ -189,7 +189,11 @@ def test_the_leaderboard_counts_a_failed_run_and_names_its_study(tmp_path: Path)
     text, rows = render(tmp_path / "suite")
     by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
     # apple: 86, 87 in each study and two failures at 0 -> mean 57.67, below fedavg's 82
-    assert [row[3] for row in rows[1:]] == ["FedAvg", "APPLE"]
+    assert [row[3] for row in rows[1:]] == ["FedAvg", "APPLE", "FedFomo"]
+    # a method whose every run failed is ranked, last, not left out as "pending"
+    assert by_method["FedFomo"]["final Acc(L) %"] == "0.00 ± 0.00"
+    assert by_method["FedFomo"]["runs"] == "2 x 3, 6 failed (scored 0%)"
+    assert "not yet" not in text
     assert by_method["APPLE"]["final Acc(L) %"] == "57.67 ± 44.67"
     assert by_method["APPLE"]["runs"] == "2 x 3, 2 failed (scored 0%), 1 short of clients"
     assert by_method["FedAvg"]["runs"] == "2 x 3"
@@ -229,6 +233,13 @@ def test_a_collapse_in_one_study_is_named_with_its_study(tmp_path: Path) -> None
     by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
     assert by_method["FedMPR"]["collapse"] == "study 2 = FedAvg"
     assert by_method["FedProx"]["collapse"] == "= FedAvg"
+    # a study whose runs all failed: the others' collapse is not the whole method's
+    for seed in (1, 2, 3):
+        failed = setting / "final" / "fedprox" / "study_2" / f"seed_{seed}" / "summary.json"
+        failed.write_text(json.dumps({"status": "failed", "error": "Round 3: all failed"}))
+    _, rows = render(tmp_path / "suite")
+    by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
+    assert by_method["FedProx"]["collapse"] == "study 0 = FedAvg; study 1 = FedAvg"
     assert "- FedMPR study 2 = FedAvg (at prune_ratio=0, dropout=0, noise_sigma=0)" in text
     assert "- FedProx = FedAvg (at mu=0)" in text
 

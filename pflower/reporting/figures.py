@@ -35,6 +35,7 @@ from matplotlib.ticker import MaxNLocator
 
 from pflower.reporting.robustness import Panels
 from pflower.reporting.stats import final_client_values, model_points, round_curve
+from pflower.reporting.studies import FAILED
 from pflower.reporting.tables import Section
 from pflower.results.plots import client_boxes, client_markers
 
@@ -240,24 +241,27 @@ def leaderboard(
     failed: Mapping[str, int] | None = None,
     by_mean: bool = False,
 ) -> Path:
-    """A tuned setting at a glance: per method (``label, final accuracies over seeds, rank``),
-    best mean on top, its seeds as dots and its mean ± std (ddof=1) over seeds as a bar; methods
+    """A tuned setting at a glance: per method (``label, completed final runs' accuracies,
+    rank``), best mean on top, its runs as dots and its mean ± std (ddof=1) as a bar; methods
     ranked 1 in colour (``by_mean``: the best mean; else those no method beats beyond the seeds'
-    noise). ``failed`` counts, by label, the failed runs that ``rows`` holds at 0 (a suite of
-    several studies scores them so): drawn as crosses at the left edge, whose axis starts at
-    the completed runs' lowest value."""
+    noise). ``failed`` counts, by label, failed runs that the mean counts at
+    [`FAILED`][pflower.reporting.studies.FAILED] (a suite of several studies scores them so):
+    drawn as crosses at the axis' left edge, which then starts below every completed run and
+    every mean, not at 0."""
     failed = failed or {}
-    ordered = sorted(rows, key=lambda row: -float(np.mean(row[1])))
+    scored = {
+        label: 100 * np.array([*values, *[FAILED] * failed.get(label, 0)], dtype=float)
+        for label, values, _ in rows
+    }
+    ordered = sorted(rows, key=lambda row: -float(scored[row[0]].mean()))
     fig, ax = plt.subplots(figsize=(7.5, 1.2 + 0.28 * len(ordered)))
-    completed = [
-        100 * v for label, values, _ in ordered for v in sorted(values)[failed.get(label, 0) :]
-    ]
-    left = min(completed, default=0.0) - 2.0
+    completed = [100 * float(v) for _, values, _ in rows for v in values]
+    left = min([*completed, *(float(p.mean()) for p in scored.values())], default=0.0) - 2.0
     first_label = (
         "rank 1: the best mean" if by_mean else "rank 1: no method better beyond the seeds' noise"
     )
     for y, (label, values, rank) in enumerate(ordered):
-        percent = 100 * np.asarray(values, dtype=float)
+        percent = scored[label]
         first = rank == 1
         color = "tab:blue" if first else "tab:gray"
         std = float(percent.std(ddof=1)) if len(percent) > 1 else 0.0
@@ -271,10 +275,9 @@ def leaderboard(
             markersize=6,
             label=first_label if first else "ranked below",
         )
-        shown = np.sort(percent)[failed.get(label, 0) :]
         ax.scatter(
-            shown,
-            [y] * len(shown),
+            100 * np.asarray(values, dtype=float),
+            [y] * len(values),
             s=10,
             color="black",
             alpha=0.5,

@@ -112,7 +112,7 @@ def load_setting(setting_dir: Path) -> list[Entry]:
     ([`rank_with_ties`][pflower.reporting.leaderboard_ranks.rank_with_ties]), best first."""
     entries = read_setting(setting_dir)
     rank_with_ties(entries)
-    return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final)))
+    return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final or [studies.FAILED])))
 
 
 def compare(root: Path, first: str, second: str) -> list[str]:
@@ -157,12 +157,6 @@ def compare(root: Path, first: str, second: str) -> list[str]:
             f"{d.studies[1]} studies, {d.seeds} paired seeds)"
         )
     return lines
-
-
-def _scored_runs(entry: Entry) -> list[float]:
-    """Every final run's score of a method tuned in several studies, a failed run's at
-    [`FAILED`][pflower.reporting.studies.FAILED]."""
-    return [value for runs in entry.scores.values() for value in runs.values()]
 
 
 def codes_line(codes: dict[str, set[str]]) -> str:
@@ -256,21 +250,21 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         knobs = shared_knobs(entries)
         if knobs:
             lines += [f"Shared knobs searched for every method: {', '.join(knobs)}.", ""]
-        results = {e.method: e.scores for e in entries if e.studies}
+        results = {e.method: e.scores for e in entries if e.scores}
         ranked = studies.rank_intervals(results) if results else []
         single: list[Entry] = []
         if ranked:  # a suite of several studies: ranked by the mean, with intervals
             by_method = {e.method: e for e in entries}
             for r in ranked:
                 by_method[r.method].rank = r.rank
-            single = [e for e in entries if not e.studies]
+            single = [e for e in entries if not e.scores]
             entries = [by_method[r.method] for r in ranked]
             rows = studies.table(ranked, {e.method: method_row(e) for e in entries})
         else:
             rows = table(entries)
         if entries:
             figure = figures.leaderboard(
-                [(e.label, _scored_runs(e) if ranked else e.final, e.rank) for e in entries],
+                [(e.label, e.final, e.rank) for e in entries],
                 root / f"leaderboard_{setting_dir.name}.png",
                 setting_in_words(setting_dir),
                 failed={e.label: e.failed_runs for e in entries if ranked and e.failed_runs},

@@ -53,10 +53,21 @@ def range_ends(chosen: Mapping[str, Any], margin: float = RANGE_END) -> list[str
     ]
 
 
+def _ends(entry: Entry) -> list[str]:
+    """`range_ends` of a method's choice, or of each study's (named) where it has several."""
+    if not entry.study_chosen:
+        return range_ends(entry.chosen)
+    return [
+        f"study {k}: {end}"
+        for k, chosen in sorted(entry.study_chosen.items())
+        for end in range_ends(chosen)
+    ]
+
+
 def range_end_notes(entries: Sequence[Entry]) -> list[str]:
-    """The chosen values at an end of their searched range (`range_ends`), each with its
-    profile where one was run."""
-    ends = [(e, found) for e in entries if (found := range_ends(e.chosen))]
+    """The chosen values at an end of their searched range (`range_ends`; each study's, where
+    the suite has several), each with its profile where one was run."""
+    ends = [(e, found) for e in entries if (found := _ends(e))]
     if not ends:
         return []
     lines = [
@@ -124,8 +135,10 @@ def failure_notes(entries: Sequence[Entry]) -> list[str]:
     if scored:
         lines += [
             f"Final runs that failed, scored {studies.FAILED:.0%} in the means, the ranks and "
-            "their intervals (the configuration gave no model on that seed; leaving the run "
-            "out would rank the method by the seeds it survived):",
+            "their intervals (the run gave no model; leaving it out would rank the method by "
+            "the seeds it survived). A run that failed for a reason outside the method, a "
+            "timeout on a loaded machine or memory, is not the method's failure: run it again "
+            "with `pflower tune --retry-failed` before reading the ranks:",
             "",
             *scored,
             "",
@@ -182,6 +195,7 @@ def pending_note(setting_dir: Path, methods: Sequence[str], entries: Sequence[En
     if not pending:
         return []
     tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
+    tuned |= {p.name for p in (setting_dir / "chosen").glob("*") if p.is_dir()}  # by study
 
     def state(method: str) -> str:
         failed = {

@@ -35,8 +35,9 @@ class Entry:
     seeds: list[int] = field(default_factory=list)
     """The final seed of each value of ``final`` (none given: 1, 2, ... in order)."""
     failed: dict[int, str] = field(default_factory=dict)
-    """Final runs that stopped with an error (a diverged run, say): seed -> the error's first
-    line. They are in no mean and no test; the table and a note under it say so."""
+    """A suite of one study: final runs that stopped with an error (a diverged run, say): seed
+    -> the error's first line. They are in no mean and no test; the table and a note under it
+    say so (a suite of several studies keeps them in ``study_failed``)."""
     rejected: dict[tuple[int | None, int], Rejected] = field(default_factory=dict)
     """Completed final runs that went on without some clients' replies, by study (None: one)
     and seed
@@ -200,10 +201,10 @@ def read_setting(setting_dir: Path) -> list[Entry]:
         )
         entry.profiles, entry.stale_profiles = current_profiles(setting_dir, method, entry.chosen)
         for study, seed, run_dir, summary in _study_runs(final_root / method):
-            if failed_by_itself(summary):  # an interrupted run has not run yet
+            if failed_by_itself(summary) and study is None:  # interrupted: not run yet
                 entry.failed[seed] = error_line(summary)
-                if study is not None:
-                    entry.study_failed.setdefault(study, {})[seed] = entry.failed[seed]
+            elif failed_by_itself(summary):
+                entry.study_failed.setdefault(study, {})[seed] = error_line(summary)
             if summary.get("status") != "completed":
                 continue
             if not entry.final:
@@ -227,7 +228,7 @@ def read_setting(setting_dir: Path) -> list[Entry]:
             entry.kernels.append(str(numerics.get("cpu_capability") or "not recorded"))
         if entry.study_collapse:
             entry.collapse = _studies_collapse(entry)
-        if entry.final:
+        if entry.final or entry.study_failed:  # several studies: every run failed counts too
             entries.append(entry)
     return entries
 
@@ -238,7 +239,7 @@ def _studies_collapse(entry: Entry) -> tuple[str, str]:
     study whose search chose another method makes that share of the method's runs another
     method's."""
     found = entry.study_collapse
-    if len(found) == len(entry.studies) and len(set(found.values())) == 1:
+    if len(found) == len(entry.scores) and len(set(found.values())) == 1:
         return next(iter(found.values()))
     marks = "; ".join(f"study {k} {mark}" for k, (mark, _) in sorted(found.items()))
     if len(found) == 1:

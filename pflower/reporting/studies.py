@@ -24,7 +24,9 @@ mean, rank, interval and difference here: the tuned configuration gave no model 
 Leaving it out would rank the method by the seeds it survived against the others' means over all
 seeds, and a failure tends to come on a hard seed, where every method scores lower, so the
 method's mean would gain twice. (The one-study leaderboard, which ranks by paired tests over the
-seeds both methods ran, leaves a failed seed out of each pair instead.)
+seeds both methods ran, leaves a failed seed out of each pair instead.) A run that failed for a
+reason outside the method (a timeout on a loaded machine, memory) cannot be told apart here: it
+is rerun with ``pflower tune --retry-failed`` before the ranks are read.
 
 The percentile interval of a bootstrap over a few studies and seeds is narrower than the truth
 (a resample cannot hold more spread than the sample), so `false_separation_rate` measures

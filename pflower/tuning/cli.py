@@ -15,7 +15,8 @@
 
 For each setting and method it runs (or resumes) the Optuna study
 ([`.search`][pflower.tuning.search]), writes the
-chosen values to ``<out>/<setting>/chosen/<method>.yaml`` and runs them with the suite's final
+chosen values to ``<out>/<setting>/chosen/<method>.yaml`` (``chosen/<method>/study_<k>.yaml``
+for each study of a suite of several) and runs them with the suite's final
 seeds on test (``--no-final`` skips that). With ``--profile KEY`` it tunes nothing: it runs the
 chosen values with KEY varied over a grid, on validation (`.profile`). Every invocation is
 appended to ``<out>/commands.log``, which the leaderboard shows. Named methods are added to the
