@@ -201,10 +201,11 @@ def read_setting(setting_dir: Path) -> list[Entry]:
         )
         entry.profiles, entry.stale_profiles = current_profiles(setting_dir, method, entry.chosen)
         for study, seed, run_dir, summary in _study_runs(final_root / method):
-            if failed_by_itself(summary) and study is None:  # interrupted: not run yet
-                entry.failed[seed] = error_line(summary)
-            elif failed_by_itself(summary):
-                entry.study_failed.setdefault(study, {})[seed] = error_line(summary)
+            if failed_by_itself(summary):  # an interrupted run has not run yet
+                if study is None:
+                    entry.failed[seed] = error_line(summary)
+                else:
+                    entry.study_failed.setdefault(study, {})[seed] = error_line(summary)
             if summary.get("status") != "completed":
                 continue
             if not entry.final:
