@@ -140,6 +140,11 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
     assert "Ranks are tied unless a paired t-test" not in text  # another protocol's words
     assert "disjoint intervals in" in text and "Smallest difference" in text
     assert "another study would have changed ('moves'): fedavg, fedprox." in text
+    # study ranks 1, 2, 3 and 2, 1, 3: Spearman's rho 0.5
+    assert (
+        "Spearman's rank correlation of the 3 methods' study ranks, for studies 0 and 1: 0.50; "
+        "a method's study ranks spread over a median of 1 places, most for fedavg (1 to 2)."
+    ) in text
 
 
 def test_a_failed_final_run_is_scored_zero_not_left_out_of_the_mean() -> None:

@@ -422,6 +422,61 @@ def spreads(results: Mapping[str, Scores]) -> tuple[float, float]:
     )
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """How far independent searches agree on a setting's ranking: what a second search would
+    change."""
+
+    rhos: dict[tuple[int, int], float]
+    """Spearman's rank correlation of the methods' study ranks, for each pair of studies."""
+    median_move: float
+    """The median over methods of the spread of its study ranks (best minus worst, in places)."""
+    largest: tuple[str, int, int]
+    """The method whose study ranks spread most, with its best and worst study rank."""
+    methods: int
+    """The methods with every study, over which the correlations are taken."""
+
+
+def agreement(ranked: Sequence[StudyRanks]) -> Agreement | None:
+    """`Agreement` of the methods that have every study (None with fewer than 3 such methods or
+    fewer than 2 studies)."""
+    numbers = sorted({k for r in ranked for k in r.study_ranks})
+    full = [r for r in ranked if sorted(r.study_ranks) == numbers]
+    if len(numbers) < 2 or len(full) < 3:
+        return None
+    rhos = {}
+    for i, a in enumerate(numbers):
+        for b in numbers[i + 1 :]:
+            rho = stats.spearmanr(
+                [r.study_ranks[a] for r in full], [r.study_ranks[b] for r in full]
+            )
+            rhos[a, b] = float(rho.statistic)
+    spans = {r.method: (min(r.study_ranks.values()), max(r.study_ranks.values())) for r in full}
+    widest = max(full, key=lambda r: (spans[r.method][1] - spans[r.method][0], -r.rank))
+    return Agreement(
+        rhos=rhos,
+        median_move=float(statistics.median(high - low for low, high in spans.values())),
+        largest=(widest.method, *spans[widest.method]),
+        methods=len(full),
+    )
+
+
+def _agreement(ranked: Sequence[StudyRanks]) -> list[str]:
+    """The note that says how far a second search would change the ranking."""
+    found = agreement(ranked)
+    if found is None:
+        return []
+    pairs = ", ".join(f"{a} and {b}: {rho:.2f}" for (a, b), rho in found.rhos.items())
+    method, best, worst = found.largest
+    return [
+        f"Agreement between the studies (what a second search changes): Spearman's rank "
+        f"correlation of the {found.methods} methods' study ranks, for studies {pairs}; a "
+        f"method's study ranks spread over a median of {found.median_move:g} places, most "
+        f"for {method} ({best} to {worst}).",
+        "",
+    ]
+
+
 def notes(results: Mapping[str, Scores], ranked: Sequence[StudyRanks]) -> list[str]:
     """What qualifies a setting's ranks: the procedure with its simulated false separation rate
     at the setting's own spreads, the smallest difference its seeds detect, the methods whose
@@ -454,6 +509,7 @@ def notes(results: Mapping[str, Scores], ranked: Sequence[StudyRanks]) -> list[s
             f"Ranks that another study would have changed ('moves'): {', '.join(moving)}.",
             "",
         ]
+    lines += _agreement(ranked)
     few = [r.method for r in ranked if r.too_few_seeds]
     if few:
         lines += [
