@@ -85,7 +85,7 @@ import yaml
 
 from pflower.blocks import blocks
 from pflower.provenance import code_version
-from pflower.reporting import figures, studies
+from pflower.reporting import figures, studies, studies_board
 from pflower.reporting.leaderboard_notes import (
     collapse_notes,
     exception_notes,
@@ -259,7 +259,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
                 by_method[r.method].rank = r.rank
             single = [e for e in entries if not e.scores]
             entries = [by_method[r.method] for r in ranked]
-            rows = studies.table(ranked, {e.method: method_row(e) for e in entries})
+            rows = studies_board.table(ranked, {e.method: method_row(e) for e in entries})
         else:
             rows = table(entries)
         if entries:
@@ -272,7 +272,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*markdown_table(rows), ""]
-        lines += studies.notes(results, ranked) if ranked else inversion_notes(entries)
+        lines += studies_board.notes(results, ranked) if ranked else inversion_notes(entries)
         if single:  # runs of another protocol in the same folder: shown apart, not ranked
             lines += [
                 "Tuned in a single study (another protocol), not ranked with the methods above: "

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pflower.reporting import studies
+from pflower.reporting import studies, studies_board
 from pflower.reporting.leaderboard_runs import Entry
 from pflower.tuning.schedule import TPE_STARTUP_TRIALS
 
@@ -118,9 +118,9 @@ def table(entries: Sequence[Entry]) -> list[list[str]]:
     return body
 
 
-def method_row(entry: Entry) -> studies.MethodRow:
+def method_row(entry: Entry) -> studies_board.MethodRow:
     """What the table of a suite of several studies shows of ``entry`` beside its scores."""
-    return studies.MethodRow(
+    return studies_board.MethodRow(
         label=entry.label,
         collapse=entry.collapse[0],
         final=mean_std([*entry.final, *[studies.FAILED] * entry.failed_runs]),

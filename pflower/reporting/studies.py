@@ -38,6 +38,10 @@ beside the intervals.
 setting's seeds detects with 80% power at the 5% level (the usual sample-size formula with
 Student quantiles, e.g. Cohen, *Statistical Power Analysis*, 1988, ch. 2), from the median spread
 of per-seed differences between methods: a gap below it is one the seeds cannot resolve.
+
+`agreement` says how far the studies agree over all methods (the rank correlation of their
+study ranks): what a second search would change. The leaderboard's table and notes of such a
+setting are [`pflower.reporting.studies_board`][pflower.reporting.studies_board]'s.
 """
 
 from __future__ import annotations
@@ -46,7 +50,6 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from scipy import stats
@@ -332,81 +335,6 @@ def false_separation_rate(
     return disjoint / trials
 
 
-# ------------------------------------------------------------------------------ the leaderboard
-@dataclass(frozen=True)
-class MethodRow:
-    """What the leaderboard knows of one method beyond its scores (`table`)."""
-
-    label: str
-    collapse: str
-    final: str
-    """Final accuracy over all its runs (every study's seeds, a failed run at `FAILED`),
-    ``mean ± sd``, percent."""
-    last10: str
-    """The same for the mean over each run's last 10% of rounds."""
-    chosen: Mapping[int, str]
-    """Each study's chosen values, in words."""
-    searched: Mapping[int, Mapping[str, Any]]
-    """Each study's ``search`` record (its chosen file's: configurations, run to the end)."""
-    seconds_per_round: str
-    mb_per_client_round: str
-    failed: int = 0
-    """Its final runs that failed by themselves, in the scores at `FAILED`."""
-    short: int = 0
-    """Its completed final runs whose final evaluation left out some clients (a client's
-    reply rejected: in the scores on the clients that replied)."""
-
-
-def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[list[str]]:
-    """The leaderboard table of a setting tuned in several studies, best first."""
-    header = [
-        "rank",
-        f"{LEVEL:.0%} rank interval",
-        "method",
-        "final Acc(L) %",
-        "last-10% Acc(L) %",
-        "between studies (pts)",
-        "rank by study",
-        "runs",
-        "configurations (to the end)",
-        "chosen per study",
-        "s / round",
-        "MB / client-round",
-        "collapse",
-    ]
-    body = [header]
-    for r in ranked:
-        row = rows[r.method]
-        tried = sum(int(s.get("configurations", 0)) for s in row.searched.values())
-        ended = sum(int(s.get("to_the_end", 0)) for s in row.searched.values())
-        body.append(
-            [
-                str(r.rank),
-                f"{r.interval[0]}-{r.interval[1]}",
-                row.label + (" (!)" if r.too_few_seeds else ""),
-                row.final,
-                row.last10,
-                f"{100 * r.between_studies:.2f}" if len(r.study_means) > 1 else "-",
-                "/".join(str(r.study_ranks[k]) for k in sorted(r.study_ranks))
-                + (" (moves)" if r.rank_moves_with_the_study else ""),
-                _runs(r, row),
-                f"{tried} ({ended})" if row.searched else "-",
-                "; ".join(f"{k}: {row.chosen[k]}" for k in sorted(row.chosen)) or "-",
-                row.seconds_per_round,
-                row.mb_per_client_round,
-                row.collapse,
-            ]
-        )
-    return body
-
-
-def _runs(ranked: StudyRanks, row: MethodRow) -> str:
-    """The runs column: studies x seeds, the failed runs and those short of clients."""
-    notes = [f"{row.failed} failed (scored {FAILED:.0%})"] if row.failed else []
-    notes += [f"{row.short} short of clients"] if row.short else []
-    return f"{len(ranked.study_means)} x {ranked.seeds}" + "".join(f", {n}" for n in notes)
-
-
 def spreads(results: Mapping[str, Scores]) -> tuple[float, float]:
     """The setting's typical between-study and within-study (seed) standard deviations: the
     medians over methods of the spread of its study means and of its seeds within a study."""
@@ -459,62 +387,3 @@ def agreement(ranked: Sequence[StudyRanks]) -> Agreement | None:
         largest=(widest.method, *spans[widest.method]),
         methods=len(full),
     )
-
-
-def _agreement(ranked: Sequence[StudyRanks]) -> list[str]:
-    """The note that says how far a second search would change the ranking."""
-    found = agreement(ranked)
-    if found is None:
-        return []
-    pairs = ", ".join(f"{a} and {b}: {rho:.2f}" for (a, b), rho in found.rhos.items())
-    method, best, worst = found.largest
-    return [
-        f"Agreement between the studies (what a second search changes): Spearman's rank "
-        f"correlation of the {found.methods} methods' study ranks, for studies {pairs}; a "
-        f"method's study ranks spread over a median of {found.median_move:g} places, most "
-        f"for {method} ({best} to {worst}).",
-        "",
-    ]
-
-
-def notes(results: Mapping[str, Scores], ranked: Sequence[StudyRanks]) -> list[str]:
-    """What qualifies a setting's ranks: the procedure with its simulated false separation rate
-    at the setting's own spreads, the smallest difference its seeds detect, the methods whose
-    rank moves with the study, and those ranked on too few seeds."""
-    if not ranked:
-        return []
-    studies = max(len(r.study_means) for r in ranked)
-    seeds = min(r.seeds for r in ranked)
-    between, within = spreads(results)
-    rate = false_separation_rate(studies, max(seeds, 2), between, within)
-    lines = [
-        f"Ranks are by the mean over every study's final runs; the {LEVEL:.0%} rank interval "
-        f"comes from a nested bootstrap over the studies and the paired seeds ({RESAMPLES} "
-        f"resamples). With {studies} studies of {seeds} seeds and this setting's spreads "
-        f"(between studies {100 * between:.2f} points, between seeds {100 * within:.2f}), two "
-        f"methods of equal mean get disjoint intervals in {rate:.0%} of simulated settings: "
-        "read a disjoint pair as separated at about that error rate.",
-        "",
-    ]
-    smallest = detectable_difference(results)
-    if smallest is not None:
-        lines += [
-            f"Smallest difference the final seeds detect (paired t-test, 80% power, 5% level): "
-            f"{100 * smallest:.2f} points.",
-            "",
-        ]
-    moving = [r.method for r in ranked if r.rank_moves_with_the_study]
-    if moving:
-        lines += [
-            f"Ranks that another study would have changed ('moves'): {', '.join(moving)}.",
-            "",
-        ]
-    lines += _agreement(ranked)
-    few = [r.method for r in ranked if r.too_few_seeds]
-    if few:
-        lines += [
-            f"(!) Ranked on fewer than {MIN_SEEDS} final seeds per study, too few to rank on: "
-            f"{', '.join(few)}.",
-            "",
-        ]
-    return lines
