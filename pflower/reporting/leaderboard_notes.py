@@ -106,7 +106,7 @@ def collapse_notes(entries: Sequence[Entry]) -> list[str]:
         + (
             " (`study k`: tuned in several studies, only study k's choice collapsed, and its "
             "share of the row's runs is the other method's):"
-            if any(e.study_collapse and e.collapse[0].startswith("study") for e in collapsed)
+            if any(e.collapse[0].startswith("study") for e in collapsed)
             else ":"
         ),
         "",
