@@ -1,8 +1,11 @@
 """Stopping ``pflower tune`` by hand: one line saying how to go on, never a traceback, from the
-driver or from the fork server that Ctrl-C in a terminal reaches too."""
+driver or from the fork server that Ctrl-C in a terminal reaches too; and a signal that stops
+a run but not the driver costs the study no configuration."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -52,11 +55,12 @@ def test_a_stopped_tune_says_how_to_go_on_in_one_line(
     assert "run the same command again" in err and str(tmp_path / "out") in err
 
 
-def _catches(pid: int, signum: signal.Signals) -> bool:
-    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux: ``SigCgt``)."""
+def _catches(pid: int, signum: signal.Signals, mask: str = "SigCgt") -> bool:
+    """Whether process ``pid`` has a handler of its own for ``signum`` (Linux: ``SigCgt``; with
+    ``mask="SigIgn"``: whether it ignores it)."""
     status = Path(f"/proc/{pid}/status").read_text()
-    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:"))[7:], 16)
-    return bool(caught >> (signum - 1) & 1)
+    bits = int(next(line for line in status.splitlines() if line.startswith(mask))[7:], 16)
+    return bool(bits >> (signum - 1) & 1)
 
 
 def test_the_fork_server_ends_quietly_on_ctrl_c_then_sigterm(tmp_path: Path) -> None:
@@ -159,3 +163,111 @@ def test_a_trial_left_running_by_a_stopped_tune_is_retried_at_once(tmp_path: Pat
     assert said == [
         "fedavg: trial 0 was left running by a stopped pflower tune (retried with the same values)"
     ]
+
+
+def test_a_run_that_recorded_an_interruption_is_not_a_failed_configuration(tmp_path: Path) -> None:
+    """A run ended by a signal that did not come from ``pflower tune`` (``kill``; Ctrl-C that
+    reached the run's group but not the driver, a background job that ignores SIGINT) records
+    itself as interrupted: the runner says so (`RunInterrupted`) instead of failing the values
+    with it, which cost a study of the cpu suite one configuration."""
+    from pflower.tuning.runner import RunInterrupted, TrialFailed, run_pflower
+
+    run_dir = tmp_path / "run"
+    summary = {"status": "failed", "error": "interrupted by SIGINT"}
+    record = f"import json, sys; open({str(run_dir / 'summary.json')!r}, 'w').write("
+    command = [sys.executable, "-c", f"{record}json.dumps({summary!r})); sys.exit(130)"]
+    with pytest.raises(RunInterrupted, match=r"^interrupted by SIGINT \(see .*tune_stdout.log\)"):
+        run_pflower(command, run_dir)
+    summary = {"status": "failed", "error": "every client's update is NaN"}
+    command = [sys.executable, "-c", f"{record}json.dumps({summary!r})); sys.exit(1)"]
+    with pytest.raises(TrialFailed, match="NaN") as failed:
+        run_pflower(command, run_dir)
+    assert not isinstance(failed.value, RunInterrupted)
+
+
+def test_an_interrupted_trial_is_retried_with_its_values_and_not_counted(tmp_path: Path) -> None:
+    """The study goes on: the interrupted trial's values run again at once, and the budget
+    counts only the trials whose runs were let finish."""
+    from optuna.trial import TrialState
+
+    from pflower.tuning import search
+    from pflower.tuning.ledger import budget_counts
+    from pflower.tuning.runner import RunInterrupted
+    from pflower.tuning.suite import load_suite
+    from tests.helpers import tiny_suite
+
+    suite_file = tmp_path / "tiny.yaml"
+    suite_file.write_text(tiny_suite(2, 0, "[1]"))
+    suite = load_suite(str(suite_file))
+    ran: list[str] = []
+
+    def runner(command: list[str], run_dir: Path, *_: object, **__: object) -> dict[str, object]:
+        ran.append(next(c for c in command if c.startswith("train.lr=")))
+        if len(ran) == 1:
+            raise RunInterrupted("interrupted by SIGINT (see tune_stdout.log)")
+        lr = float(ran[-1].split("=")[1])
+        return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": lr}}}}
+
+    said: list[str] = []
+    layout = search.Layout(tmp_path / "out")
+    setting = suite.settings[0]
+    study = search.tune(suite, setting, "fedprox", layout, 2, log=said.append, runner=runner)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
+    assert ran[0] == ran[1] and len(set(ran)) == 2  # the same values again, then a new draw
+    assert trials[0].user_attrs["error"].startswith("interrupted by SIGINT")
+    assert budget_counts(study) == (2, 0)
+    assert said[0] == (
+        "fedprox trial 0: interrupted by SIGINT (see tune_stdout.log); retried with the same values"
+    )
+
+
+@pytest.mark.parametrize("ignored", [True, False], ids=["background-job", "terminal"])
+def test_the_fork_server_and_its_runs_keep_an_ignored_sigint_ignored(ignored: bool) -> None:
+    """Started by a process that ignores SIGINT (a background job: ``nohup pflower tune ... &``),
+    the fork server and the runs it forks ignore it too, as the driver does and as a run started
+    without the server would: a SIGINT to the job's process group used to end the server and its
+    runs while the driver went on (it failed the running trial's values, then stopped with a
+    traceback: the server had removed its stand-in). Started from a terminal, both catch it."""
+    from pflower.runtime.forkserver import ForkServerProcess, server_directory
+
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.SIG_DFL)
+    try:
+        server = ForkServerProcess.start(
+            server_directory("pflower-test-"), target="signal:pause", preload_modules=()
+        )
+    finally:
+        signal.signal(signal.SIGINT, before)
+    stand_in = None
+    try:
+        server.wait_ready(120)
+        stand_in = subprocess.Popen([str(server.shim)], env=server.environment())
+        deadline = time.monotonic() + 60
+        while not (runs := _children(server.popen.pid)):
+            assert time.monotonic() < deadline, "the task never started"
+            time.sleep(0.02)
+        for pid in (server.popen.pid, runs[0]):
+            assert _catches(pid, signal.SIGINT, "SigIgn") is ignored
+            assert _catches(pid, signal.SIGINT) is not ignored
+        if ignored:
+            os.kill(server.popen.pid, signal.SIGINT)
+            os.kill(runs[0], signal.SIGINT)
+            time.sleep(0.5)
+            assert server.popen.poll() is None and stand_in.poll() is None
+        os.kill(runs[0], signal.SIGTERM)
+        assert stand_in.wait(timeout=60) != 0  # the run ended by SIGTERM, as the stand-in says
+    finally:
+        if stand_in is not None:
+            stand_in.kill()
+        server.stop()
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid``."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found

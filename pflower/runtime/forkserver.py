@@ -28,24 +28,22 @@ The fork server imports those libraries once, then forks a child per task:
 What the child runs is what ``flwr-clientapp`` runs: the same Flower function, the same arguments
 (runtime address, token, TLS root certificates, ``--parent-pid``), the same environment. The server
 imports the app's modules named by the process that starts it (the launcher's: pflower's ClientApp,
-and with it torch, torchvision, Flower, Hydra, datasets, ...),
-``torch._dynamo`` (which torch imports when the first optimizer is built) and composes the default
-configuration once (Hydra's lazy imports). Before it forks it also changes two things in Flower's
-ClientApp runtime that its children inherit: a FAB installed by an earlier task of the node is not
-unpacked and checked again ([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once]:
+and with it torch, torchvision, Flower, Hydra, datasets, ...), ``torch._dynamo`` (which torch
+imports when the first optimizer is built) and composes the default configuration once (Hydra's lazy
+imports). Before it forks it also changes two things in Flower's ClientApp runtime that its children
+inherit: a FAB installed by an earlier task of the node is not unpacked and checked again
+([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once]:
 ``run_clientapp.install_from_fab``), and an array that the SuperNode has not pulled yet is asked for
 again after 0.02 s instead of 1 s
 ([`pflower.runtime.polling.prompt_object_pulls`][pflower.runtime.polling.prompt_object_pulls]). The
-app a
-child runs is still the run's FAB: Flower imports the ClientApp from the FAB's directory unless it
-is imported already, so a child keeps the server's ``pflower`` modules only when the FAB's
+app a child runs is still the run's FAB: Flower imports the ClientApp from the FAB's directory
+unless it is imported already, so a child keeps the server's ``pflower`` modules only when the FAB's
 ``pflower/**/*.py`` and ``conf/**/*.yaml`` have the same digest as the imported ones (computed once
 per installed FAB), and otherwise forgets them and imports the FAB's code
 ([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged]:
-``clientapp.utils.load_app``). A child that
-ran the server's import tells the server which configurations it composed, and the server prepares
-them too ([`warm_configs`][pflower.runtime.forkapp.warm_configs]: composed, with the experiment's
-federation
+``clientapp.utils.load_app``). A child that ran the server's import tells the server which
+configurations it composed, and the server prepares them too
+([`warm_configs`][pflower.runtime.forkapp.warm_configs]: composed, with the experiment's federation
 and model built): later children find them in their caches. The server runs torch only there, on one
 thread (no thread pool exists when it forks), and is single-threaded itself; it parks its objects
 outside the garbage collector (``gc.freeze``) and its children end with ``os._exit`` after flushing
@@ -56,9 +54,8 @@ The server lives as long as the process that started it (``--watch-pid``: the ke
 SIGTERM when that process ends, whatever ended it, and it also checks twice a second) and removes
 its directory when it ends. Each child is killed when the server ends
 ([`pflower.runtime.processes.die_with_parent`][pflower.runtime.processes.die_with_parent]): a
-SuperNode ended by ``kill -9`` leaves no
-ClientApp task behind. If the server is gone, the stand-in runs the real ``flwr-clientapp``
-instead.
+SuperNode ended by ``kill -9`` leaves no ClientApp task behind. If the server is gone, the stand-in
+runs the real ``flwr-clientapp`` instead.
 """
 
 from __future__ import annotations
@@ -115,6 +112,14 @@ the runtime names no module of the layers above it).
 ``torch._dynamo``: torch imports it the first time an optimizer is built (``Optimizer.__init__``
 is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
 
+TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGHUP})
+"""Signals from a terminal, which a background job (SIGINT) or ``nohup`` (SIGHUP) ignores: one
+ignored when the server starts stays ignored in the server and its children, as in the process
+that started it and in a run
+([`summary_on_signal`][pflower.results.failures.summary_on_signal]). A SIGINT to the group of a
+background ``pflower tune`` used to end its fork server and runs while the driver went on.
+SIGTERM, pflower's own stop, is always caught."""
+
 SOCKET_NAME = "server.sock"
 MAX_SOCKET_PATH = 107
 """The longest path a Unix socket may have on Linux (``sun_path`` holds 108 bytes, one a NUL)."""
@@ -149,10 +154,8 @@ class Task:
 
 def preload(modules: Sequence[str]) -> None:
     """Import ``modules`` (``module`` or ``module:function``, a function to call once the
-    modules before it are imported).
-
-    One that fails is reported and skipped: the children import it themselves.
-    """
+    modules before it are imported); one that fails is reported and skipped (the children
+    import it themselves)."""
     for name in modules:
         try:
             module, _, function = name.partition(":")
@@ -176,9 +179,13 @@ class ForkServer:
     ``watch_pid``: serve only while this process lives.
     """
 
-    def __init__(self, listener: socket.socket, watch_pid: int | None = None) -> None:
-        self.listener = listener
-        self.watch_pid = watch_pid
+    def __init__(
+        self,
+        listener: socket.socket,
+        watch_pid: int | None = None,
+        ignored: frozenset[int] = frozenset(),
+    ) -> None:
+        self.listener, self.watch_pid, self.ignored = listener, watch_pid, ignored
         self.children: dict[int, socket.socket] = {}
         self.started: dict[int, float] = {}
         self.pid = os.getpid()
@@ -249,6 +256,8 @@ class ForkServer:
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        for signum in self.ignored:
+            signal.signal(signum, signal.SIG_IGN)
 
     def _reap(self) -> None:
         """Collect finished children and tell their stand-ins how they ended."""
@@ -387,20 +396,9 @@ class ForkServerProcess:
         try:
             listener.bind(str(directory / SOCKET_NAME))
             listener.listen(128)
-            argv = [
-                python,
-                "-P",
-                "-m",
-                "pflower.runtime.forkserver",
-                "--fd",
-                str(listener.fileno()),
-                "--target",
-                target,
-                "--remove",
-                str(directory),
-                "--preload",
-                ",".join([*app, *preload_modules]),
-            ]
+            argv = [python, "-P", "-m", "pflower.runtime.forkserver", "--target", target]
+            argv += ["--fd", str(listener.fileno()), "--remove", str(directory)]
+            argv += ["--preload", ",".join([*app, *preload_modules])]
             if watch_pid is not None:
                 argv += ["--watch-pid", str(watch_pid)]
             popen = subprocess.Popen(argv, pass_fds=[listener.fileno()], stdin=subprocess.DEVNULL)
@@ -469,14 +467,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import first")
     args = parser.parse_args(argv)
     # Ctrl-C in a terminal reaches the whole foreground group, the server too: it ends quietly
-    # (its children restore Python's own SIGINT handler).
-    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+    # (its children restore Python's own SIGINT handler), unless it ignores it (TERMINAL_SIGNALS).
+    ignored = frozenset(s for s in TERMINAL_SIGNALS if signal.getsignal(s) == signal.SIG_IGN)
+    for signum in {signal.SIGTERM, *TERMINAL_SIGNALS} - ignored:
         signal.signal(signum, _stop)
     if args.watch_pid is not None and args.watch_pid == os.getppid():
         # SIGTERM (not SIGKILL): the server still removes its directory when it ends
         die_with_parent(args.watch_pid, signal.SIGTERM)
     listener = socket.socket(fileno=args.fd)
-    server = ForkServer(listener, args.watch_pid)
+    server = ForkServer(listener, args.watch_pid, ignored)
     task, loaded_app = None, None
     try:
         preload([m for m in args.preload.split(",") if m])

@@ -14,7 +14,14 @@ import yaml
 from pflower.results.failures import error_line, failed_by_itself
 from pflower.searchspace import format_value
 from pflower.tuning.ledger import counted_trials, rounds_run, spending
-from pflower.tuning.runner import Runner, TrialFailed, read_summary, run_pflower, runs_stop_together
+from pflower.tuning.runner import (
+    RunInterrupted,
+    Runner,
+    TrialFailed,
+    read_summary,
+    run_pflower,
+    runs_stop_together,
+)
 from pflower.tuning.search import OBJECTIVE, Layout, run_command, study_name
 from pflower.tuning.suite import Setting, Suite
 
@@ -157,6 +164,8 @@ def final_runs(
             summary = execute(command, run_dir, timeout_s=timeout_s)
             acc = summary["final"]["L1"]["acc_local"]["mean"]
             log(f"{where} final seed {seed}: L1 Acc(L) {acc:.4f}")
+        except RunInterrupted as error:
+            log(f"{where} final seed {seed} {error}: it runs again at the next pflower tune")
         except TrialFailed as error:
             log(f"{where} final seed {seed} failed: {error}")
         return run_dir

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from pflower.plugins import PLUGINS_ENV
 from pflower.registry import ConfigError
 from pflower.results.disk import write_atomic
+from pflower.results.failures import was_interrupted
 from pflower.results.rows import last_round_done, read_rows
 from pflower.runtime.forkserver import ForkServerProcess, server_directory
 from pflower.runtime.signals import handlers_run_promptly
@@ -80,6 +81,14 @@ def objective_of(summary: Mapping[str, Any]) -> float:
 
 class TrialFailed(RuntimeError):
     """The trial's run did not complete (its reason is the message)."""
+
+
+class RunInterrupted(TrialFailed):
+    """A signal from outside ``pflower tune`` ended the run (``kill``, or a Ctrl-C that reached
+    the run's process group but not the driver's, as when the driver is a background job, which
+    ignores SIGINT): the run recorded itself as interrupted
+    ([`was_interrupted`][pflower.results.failures.was_interrupted]). Not the values' doing: a
+    trial is retried with them, a final run runs at the next ``pflower tune``."""
 
 
 class RunRefused(ConfigError):
@@ -242,6 +251,8 @@ def run_pflower(
     summary = read_summary(run_dir)
     if process.returncode == REFUSED_EXIT and summary is None:
         raise RunRefused(_log_tail(run_dir), command)
+    if summary is not None and was_interrupted(summary):  # the driver's own stops raised above
+        raise RunInterrupted(f"{summary['error']} (see {run_dir / 'tune_stdout.log'})")
     if process.returncode != 0 or summary is None or summary.get("status") != "completed":
         reason = (summary or {}).get("error") or f"exit code {process.returncode}"
         raise TrialFailed(f"{reason} (see {run_dir / 'tune_stdout.log'})")

@@ -1,32 +1,27 @@
 """The search: Optuna studies over a method's declared space, every trial a normal pflower run.
 
-For one setting of a suite and one method, [`tune`][pflower.tuning.search.tune] runs
-``suite.trials`` trials of Optuna's
-TPE sampler (each trial's draw seeded with ``suite.tune_seed`` and the trial's number:
-[`trial_sampler`][pflower.tuning.search.trial_sampler]; ``constant_liar`` when trials run in
-parallel). TPE draws its first
-[`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS] trials at random, so a suite with
-no more trials per method than that
-(the cpu and claims suites' 8) is a seeded random search over each method's space.
-Each trial is ``python -m pflower checkpoint.every=0 <setting overrides> strategy=<method>
-<sampled values> seed=<tune_seed> split.val_fraction=<v> split.evaluate_on=val`` in its own
-process ([`run_command`][pflower.tuning.search.run_command]), so the run is composed from the same
-``conf/`` tree as any other
-and evaluates every stage on the clients' validation shares: no test sample is read
-([`pflower.datasets.federation`][pflower.datasets.federation], step 6). While it runs, the mean
-stage-L1 Acc(L) of each
-finished round (the deployable model on validation) is reported to Optuna's median pruner, which
-may stop it early. The objective is the run's ``last10`` stage-L1 Acc(L) mean: the clients' mean
-validation accuracy of their deployable models, averaged over the last 10% of rounds.
+For one setting of a suite and one method, [`tune`][pflower.tuning.search.tune] spends a study's
+budget (``suite.trials`` trials, or the compute of ``search.budget_runs`` full runs) on draws of
+the suite's sampler: the next point of a Halton sequence scrambled with the study's tuning seed,
+or TPE seeded with it and the trial's number
+([`trial_sampler`][pflower.tuning.search.trial_sampler]; `.schedule` has the plans). Each trial
+is ``python -m pflower checkpoint.every=0 <setting overrides> strategy=<method> <sampled
+values> seed=<tune seed> split.val_fraction=<v> split.evaluate_on=val``
+([`run_command`][pflower.tuning.search.run_command]): composed from the
+same ``conf/`` tree as any other run, it evaluates on the clients' validation shares, so no
+test sample is read ([`pflower.datasets.federation`][pflower.datasets.federation], step 6). Each
+finished round's mean stage-L1 Acc(L) (the deployable model on validation) goes to the
+scheduler (successive halving or the median pruner), which may stop it early. The objective is
+the run's ``last10`` stage-L1 Acc(L) mean: the clients' mean validation accuracy of their
+deployable models over the last 10% of rounds.
 
-The study lives in ``<out>/<setting>/study.db`` (Optuna's SQLite storage, one study per method)
-and resumes where it stopped: finished trials count, a trial that was running when its
-``pflower tune`` was stopped is failed by Optuna's heartbeat check and retried with the same
-values (``RetryFailedTrialCallback``), and a method's budget counts finished trials
-(complete, pruned, or failed by its own run) until it reaches ``suite.trials``, the same for every
-method. ``workers`` trials run at once (threads of this process, each driving one trial
-process); several ``pflower tune`` processes on one machine may share a study (a file lock keeps
-the count exact).
+The study lives in ``<out>/<setting>/study.db`` (Optuna's SQLite storage, one study per method
+and study number) and resumes where it stopped: finished trials count (complete, pruned, or
+failed by their own run), and a trial whose run was not let finish (its ``pflower tune``
+stopped, a signal from outside, a run refused before it started) is retried with the same
+values (``RetryFailedTrialCallback``) and not counted. ``workers`` trials run at once (threads
+of this process, each driving one trial process); several ``pflower tune`` processes on one
+machine may share a study (a file lock keeps the count exact).
 """
 
 from __future__ import annotations
@@ -66,6 +61,7 @@ from pflower.tuning.runner import (
     HEARTBEAT_S,
     POLL_S,
     Pruned,
+    RunInterrupted,
     Runner,
     RunRefused,
     TrialFailed,
@@ -349,20 +345,25 @@ def _run_and_tell(
         study.tell(trial, state=TrialState.PRUNED)
         log(f"{name}: {stop}")
         return
+    except (RunRefused, RunInterrupted) as error:
+        # not the values' doing: retried with them (a refused one once the cause is fixed), as
+        # a trial left running is, and not counted toward the budget (see retried_numbers)
+        _, callback = retry_callback()
+        callback()(study, stored_trial(study, trial))
+        refused = isinstance(error, RunRefused)
+        said = f"refused before it started: {error}" if refused else str(error)
+        trial.set_user_attr("error", said[:2000])
+        study.tell(trial, state=TrialState.FAIL)
+        if refused:
+            raise
+        log(f"{name}: {error}; retried with the same values")
+        return
     except TrialFailed as error:
         ran()
         trial.set_user_attr("error", str(error)[:2000])
         study.tell(trial, state=TrialState.FAIL)
         log(f"{name} failed: {error}")
         return
-    except RunRefused as error:
-        # not the values' doing: retried with them, as an interrupted trial is, once the
-        # cause is fixed, and not counted toward the budget (see retried_numbers)
-        _, callback = retry_callback()
-        callback()(study, stored_trial(study, trial))
-        trial.set_user_attr("error", f"refused before it started: {error}"[:2000])
-        study.tell(trial, state=TrialState.FAIL)
-        raise
     except BaseException:
         # interrupted: leave the trial RUNNING; Optuna's heartbeat check fails and retries it
         raise
