@@ -256,8 +256,8 @@ class ForkServer:
         for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
             signal.signal(signum, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        for signum in self.ignored:
-            signal.signal(signum, signal.SIG_IGN)
+        for kept in self.ignored:
+            signal.signal(kept, signal.SIG_IGN)
 
     def _reap(self) -> None:
         """Collect finished children and tell their stand-ins how they ended."""
