@@ -326,3 +326,32 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
     # the pruner's mark of the last complete round; no plots
     assert last_round_done(tmp_path / "lean") == 2
     assert not (tmp_path / "lean" / "plots").exists()
+
+
+@pytest.mark.parametrize(
+    ("search", "said"),
+    [
+        ({}, "8 trials per method and setting, each a seeded random draw from the method's space"),
+        ({"sampler": "tpe"}, "8 trials per method and setting, each a seeded random draw"),
+        (
+            {"sampler": "qmc", "scheduler": "halving", "budget_runs": 4},
+            "the compute of 4 full runs per method and setting, spent on quasi-random draws (a "
+            "scrambled Halton sequence) from the method's space with successive halving",
+        ),
+        (
+            {"sampler": "qmc", "scheduler": "none"},
+            "8 trials per method and setting, spent on quasi",
+        ),
+    ],
+    ids=["default", "tpe", "qmc-halving", "qmc-count"],
+)
+def test_a_one_study_leaderboard_says_how_its_suite_drew_the_trials(
+    search: dict[str, object], said: str
+) -> None:
+    """The leaderboard's intro describes the suite's own search plan: a one-study suite that
+    draws quasi-randomly was described as TPE's random start."""
+    from pflower.reporting.leaderboard_table import trials_drawn
+
+    text = trials_drawn({"trials": 8, "search": search})
+    assert text.startswith(said), text
+    assert ("TPE" in text) is (search.get("sampler", "tpe") == "tpe")

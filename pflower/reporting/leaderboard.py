@@ -217,7 +217,7 @@ def _intro(suite: dict[str, Any]) -> str:
         )
     return (
         "Every method was tuned on the clients' validation shares with the same budget "
-        f"({trials_drawn(suite.get('trials'))}, tuning seed {suite.get('tune_seed', '?')}, "
+        f"({trials_drawn(suite)}, tuning seed {suite.get('tune_seed', '?')}, "
         "the same shared train.* knobs for every method of a setting, listed under it), then "
         f"run with the chosen values and {final}. {accuracy}, mean ± std over seeds; never "
         "the best round. Ranks are tied unless a paired t-test over the final seeds separates "
