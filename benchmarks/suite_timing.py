@@ -14,8 +14,11 @@ files carry the time of the checkout, and the busy wall time then means nothing)
   cores, at best twice the busy wall time);
 - *seconds per round*: the trials' worker-seconds over the rounds they ran (trials left running
   by a stopped command are in neither: their end is when the next command failed them);
-- the projection: the busy wall time per method with every study and final run done, times the
-  methods of every setting of the suite.
+- the projection: per setting, the busy wall time per method with every study and final run
+  done, times the setting's methods (a setting with no method done yet has no projection);
+- ``--paused FILE``: times the suite's runs were stopped (SIGSTOP) while other work ran, a line
+  ``<start> <end>`` (Unix seconds) each; they are taken out of every interval and duration (a
+  stopped run's wall time includes its pause).
 
 Run it on the suite's working folder while it runs or after; it reads, never writes there::
 
@@ -29,6 +32,7 @@ import datetime
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,20 +66,43 @@ class MethodTime:
     when the next command failed them, so their time is not counted."""
 
 
-def busy(intervals: list[Interval]) -> float:
-    """The length of the union of ``intervals`` (seconds)."""
-    total, end = 0.0, float("-inf")
+def union(intervals: Sequence[Interval]) -> list[Interval]:
+    """``intervals`` merged where they overlap, in order."""
+    merged: list[Interval] = []
     for start, stop in sorted(intervals):
-        if start > end:
-            total += stop - start
-            end = stop
-        elif stop > end:
-            total += stop - end
-            end = stop
-    return total
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], stop))
+        else:
+            merged.append((start, stop))
+    return merged
 
 
-def read_trials(setting_dir: Path, methods: dict[str, MethodTime]) -> None:
+def busy(intervals: Sequence[Interval], paused: Sequence[Interval] = ()) -> float:
+    """The length of the union of ``intervals`` (seconds), less the time in ``paused``."""
+    stops = union(paused)
+    return sum(
+        stop - start - sum(max(0.0, min(stop, b) - max(start, a)) for a, b in stops)
+        for start, stop in union(intervals)
+    )
+
+
+def read_pauses(path: Path | None) -> list[Interval]:
+    """The pauses recorded in ``path``: a line ``<start> <end>`` (Unix seconds) for each time
+    the suite's runs were stopped (SIGSTOP) while other work ran, which their wall times
+    include."""
+    if path is None:
+        return []
+    return [
+        (float(a), float(b))
+        for line in path.read_text().splitlines()
+        if len(parts := line.split()) == 2
+        for a, b in [parts]
+    ]
+
+
+def read_trials(
+    setting_dir: Path, methods: dict[str, MethodTime], paused: Sequence[Interval]
+) -> None:
     storage = f"sqlite:///{setting_dir / 'study.db'}"
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     for name in optuna.study.get_all_study_names(storage):
@@ -94,12 +121,15 @@ def read_trials(setting_dir: Path, methods: dict[str, MethodTime]) -> None:
             elif trial.datetime_complete is not None:
                 start = trial.datetime_start.timestamp()
                 stop = trial.datetime_complete.timestamp()
-                entry.trial_seconds += stop - start
+                seconds = busy([(start, stop)], paused)
+                entry.trial_seconds += seconds
                 entry.intervals.append((start, stop))
-                entry.durations.append((max(trial.intermediate_values, default=0), stop - start))
+                entry.durations.append((max(trial.intermediate_values, default=0), seconds))
 
 
-def read_finals(setting_dir: Path, methods: dict[str, MethodTime], seeds: int) -> None:
+def read_finals(
+    setting_dir: Path, methods: dict[str, MethodTime], seeds: int, paused: Sequence[Interval]
+) -> None:
     for method_dir in sorted((setting_dir / "final").iterdir()):
         entry = methods.setdefault(method_dir.name, MethodTime())
         per_study: dict[str, int] = {}
@@ -108,16 +138,16 @@ def read_finals(setting_dir: Path, methods: dict[str, MethodTime], seeds: int) -
             if summary.get("status") != "completed" and not failed_by_itself(summary):
                 continue  # interrupted: it has not run yet
             wall = float(summary.get("wall_time_s") or 0.0)
+            ended = summary_path.stat().st_mtime
             entry.final_runs += 1
-            entry.final_seconds += wall
+            entry.final_seconds += busy([(ended - wall, ended)], paused)
             study = summary_path.parent.parent.name
             per_study[study] = per_study.get(study, 0) + 1
-            ended = summary_path.stat().st_mtime
             entry.intervals.append((ended - wall, ended))
         entry.studies_done = sum(1 for count in per_study.values() if count >= seeds)
 
 
-def measure(root: Path) -> dict[str, Any]:
+def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
     suite = yaml.safe_load((root / "suite.yaml").read_text())
     studies, seeds = int(suite.get("studies") or 1), len(suite.get("final_seeds") or [])
     report: dict[str, Any] = {
@@ -129,11 +159,11 @@ def measure(root: Path) -> dict[str, Any]:
     all_methods = sum(len(m) for m in (suite.get("setting_methods") or {}).values())
     for setting_dir in sorted(p for p in root.iterdir() if (p / "study.db").exists()):
         methods: dict[str, MethodTime] = {}
-        read_trials(setting_dir, methods)
+        read_trials(setting_dir, methods, paused)
         if (setting_dir / "final").is_dir():
-            read_finals(setting_dir, methods, seeds)
+            read_finals(setting_dir, methods, seeds, paused)
         done = {m: e for m, e in methods.items() if e.studies_done >= studies}
-        per_method = [busy(e.intervals) for e in done.values()]
+        per_method = [busy(e.intervals, paused) for e in done.values()]
         intervals = [i for e in methods.values() for i in e.intervals]
         trial_s = sum(e.trial_seconds for e in methods.values())
         final_s = sum(e.final_seconds for e in methods.values())
@@ -148,7 +178,7 @@ def measure(root: Path) -> dict[str, Any]:
         report["settings"][setting_dir.name] = {
             "methods_done": sorted(done),
             "methods_started": len(methods),
-            "busy_wall_s": busy(intervals),
+            "busy_wall_s": busy(intervals, paused),
             "trial_worker_s": trial_s,
             "final_worker_s": final_s,
             "trial_rounds": rounds,
@@ -159,7 +189,7 @@ def measure(root: Path) -> dict[str, Any]:
             "busy_s_per_done_method": statistics.fmean(per_method) if per_method else None,
             "by_method": {
                 m: {
-                    "busy_wall_s": busy(e.intervals),
+                    "busy_wall_s": busy(e.intervals, paused),
                     "trials": e.trials,
                     "configurations": len(e.configurations),
                     "to_the_end": e.to_the_end,
@@ -172,10 +202,17 @@ def measure(root: Path) -> dict[str, Any]:
                 for m, e in methods.items()
             },
         }
-    paces = [s["busy_s_per_done_method"] for s in report["settings"].values()]
-    paces = [p for p in paces if p]
     report["methods_in_suite"] = all_methods
-    report["projected_busy_h"] = statistics.fmean(paces) * all_methods / 3600 if paces else None
+    setting_methods = suite.get("setting_methods") or {}
+    report["projected_by_setting_h"] = {
+        name: (pace * len(setting_methods.get(name, ())) / 3600 if pace else None)
+        for name, s in report["settings"].items()
+        for pace in [s["busy_s_per_done_method"]]
+    }
+    for name in setting_methods:  # a setting not started yet: no pace
+        report["projected_by_setting_h"].setdefault(name, None)
+    projected = report["projected_by_setting_h"].values()
+    report["projected_busy_h"] = None if None in projected else sum(projected)
     return report
 
 
@@ -201,21 +238,40 @@ def markdown(report: dict[str, Any], root: Path) -> str:
             if per_round and pace
             else f"| {name} | {len(s['methods_done'])} | - | - | - | - | - | - |"
         )
-    if report["projected_busy_h"]:
+    by_setting = report["projected_by_setting_h"]
+    measured = [f"{name} {h:.1f} h" for name, h in by_setting.items() if h is not None]
+    missing = [name for name, h in by_setting.items() if h is None]
+    if measured:
+        total = (
+            f"the suite's {report['methods_in_suite']} method-settings take "
+            f"{report['projected_busy_h']:.1f} h"
+            if not missing
+            else f"{', '.join(missing)} not measured yet (no method done)"
+        )
         lines += [
             "",
-            f"At that pace the suite's {report['methods_in_suite']} method-settings take "
-            f"{report['projected_busy_h']:.1f} h of busy wall time.",
+            "At each setting's pace (its busy wall time per done method, times its methods): "
+            f"{', '.join(measured)}; {total}{_pauses(report)}.",
         ]
     return "\n".join(lines) + "\n"
+
+
+def _pauses(report: dict[str, Any]) -> str:
+    paused = report.get("paused_h")
+    return f" ({paused:.2f} h of recorded pauses taken out)" if paused else ""
 
 
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, help="a pflower tune results folder")
     parser.add_argument("--out", type=Path, help="append to <out>/suite_timing.md, write .json")
+    parser.add_argument(
+        "--paused", type=Path, help="a file of pauses, '<start> <end>' (Unix seconds) a line"
+    )
     args = parser.parse_args(argv)
-    report = measure(args.root)
+    paused = read_pauses(args.paused)
+    report = measure(args.root, paused)
+    report["paused_h"] = busy(paused) / 3600
     text = markdown(report, args.root)
     print(text)
     if args.out:
