@@ -329,29 +329,32 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
 
 
 @pytest.mark.parametrize(
-    ("search", "said"),
+    ("plan", "said"),
     [
-        ({}, "8 trials per method and setting, each a seeded random draw from the method's space"),
-        ({"sampler": "tpe"}, "8 trials per method and setting, each a seeded random draw"),
+        (None, "8 trials per method and setting, each a seeded random draw from the method"),
+        (SearchPlan(), "8 trials per method and setting, each a seeded random draw"),
         (
-            {"sampler": "qmc", "scheduler": "halving", "budget_runs": 4},
-            "the compute of 4 full runs per method and setting, spent on quasi-random draws (a "
-            "scrambled Halton sequence) from the method's space with successive halving",
+            SearchPlan(sampler="qmc", scheduler="halving", budget_runs=4),
+            "4 full runs of compute, quasi-random (scrambled Halton) draws, successive halving "
+            "(first rung 0.1 of the rounds, 1/3 go on), per method and setting",
         ),
         (
-            {"sampler": "qmc", "scheduler": "none"},
-            "8 trials per method and setting, spent on quasi",
+            SearchPlan(sampler="qmc", scheduler="none"),
+            "8 trials, quasi-random (scrambled Halton) draws, no early stopping, per method",
         ),
     ],
-    ids=["default", "tpe", "qmc-halving", "qmc-count"],
+    ids=["before-search-plans", "tpe", "qmc-halving", "qmc-count"],
 )
 def test_a_one_study_leaderboard_says_how_its_suite_drew_the_trials(
-    search: dict[str, object], said: str
+    plan: SearchPlan | None, said: str
 ) -> None:
-    """The leaderboard's intro describes the suite's own search plan: a one-study suite that
-    draws quasi-randomly was described as TPE's random start."""
+    """The leaderboard's intro describes the search plan the results folder's suite.yaml
+    records: a one-study suite that draws quasi-randomly was described as TPE's random start."""
     from pflower.reporting.leaderboard_table import trials_drawn
 
-    text = trials_drawn({"trials": 8, "search": search})
+    suite: dict[str, object] = {"trials": 8}
+    if plan is not None:
+        suite["search"] = plan.describe(8)  # as pflower tune writes it
+    text = trials_drawn(suite)
     assert text.startswith(said), text
-    assert ("TPE" in text) is (search.get("sampler", "tpe") == "tpe")
+    assert ("TPE" in text) is (plan is None or plan.sampler == "tpe")

@@ -139,11 +139,11 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
     assert "in 2 independent studies (tuning seeds [0, 1000])" in text
     assert "Ranks are tied unless a paired t-test" not in text  # another protocol's words
     assert "disjoint intervals in" in text and "Smallest difference" in text
-    assert "another study would have changed ('moves'): fedavg, fedprox." in text
+    assert "have changed ('moves'), most first: FedAvg (1 to 2), FedProx (1 to 2)." in text
     # study ranks 1, 2, 3 and 2, 1, 3: Spearman's rho 0.5
     assert (
         "Spearman's rank correlation of the 3 methods' study ranks, for studies 0 and 1: 0.50; "
-        "a method's study ranks spread over a median of 1 places, most for fedavg (1 to 2)."
+        "a method's study ranks spread over a median of 1 places, most for FedAvg (1 to 2)."
     ) in text
 
 
@@ -336,3 +336,21 @@ def test_the_tuning_guides_compare_example_is_what_the_command_prints() -> None:
     head, _, tail = line.partition(" (")
     guide = (root / "docs" / "guide" / "tuning.md").read_text()
     assert f"# {head}" in guide and f"#   ({tail}" in guide, line
+
+
+def test_the_ranks_that_move_most_with_the_study_are_named_first() -> None:
+    """Where most methods move, the note names those that move more than the median method,
+    most first, and says how far the rest move at most (it used to list every method of the
+    setting, in rank order)."""
+    from pflower.reporting.studies import StudyRanks
+    from pflower.reporting.studies_board import notes
+
+    spans = {"a": (1, 2), "b": (1, 9), "c": (3, 4), "d": (4, 3), "e": (5, 5), "f": (2, 7)}
+    ranked = [
+        StudyRanks(method, 0.9, rank, (1, 6), {0: 0.9, 1: 0.9}, {0: s0, 1: s1}, 5)
+        for rank, (method, (s0, s1)) in enumerate(spans.items(), start=1)
+    ]
+    text = "\n".join(notes({}, ranked, {"b": "B-method"}))
+    assert (
+        "('moves'), most first: B-method (1 to 9), f (2 to 7); 3 more by at most 1 places."
+    ) in text

@@ -272,7 +272,10 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         lines += [*markdown_table(rows), ""]
-        lines += studies_board.notes(results, ranked) if ranked else inversion_notes(entries)
+        labels = {e.method: e.label for e in entries}
+        lines += (
+            studies_board.notes(results, ranked, labels) if ranked else inversion_notes(entries)
+        )
         if single:  # runs of another protocol in the same folder: shown apart, not ranked
             lines += [
                 "Tuned in a single study (another protocol), not ranked with the methods above: "

@@ -67,19 +67,14 @@ def _trials(chosen: Mapping[str, Any]) -> str:
 
 
 def trials_drawn(suite: Mapping[str, Any]) -> str:
-    """How a suite of one study drew its trials (its ``search`` plan,
-    [`SearchPlan`][pflower.tuning.schedule.SearchPlan]): quasi-random points, or Optuna's TPE
-    sampler, which draws its first
-    [`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS] at random."""
-    search, trials = suite.get("search") or {}, suite.get("trials")
-    budget = search.get("budget_runs")
-    if search.get("sampler") == "qmc":
-        spent = f"the compute of {budget} full runs" if budget else f"{trials} trials"
-        halving = " with successive halving" if search.get("scheduler") == "halving" else ""
-        return (
-            f"{spent} per method and setting, spent on quasi-random draws (a scrambled Halton "
-            f"sequence) from the method's space{halving}"
-        )
+    """How a suite of one study drew its trials: its recorded search plan
+    ([`SearchPlan.describe`][pflower.tuning.schedule.SearchPlan.describe]) where that is not TPE,
+    else how Optuna's TPE sampler draws (its first
+    [`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS] at random; a suite.yaml
+    written before search plans records none: TPE)."""
+    search, trials = suite.get("search"), suite.get("trials")
+    if isinstance(search, str) and "TPE" not in search:
+        return f"{search}, per method and setting"
     if isinstance(trials, int) and trials <= TPE_STARTUP_TRIALS:
         return (
             f"{trials} trials per method and setting, each a seeded random draw from the "

@@ -107,6 +107,19 @@ class StudyRanks:
         return len(set(self.study_ranks.values())) > 1
 
     @property
+    def best_rank(self) -> int:
+        return min(self.study_ranks.values())
+
+    @property
+    def worst_rank(self) -> int:
+        return max(self.study_ranks.values())
+
+    @property
+    def rank_spread(self) -> int:
+        """How many places its study ranks span (0: every study ranks it alike)."""
+        return self.worst_rank - self.best_rank
+
+    @property
     def too_few_seeds(self) -> bool:
         return self.seeds < MIN_SEEDS
 
@@ -379,11 +392,10 @@ def agreement(ranked: Sequence[StudyRanks]) -> Agreement | None:
                 [r.study_ranks[a] for r in full], [r.study_ranks[b] for r in full]
             )
             rhos[a, b] = float(rho.statistic)
-    spans = {r.method: (min(r.study_ranks.values()), max(r.study_ranks.values())) for r in full}
-    widest = max(full, key=lambda r: (spans[r.method][1] - spans[r.method][0], -r.rank))
+    widest = max(full, key=lambda r: (r.rank_spread, -r.rank))
     return Agreement(
         rhos=rhos,
-        median_move=float(statistics.median(high - low for low, high in spans.values())),
-        largest=(widest.method, *spans[widest.method]),
+        median_move=float(statistics.median(r.rank_spread for r in full)),
+        largest=(widest.method, widest.best_rank, widest.worst_rank),
         methods=len(full),
     )

@@ -7,7 +7,8 @@ which methods are ranked on too few seeds."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,33 @@ def _runs(ranked: StudyRanks, row: MethodRow) -> str:
     return f"{len(ranked.study_means)} x {ranked.seeds}" + "".join(f", {n}" for n in notes)
 
 
-def _agreement(ranked: Sequence[StudyRanks]) -> list[str]:
+def _moves(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> list[str]:
+    """The note naming the ranks that another study would have changed, those that move most
+    first; where most methods move, only those that move more than the median method, and how
+    far the rest move at most."""
+    moving = sorted(
+        (r for r in ranked if r.rank_moves_with_the_study), key=lambda r: (-r.rank_spread, r.rank)
+    )
+    if not moving:
+        return []
+    median = statistics.median(r.rank_spread for r in ranked)
+    shown = [r for r in moving if r.rank_spread > median] or moving
+    rest = len(moving) - len(shown)
+    named = ", ".join(
+        f"{name(r.method, r.method)} ({r.best_rank} to {r.worst_rank})" for r in shown
+    )
+    more = (
+        f"; {rest} more by at most {max(r.rank_spread for r in moving[len(shown) :])} places"
+        if rest
+        else ""
+    )
+    return [
+        f"Ranks that another study would have changed ('moves'), most first: {named}{more}.",
+        "",
+    ]
+
+
+def _agreement(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> list[str]:
     """The note that says how far a second search would change the ranking."""
     found = agreement(ranked)
     if found is None:
@@ -110,15 +137,21 @@ def _agreement(ranked: Sequence[StudyRanks]) -> list[str]:
         f"Agreement between the studies (what a second search changes): Spearman's rank "
         f"correlation of the {found.methods} methods' study ranks, for studies {pairs}; a "
         f"method's study ranks spread over a median of {found.median_move:g} places, most "
-        f"for {method} ({best} to {worst}).",
+        f"for {name(method, method)} ({best} to {worst}).",
         "",
     ]
 
 
-def notes(results: Mapping[str, Scores], ranked: Sequence[StudyRanks]) -> list[str]:
+def notes(
+    results: Mapping[str, Scores],
+    ranked: Sequence[StudyRanks],
+    labels: Mapping[str, str] | None = None,
+) -> list[str]:
     """What qualifies a setting's ranks: the procedure with its simulated false separation rate
     at the setting's own spreads, the smallest difference its seeds detect, the methods whose
-    rank moves with the study, and those ranked on too few seeds."""
+    rank moves with the study (most first), and those ranked on too few seeds. ``labels``:
+    the methods' names in the table (default: their config names)."""
+    name = (labels or {}).get
     if not ranked:
         return []
     studies = max(len(r.study_means) for r in ranked)
@@ -141,14 +174,9 @@ def notes(results: Mapping[str, Scores], ranked: Sequence[StudyRanks]) -> list[s
             f"{100 * smallest:.2f} points.",
             "",
         ]
-    moving = [r.method for r in ranked if r.rank_moves_with_the_study]
-    if moving:
-        lines += [
-            f"Ranks that another study would have changed ('moves'): {', '.join(moving)}.",
-            "",
-        ]
-    lines += _agreement(ranked)
-    few = [r.method for r in ranked if r.too_few_seeds]
+    lines += _moves(ranked, name)
+    lines += _agreement(ranked, name)
+    few = [name(r.method, r.method) for r in ranked if r.too_few_seeds]
     if few:
         lines += [
             f"(!) Ranked on fewer than {MIN_SEEDS} final seeds per study, too few to rank on: "
