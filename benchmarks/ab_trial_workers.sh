@@ -7,6 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
 COMMON=(checkpoint.every=0 +experiment=fedala_table2_cpu partition=pflib_pathological
   split.subsample_fraction=0.1 rounds=4 strategy=fedavg seed=0 split.val_fraction=0.2
   split.evaluate_on=val "eval.stages=[L1]" eval.client_global_test=off plots=false
@@ -17,15 +18,18 @@ for rep in 1 2 3; do
   for arm in default one; do
     extra=(); [ $arm = one ] && extra=(backend.workers=1)
     start=$EPOCHREALTIME
-    run train.lr=0.03 "${extra[@]}" output_dir="$OUT/$arm-$rep-a" &
-    run train.lr=0.01 "${extra[@]}" output_dir="$OUT/$arm-$rep-b" &
-    wait
+    run train.lr=0.03 "${extra[@]}" output_dir="$OUT/$arm-$rep-a" & a=$!
+    run train.lr=0.01 "${extra[@]}" output_dir="$OUT/$arm-$rep-b" & b=$!
+    wait $a && wait $b  # a failed run stops the script (set -e)
     echo "$arm pair $rep: $(python -c "print(f'{$EPOCHREALTIME - $start:.1f} s')")"
   done
 done
 rows() { grep -v '"stage": "time"' "$1/metrics.jsonl"; }
 for rep in 1 2 3; do
-  cmp -s <(rows "$OUT/default-$rep-a") <(rows "$OUT/one-$rep-a") || { echo "rows differ"; exit 1; }
+  for run in a b; do
+    [ -s "$OUT/default-$rep-$run/metrics.jsonl" ] || { echo "no rows"; exit 1; }
+    cmp -s <(rows "$OUT/default-$rep-$run") <(rows "$OUT/one-$rep-$run") \
+      || { echo "rows differ"; exit 1; }
+  done
 done
 echo "rows identical"
-rm -rf "$OUT"

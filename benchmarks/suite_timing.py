@@ -87,17 +87,27 @@ def busy(intervals: Sequence[Interval], paused: Sequence[Interval] = ()) -> floa
 
 
 def read_pauses(path: Path | None) -> list[Interval]:
-    """The pauses recorded in ``path``: a line ``<start> <end>`` (Unix seconds) for each time
-    the suite's runs were stopped (SIGSTOP) while other work ran, which their wall times
-    include."""
+    """The pauses recorded in ``path``: a line ``<start> <end>`` (Unix seconds, start before
+    end) for each time the suite's runs were stopped (SIGSTOP) while other work ran, which
+    their wall times include; blank lines are skipped.
+
+    Raises:
+        ValueError: a line that is not such a pair.
+    """
     if path is None:
         return []
-    return [
-        (float(a), float(b))
-        for line in path.read_text().splitlines()
-        if len(parts := line.split()) == 2
-        for a, b in [parts]
-    ]
+    pauses = []
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            start, end = (float(v) for v in line.split())
+        except ValueError:
+            raise ValueError(f"{path}:{number}: not '<start> <end>': {line!r}") from None
+        if not start < end:
+            raise ValueError(f"{path}:{number}: the pause ends before it starts: {line!r}")
+        pauses.append((start, end))
+    return pauses
 
 
 def read_trials(
@@ -148,6 +158,7 @@ def read_finals(
 
 
 def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
+    """The timing report of the suite in ``root``, with the times in ``paused`` taken out."""
     suite = yaml.safe_load((root / "suite.yaml").read_text())
     studies, seeds = int(suite.get("studies") or 1), len(suite.get("final_seeds") or [])
     report: dict[str, Any] = {
@@ -155,65 +166,77 @@ def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
         "studies": studies,
         "final_seeds": seeds,
         "settings": {},
+        "methods_in_suite": sum(len(m) for m in (suite.get("setting_methods") or {}).values()),
     }
-    all_methods = sum(len(m) for m in (suite.get("setting_methods") or {}).values())
+    every: list[Interval] = []
     for setting_dir in sorted(p for p in root.iterdir() if (p / "study.db").exists()):
         methods: dict[str, MethodTime] = {}
         read_trials(setting_dir, methods, paused)
         if (setting_dir / "final").is_dir():
             read_finals(setting_dir, methods, seeds, paused)
-        done = {m: e for m, e in methods.items() if e.studies_done >= studies}
-        per_method = [busy(e.intervals, paused) for e in done.values()]
-        intervals = [i for e in methods.values() for i in e.intervals]
-        trial_s = sum(e.trial_seconds for e in methods.values())
-        final_s = sum(e.final_seconds for e in methods.values())
-        rounds = sum(e.rounds for e in methods.values())
-        durations = [d for e in methods.values() for d in e.durations]
-        timed = sum(r for r, _ in durations)  # the rounds of the trials whose time is counted
-        fixed, per_round = (
-            np.polyfit([r for r, _ in durations], [t for _, t in durations], 1)[::-1]
-            if len(durations) > 2
-            else (None, None)
-        )
-        report["settings"][setting_dir.name] = {
-            "methods_done": sorted(done),
-            "methods_started": len(methods),
-            "busy_wall_s": busy(intervals, paused),
-            "trial_worker_s": trial_s,
-            "final_worker_s": final_s,
-            "trial_rounds": rounds,
-            "trial_s_per_round": trial_s / timed if timed else None,
-            "trial_fit_fixed_s": fixed,
-            "trial_fit_per_round_s": per_round,
-            "trials_interrupted": sum(e.interrupted for e in methods.values()),
-            "busy_s_per_done_method": statistics.fmean(per_method) if per_method else None,
-            "by_method": {
-                m: {
-                    "busy_wall_s": busy(e.intervals, paused),
-                    "trials": e.trials,
-                    "configurations": len(e.configurations),
-                    "to_the_end": e.to_the_end,
-                    "trial_rounds": e.rounds,
-                    "trial_worker_s": e.trial_seconds,
-                    "final_runs": e.final_runs,
-                    "final_worker_s": e.final_seconds,
-                    "studies_done": e.studies_done,
-                }
-                for m, e in methods.items()
-            },
-        }
-    report["methods_in_suite"] = all_methods
-    setting_methods = suite.get("setting_methods") or {}
-    report["projected_by_setting_h"] = {
-        name: (pace * len(setting_methods.get(name, ())) / 3600 if pace else None)
-        for name, s in report["settings"].items()
-        for pace in [s["busy_s_per_done_method"]]
-    }
-    for name in setting_methods:  # a setting not started yet: no pace
-        report["projected_by_setting_h"].setdefault(name, None)
+        report["settings"][setting_dir.name] = setting_report(methods, studies, paused)
+        every += [i for e in methods.values() for i in e.intervals]
+    report["projected_by_setting_h"] = projection(report["settings"], suite)
     projected = report["projected_by_setting_h"].values()
     report["projected_busy_h"] = None if None in projected else sum(projected)
+    report["paused_h"] = (busy(every) - busy(every, paused)) / 3600  # what overlapped the runs
     return report
+
+
+def setting_report(
+    methods: dict[str, MethodTime], studies: int, paused: Sequence[Interval]
+) -> dict[str, Any]:
+    """One setting's times: busy wall, worker-seconds, the trials' cost per round (and a line
+    fitted to their durations), and each method's."""
+    done = {m: e for m, e in methods.items() if e.studies_done >= studies}
+    per_method = [busy(e.intervals, paused) for e in done.values()]
+    trial_s = sum(e.trial_seconds for e in methods.values())
+    durations = [d for e in methods.values() for d in e.durations]
+    timed = sum(r for r, _ in durations)  # the rounds of the trials whose time is counted
+    fixed, per_round = (
+        np.polyfit([r for r, _ in durations], [t for _, t in durations], 1)[::-1]
+        if len(durations) > 2
+        else (None, None)
+    )
+    return {
+        "methods_done": sorted(done),
+        "methods_started": len(methods),
+        "busy_wall_s": busy([i for e in methods.values() for i in e.intervals], paused),
+        "trial_worker_s": trial_s,
+        "final_worker_s": sum(e.final_seconds for e in methods.values()),
+        "trial_rounds": sum(e.rounds for e in methods.values()),
+        "trial_s_per_round": trial_s / timed if timed else None,
+        "trial_fit_fixed_s": fixed,
+        "trial_fit_per_round_s": per_round,
+        "trials_interrupted": sum(e.interrupted for e in methods.values()),
+        "busy_s_per_done_method": statistics.fmean(per_method) if per_method else None,
+        "by_method": {
+            m: {
+                "busy_wall_s": busy(e.intervals, paused),
+                "trials": e.trials,
+                "configurations": len(e.configurations),
+                "to_the_end": e.to_the_end,
+                "trial_rounds": e.rounds,
+                "trial_worker_s": e.trial_seconds,
+                "final_runs": e.final_runs,
+                "final_worker_s": e.final_seconds,
+                "studies_done": e.studies_done,
+            }
+            for m, e in methods.items()
+        },
+    }
+
+
+def projection(settings: dict[str, Any], suite: dict[str, Any]) -> dict[str, float | None]:
+    """Each setting's projected busy hours: its busy time per done method times its methods
+    (None where no method is done, or the suite.yaml does not list the setting's methods; a
+    setting not started yet is listed, with None)."""
+    methods = suite.get("setting_methods") or {}
+    found: dict[str, float | None] = {name: None for name in methods}
+    for name, setting in settings.items():
+        pace = setting["busy_s_per_done_method"]
+        found[name] = pace * len(methods[name]) / 3600 if pace and name in methods else None
+    return found
 
 
 def markdown(report: dict[str, Any], root: Path) -> str:
@@ -271,7 +294,6 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     paused = read_pauses(args.paused)
     report = measure(args.root, paused)
-    report["paused_h"] = busy(paused) / 3600
     text = markdown(report, args.root)
     print(text)
     if args.out:

@@ -332,7 +332,16 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
     ("plan", "said"),
     [
         (None, "8 trials per method and setting, each a seeded random draw from the method"),
-        (SearchPlan(), "8 trials per method and setting, each a seeded random draw"),
+        (
+            SearchPlan(),
+            "8 trials, TPE draws, median pruner, per method and setting (Optuna's TPE sampler "
+            "draws its first 10 at random: a seeded random search)",
+        ),
+        (
+            SearchPlan(scheduler="halving", budget_runs=4),
+            "4 full runs of compute, TPE draws, successive halving (first rung 0.1 of the "
+            "rounds, 1/3 go on), per method and setting",
+        ),
         (
             SearchPlan(sampler="qmc", scheduler="halving", budget_runs=4),
             "4 full runs of compute, quasi-random (scrambled Halton) draws, successive halving "
@@ -343,7 +352,7 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
             "8 trials, quasi-random (scrambled Halton) draws, no early stopping, per method",
         ),
     ],
-    ids=["before-search-plans", "tpe", "qmc-halving", "qmc-count"],
+    ids=["before-search-plans", "tpe", "tpe-halving", "qmc-halving", "qmc-count"],
 )
 def test_a_one_study_leaderboard_says_how_its_suite_drew_the_trials(
     plan: SearchPlan | None, said: str
@@ -358,3 +367,4 @@ def test_a_one_study_leaderboard_says_how_its_suite_drew_the_trials(
     text = trials_drawn(suite)
     assert text.startswith(said), text
     assert ("TPE" in text) is (plan is None or plan.sampler == "tpe")
+    assert ("seeded random" in text) is (plan is None or plan == SearchPlan())

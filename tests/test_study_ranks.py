@@ -143,7 +143,7 @@ def test_the_leaderboard_of_a_suite_of_several_studies(tmp_path: Path) -> None:
     # study ranks 1, 2, 3 and 2, 1, 3: Spearman's rho 0.5
     assert (
         "Spearman's rank correlation of the 3 methods' study ranks, for studies 0 and 1: 0.50; "
-        "a method's study ranks spread over a median of 1 places, most for FedAvg (1 to 2)."
+        "a method's study ranks spread over a median of 1 place, most for FedAvg (1 to 2)."
     ) in text
 
 
@@ -352,5 +352,5 @@ def test_the_ranks_that_move_most_with_the_study_are_named_first() -> None:
     ]
     text = "\n".join(notes({}, ranked, {"b": "B-method"}))
     assert (
-        "('moves'), most first: B-method (1 to 9), f (2 to 7); 3 more by at most 1 places."
+        "('moves'), most first: B-method (1 to 9), f (2 to 7); 3 more by at most 1 place."
     ) in text

@@ -166,10 +166,10 @@ def test_a_trial_left_running_by_a_stopped_tune_is_retried_at_once(tmp_path: Pat
 
 
 def test_a_run_that_recorded_an_interruption_is_not_a_failed_configuration(tmp_path: Path) -> None:
-    """A run ended by a signal that did not come from ``pflower tune`` (``kill``; Ctrl-C that
-    reached the run's group but not the driver, a background job that ignores SIGINT) records
-    itself as interrupted: the runner says so (`RunInterrupted`) instead of failing the values
-    with it, which cost a study of the cpu suite one configuration."""
+    """A run ended by a signal that did not come from ``pflower tune``'s own stops (a ``kill`` of
+    the run; a SIGINT to the group of a driver that ignored it, before the fork server kept it
+    ignored too) records itself as interrupted: the runner says so (`RunInterrupted`) instead of
+    failing the values with it, which cost a study of the cpu suite one configuration."""
     from pflower.tuning.runner import RunInterrupted, TrialFailed, run_pflower
 
     run_dir = tmp_path / "run"
@@ -185,13 +185,19 @@ def test_a_run_that_recorded_an_interruption_is_not_a_failed_configuration(tmp_p
     assert not isinstance(failed.value, RunInterrupted)
 
 
-def test_an_interrupted_trial_is_retried_with_its_values_and_not_counted(tmp_path: Path) -> None:
-    """The study goes on: the interrupted trial's values run again at once, and the budget
-    counts only the trials whose runs were let finish."""
+@pytest.mark.parametrize("interruptions", [1, 2, 4])
+def test_an_interrupted_trial_is_retried_with_its_values_and_not_counted(
+    tmp_path: Path, interruptions: int
+) -> None:
+    """The study goes on: the interrupted trial's values run again at once, however often in a
+    row (a retry that was itself retried used to count, and its values were then skipped as a
+    repeat), and the budget counts only the trials whose runs were let finish; after
+    `MAX_RETRY` retries the values count as failed, so that a configuration whose runs are
+    always killed is not retried forever."""
     from optuna.trial import TrialState
 
     from pflower.tuning import search
-    from pflower.tuning.ledger import budget_counts
+    from pflower.tuning.ledger import MAX_RETRY, budget_counts
     from pflower.tuning.runner import RunInterrupted
     from pflower.tuning.suite import load_suite
     from tests.helpers import tiny_suite
@@ -203,32 +209,40 @@ def test_an_interrupted_trial_is_retried_with_its_values_and_not_counted(tmp_pat
 
     def runner(command: list[str], run_dir: Path, *_: object, **__: object) -> dict[str, object]:
         ran.append(next(c for c in command if c.startswith("train.lr=")))
-        if len(ran) == 1:
-            raise RunInterrupted("interrupted by SIGINT (see tune_stdout.log)")
+        if len(ran) <= interruptions:
+            raise RunInterrupted("interrupted by SIGTERM (see tune_stdout.log)")
         lr = float(ran[-1].split("=")[1])
         return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": lr}}}}
 
     said: list[str] = []
     layout = search.Layout(tmp_path / "out")
-    setting = suite.settings[0]
-    study = search.tune(suite, setting, "fedprox", layout, 2, log=said.append, runner=runner)
-    trials = study.get_trials()
-    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE, TrialState.COMPLETE]
-    assert ran[0] == ran[1] and len(set(ran)) == 2  # the same values again, then a new draw
-    assert trials[0].user_attrs["error"].startswith("interrupted by SIGINT")
+    study = search.tune(
+        suite, suite.settings[0], "fedprox", layout, 2, log=said.append, runner=runner
+    )
+    states = [t.state for t in study.get_trials()]
+    retried = min(interruptions, MAX_RETRY)
+    assert len(set(ran[: retried + 1])) == 1  # the same values each time
     assert budget_counts(study) == (2, 0)
     assert said[0] == (
-        "fedprox trial 0: interrupted by SIGINT (see tune_stdout.log); retried with the same values"
+        "fedprox trial 0: interrupted by SIGTERM (see tune_stdout.log); "
+        "retried with the same values"
     )
+    if interruptions <= MAX_RETRY:  # then a second configuration, both complete
+        assert states == [TrialState.FAIL] * interruptions + [TrialState.COMPLETE] * 2
+        assert len(set(ran)) == 2
+    else:  # the fourth retry's interruption counts: one failed configuration, one complete
+        assert states == [TrialState.FAIL] * (MAX_RETRY + 1) + [TrialState.COMPLETE]
+        assert said[MAX_RETRY].endswith("; counted as failed (retried enough)")
 
 
 @pytest.mark.parametrize("ignored", [True, False], ids=["background-job", "terminal"])
 def test_the_fork_server_and_its_runs_keep_an_ignored_sigint_ignored(ignored: bool) -> None:
-    """Started by a process that ignores SIGINT (a background job: ``nohup pflower tune ... &``),
-    the fork server and the runs it forks ignore it too, as the driver does and as a run started
-    without the server would: a SIGINT to the job's process group used to end the server and its
-    runs while the driver went on (it failed the running trial's values, then stopped with a
-    traceback: the server had removed its stand-in). Started from a terminal, both catch it."""
+    """Started by a process that ignores SIGINT (``pflower tune ... &`` in a script, without job
+    control), the fork server and the runs it forks ignore it too, as the driver does and as a
+    run started without the server would: a SIGINT to the job's process group used to end the
+    server and its runs while the driver went on (it failed the running trial's values, then
+    stopped with a traceback: the server had removed its stand-in). Started from a terminal,
+    both catch it."""
     from pflower.runtime.forkserver import ForkServerProcess, server_directory
 
     before = signal.signal(signal.SIGINT, signal.SIG_IGN if ignored else signal.SIG_DFL)
@@ -243,7 +257,8 @@ def test_the_fork_server_and_its_runs_keep_an_ignored_sigint_ignored(ignored: bo
         server.wait_ready(120)
         stand_in = subprocess.Popen([str(server.shim)], env=server.environment())
         deadline = time.monotonic() + 60
-        while not (runs := _children(server.popen.pid)):
+        # forked, and past its signal reset (the server catches SIGTERM, the run does not)
+        while not (runs := _children(server.popen.pid)) or _catches(runs[0], signal.SIGTERM):
             assert time.monotonic() < deadline, "the task never started"
             time.sleep(0.02)
         for pid in (server.popen.pid, runs[0]):

@@ -68,14 +68,22 @@ def _trials(chosen: Mapping[str, Any]) -> str:
 
 def trials_drawn(suite: Mapping[str, Any]) -> str:
     """How a suite of one study drew its trials: its recorded search plan
-    ([`SearchPlan.describe`][pflower.tuning.schedule.SearchPlan.describe]) where that is not TPE,
-    else how Optuna's TPE sampler draws (its first
-    [`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS] at random; a suite.yaml
-    written before search plans records none: TPE)."""
+    ([`SearchPlan.describe`][pflower.tuning.schedule.SearchPlan.describe]), and where that is a
+    count of TPE trials no larger than Optuna's random start
+    ([`TPE_STARTUP_TRIALS`][pflower.tuning.schedule.TPE_STARTUP_TRIALS]), that it was a seeded
+    random search. A suite.yaml written before search plans records none: TPE trials."""
     search, trials = suite.get("search"), suite.get("trials")
-    if isinstance(search, str) and "TPE" not in search:
-        return f"{search}, per method and setting"
-    if isinstance(trials, int) and trials <= TPE_STARTUP_TRIALS:
+    random_start = isinstance(trials, int) and trials <= TPE_STARTUP_TRIALS
+    if isinstance(search, str):
+        counted = search.startswith(f"{trials} trials, TPE draws")
+        note = (
+            f" (Optuna's TPE sampler draws its first {TPE_STARTUP_TRIALS} at random: a seeded "
+            "random search)"
+            if counted and random_start
+            else ""
+        )
+        return f"{search}, per method and setting{note}"
+    if random_start:
         return (
             f"{trials} trials per method and setting, each a seeded random draw from the "
             f"method's space, as Optuna's TPE sampler draws its first {TPE_STARTUP_TRIALS}"

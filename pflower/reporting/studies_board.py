@@ -109,17 +109,15 @@ def _moves(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> lis
     )
     if not moving:
         return []
-    median = statistics.median(r.rank_spread for r in ranked)
+    studies = max(len(r.study_ranks) for r in ranked)  # the methods the agreement note counts
+    median = statistics.median(r.rank_spread for r in ranked if len(r.study_ranks) == studies)
     shown = [r for r in moving if r.rank_spread > median] or moving
     rest = len(moving) - len(shown)
     named = ", ".join(
         f"{name(r.method, r.method)} ({r.best_rank} to {r.worst_rank})" for r in shown
     )
-    more = (
-        f"; {rest} more by at most {max(r.rank_spread for r in moving[len(shown) :])} places"
-        if rest
-        else ""
-    )
+    most = max((r.rank_spread for r in moving[len(shown) :]), default=0)
+    more = f"; {rest} more by at most {most} place{'s' if most > 1 else ''}" if rest else ""
     return [
         f"Ranks that another study would have changed ('moves'), most first: {named}{more}.",
         "",
@@ -136,7 +134,8 @@ def _agreement(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) ->
     return [
         f"Agreement between the studies (what a second search changes): Spearman's rank "
         f"correlation of the {found.methods} methods' study ranks, for studies {pairs}; a "
-        f"method's study ranks spread over a median of {found.median_move:g} places, most "
+        f"method's study ranks spread over a median of {found.median_move:g} "
+        f"place{'' if found.median_move == 1 else 's'}, most "
         f"for {name(method, method)} ({best} to {worst}).",
         "",
     ]

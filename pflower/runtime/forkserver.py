@@ -113,12 +113,12 @@ the runtime names no module of the layers above it).
 is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
 
 TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGHUP})
-"""Signals from a terminal, which a background job (SIGINT) or ``nohup`` (SIGHUP) ignores: one
-ignored when the server starts stays ignored in the server and its children, as in the process
-that started it and in a run
-([`summary_on_signal`][pflower.results.failures.summary_on_signal]). A SIGINT to the group of a
-background ``pflower tune`` used to end its fork server and runs while the driver went on.
-SIGTERM, pflower's own stop, is always caught."""
+"""Signals from a terminal, which a command started with ``&`` by a script (SIGINT: no job
+control) or under ``nohup`` (SIGHUP) ignores: one ignored when the server starts stays ignored
+in the server and its children, as in the process that started it and in a run
+([`summary_on_signal`][pflower.results.failures.summary_on_signal]). A SIGINT to the group of
+such a ``pflower tune`` used to end its fork server and runs while the driver went on. SIGTERM,
+pflower's own stop, is always caught."""
 
 SOCKET_NAME = "server.sock"
 MAX_SOCKET_PATH = 107

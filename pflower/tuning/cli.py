@@ -47,8 +47,9 @@ from pflower.provenance import kernel_caps
 from pflower.registry import ConfigError
 from pflower.searchspace import declared_space, format_value, number_or_text
 from pflower.tuning.baselines import check_protocol, check_stored_runs
+from pflower.tuning.layout import Layout
 from pflower.tuning.runner import RunRefused
-from pflower.tuning.search import Layout, Runner
+from pflower.tuning.search import Runner
 from pflower.tuning.suite import Setting, Suite, check_suite, load_suite
 
 

@@ -13,6 +13,7 @@ import yaml
 
 from pflower.results.failures import error_line, failed_by_itself
 from pflower.searchspace import format_value
+from pflower.tuning.layout import Layout
 from pflower.tuning.ledger import counted_trials, rounds_run, spending
 from pflower.tuning.runner import (
     RunInterrupted,
@@ -22,7 +23,7 @@ from pflower.tuning.runner import (
     run_pflower,
     runs_stop_together,
 )
-from pflower.tuning.search import OBJECTIVE, Layout, run_command, study_name
+from pflower.tuning.search import OBJECTIVE, run_command, study_name
 from pflower.tuning.suite import Setting, Suite
 
 

@@ -13,19 +13,48 @@ from pathlib import Path
 from typing import Any
 
 from pflower.registry import ConfigError
-from pflower.runtime.optuna_storage import fail_running_trials, retry_callback, trials_of
+from pflower.runtime.optuna_storage import (
+    fail_running_trials,
+    retry_callback,
+    stored_trial,
+    trials_of,
+)
 from pflower.searchspace import Param
 from pflower.tuning.schedule import SearchPlan, configuration, distinct
 from pflower.tuning.suite import Setting
 
+MAX_RETRY = 3
+"""How many times a trial's values run again after runs that were not let finish (left running
+by a stopped command, or interrupted by a signal from outside it); one more such end counts
+toward the budget as a failed trial: a configuration whose every run is killed (by an
+out-of-memory watchdog, say) must not be retried forever."""
+
 
 def retried_numbers(trials: Sequence[Any]) -> set[int]:
-    """Trials failed for staleness (their run was interrupted) or refused before their run
+    """Trials failed for staleness (their run was interrupted), interrupted by a signal
+    ([`RunInterrupted`][pflower.tuning.runner.RunInterrupted]) or refused before their run
     started ([`RunRefused`][pflower.tuning.runner.RunRefused]), and re-enqueued with their
-    values."""
+    values: every trial of a retry's history (Optuna's ``failed_trial`` names only the first of
+    a chain, so a retry that was itself retried would count)."""
     _, callback = retry_callback()
-    numbers = {callback.retried_trial_number(t) for t in trials}
-    return {n for n in numbers if n is not None}
+    return {number for t in trials for number in callback.retry_history(t)}
+
+
+def retry(study: Any, trial: Any, limit: int | None = MAX_RETRY) -> bool:
+    """Enqueue the values of ``trial``, still running, again (Optuna's retry callback, which
+    records the retries' history), unless they already ran again ``limit`` times; return whether
+    it did. A trial that is no longer running was failed as stale by the heartbeat check, which
+    enqueued it: nothing to do."""
+    from optuna.trial import TrialState
+
+    stored = stored_trial(study, trial)
+    _, callback = retry_callback()
+    if stored.state != TrialState.RUNNING or (
+        limit is not None and len(callback.retry_history(stored)) >= limit
+    ):
+        return False
+    callback()(study, stored)
+    return True
 
 
 def counted_trials(trials: Sequence[Any]) -> tuple[list[Any], set[int]]:

@@ -46,6 +46,7 @@ from pflower.registry import ConfigError
 from pflower.results.failures import error_line, failed_by_itself
 from pflower.searchspace import RANGE_END, Param, format_value
 from pflower.tuning.finals import read_chosen
+from pflower.tuning.layout import Layout
 from pflower.tuning.runner import (
     Runner,
     RunRefused,
@@ -55,7 +56,7 @@ from pflower.tuning.runner import (
     run_pflower,
     runs_stop_together,
 )
-from pflower.tuning.search import OBJECTIVE, Layout, run_command, trial_overrides
+from pflower.tuning.search import OBJECTIVE, run_command, trial_overrides
 from pflower.tuning.suite import Setting, Suite
 
 LINEAR_POINTS = 5

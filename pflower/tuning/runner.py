@@ -84,11 +84,12 @@ class TrialFailed(RuntimeError):
 
 
 class RunInterrupted(TrialFailed):
-    """A signal from outside ``pflower tune`` ended the run (``kill``, or a Ctrl-C that reached
-    the run's process group but not the driver's, as when the driver is a background job, which
-    ignores SIGINT): the run recorded itself as interrupted
+    """A signal that did not come from ``pflower tune``'s own stops (pruning, a timeout, the
+    driver's stop) ended the run: a ``kill`` of the run, or a Ctrl-C that reached the run just
+    before the driver's stop did. The run recorded itself as interrupted
     ([`was_interrupted`][pflower.results.failures.was_interrupted]). Not the values' doing: a
-    trial is retried with them, a final run runs at the next ``pflower tune``."""
+    trial is retried with them (up to [`MAX_RETRY`][pflower.tuning.ledger.MAX_RETRY] times), a
+    final run runs at the next ``pflower tune``."""
 
 
 class RunRefused(ConfigError):

@@ -32,7 +32,6 @@ import shutil
 import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +41,11 @@ from pflower.runtime.optuna_storage import (
     heartbeat,
     record_heartbeat,
     retry_callback,
-    stored_trial,
 )
 from pflower.searchspace import Param, format_value
+from pflower.tuning.layout import Layout
 from pflower.tuning.ledger import (
+    MAX_RETRY,
     QMC_ATTR,
     REPEAT_ATTR,
     REPEAT_LIMIT,
@@ -54,6 +54,7 @@ from pflower.tuning.ledger import (
     driving,
     next_point,
     repeated,
+    retry,
     search_record,
     spending,
 )
@@ -85,61 +86,6 @@ OBJECTIVE_ONLY = ("eval.stages=[L1]", "eval.client_global_test=off", "plots=fals
 no Acc(G) (the same stage-L1 Acc(L) as a run that measures all: ``tests/test_search_plan.py``),
 and draws no plots (0.4-0.8 s of a completed trial; its rows say what a plot would)."""
 GRACE_S = 90
-
-
-# ----------------------------------------------------------------------------------- layout
-@dataclass(frozen=True)
-class Layout:
-    """Where a suite's results live: ``<root>/<setting>/...``."""
-
-    root: Path
-
-    def setting_dir(self, setting: str) -> Path:
-        return self.root / setting
-
-    def storage_url(self, setting: str) -> str:
-        return f"sqlite:///{(self.setting_dir(setting) / 'study.db').resolve()}"
-
-    def trial_dir(self, setting: str, method: str, number: int, study: int | None = None) -> Path:
-        return _in_study(self.setting_dir(setting) / "trials" / method, study) / f"{number:03d}"
-
-    def chosen_file(self, setting: str, method: str, study: int | None = None) -> Path:
-        """``chosen/<method>.yaml`` (a suite of one study), ``chosen/<method>/study_<k>.yaml``."""
-        chosen = self.setting_dir(setting) / "chosen"
-        return (
-            chosen / f"{method}.yaml" if study is None else chosen / method / f"study_{study}.yaml"
-        )
-
-    def final_dir(self, setting: str, method: str, seed: int, study: int | None = None) -> Path:
-        return _in_study(self.setting_dir(setting) / "final" / method, study) / f"seed_{seed}"
-
-    def profile_file(self, setting: str, method: str, key: str) -> Path:
-        """The profile of ``key`` at ``method``'s chosen values
-        ([`.profile`][pflower.tuning.profile])."""
-        return self.setting_dir(setting) / "profiles" / method / f"{key}.yaml"
-
-    def profile_runs_dir(self, setting: str, method: str, key: str) -> Path:
-        """The runs of ``key``'s profile, one folder per value."""
-        return self.setting_dir(setting) / "profiles" / method / key
-
-    def profile_run_dir(self, setting: str, method: str, key: str, value: Any) -> Path:
-        return self.profile_runs_dir(setting, method, key) / format_value(value)
-
-    def refusal_file(self, setting: str, method: str) -> Path:
-        """Why the setting's configuration refuses ``method`` (written instead of tuning it)."""
-        return self.setting_dir(setting) / "refused" / f"{method}.txt"
-
-    def lock_file(self, setting: str) -> Path:
-        return self.setting_dir(setting) / ".study.lock"
-
-    def drivers_file(self, setting: str) -> Path:
-        """Held shared by every ``pflower tune`` running trials of the setting (`driving`)."""
-        return self.setting_dir(setting) / ".drivers.lock"
-
-
-def _in_study(folder: Path, study: int | None) -> Path:
-    """``folder`` itself for a suite of one study, else its ``study_<k>`` subfolder."""
-    return folder if study is None else folder / f"study_{study}"
 
 
 def study_name(method: str, study: int | None) -> str:
@@ -217,7 +163,7 @@ def _storage(url: str) -> Any:
         engine_kwargs={"connect_args": {"timeout": 120}},
         heartbeat_interval=HEARTBEAT_S,
         grace_period=GRACE_S,
-        **{keyword: callback(max_retry=3)},
+        **{keyword: callback(max_retry=MAX_RETRY)},
     )
 
 
@@ -348,15 +294,15 @@ def _run_and_tell(
     except (RunRefused, RunInterrupted) as error:
         # not the values' doing: retried with them (a refused one once the cause is fixed), as
         # a trial left running is, and not counted toward the budget (see retried_numbers)
-        _, callback = retry_callback()
-        callback()(study, stored_trial(study, trial))
         refused = isinstance(error, RunRefused)
+        retried = retry(study, trial, None if refused else MAX_RETRY)
         said = f"refused before it started: {error}" if refused else str(error)
         trial.set_user_attr("error", said[:2000])
         study.tell(trial, state=TrialState.FAIL)
         if refused:
             raise
-        log(f"{name}: {error}; retried with the same values")
+        again = "retried with the same values" if retried else "counted as failed (retried enough)"
+        log(f"{name}: {error}; {again}")
         return
     except TrialFailed as error:
         ran()
