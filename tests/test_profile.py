@@ -35,7 +35,7 @@ from pflower.tuning.profile import (
     read_profiles,
     run_profile,
 )
-from pflower.tuning.runner import RunRefused, TrialFailed
+from pflower.tuning.runner import RunInterrupted, RunRefused, TrialFailed
 from pflower.tuning.search import Layout
 from pflower.tuning.suite import load_suite
 from tests.helpers import tiny_suite
@@ -218,6 +218,39 @@ def test_a_point_the_option_refuses_is_recorded_and_the_profile_goes_on(tmp_path
     assert refused["error"] == "refused: configuration error: strategy.mu must be <= 1, got 5.0"
     # every point scored the same: the tie goes to the chosen value, not to the first one
     assert record["best"]["value"] == 0.5
+
+
+def test_an_interrupted_point_says_it_runs_again_and_does(tmp_path: Path) -> None:
+    """A point whose run a signal ended (not the option's doing) is recorded as interrupted,
+    saying that the next ``--profile`` runs it again, and the next one does."""
+    suite, setting, layout = _tiny(tmp_path)
+    chosen = {"value": 0.8, "best_trial": 0, "space": {}, "params": {"strategy.mu": 0.5}}
+    path = layout.chosen_file(setting.name, "fedprox")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(chosen))
+    ran: list[float] = []
+
+    def runner(command: Sequence[str], run_dir: Path, *args: Any, **kw: Any) -> dict[str, Any]:
+        mu = float(next(c for c in command if c.startswith("strategy.mu=")).split("=")[1])
+        ran.append(mu)
+        if mu == 0.1 and ran.count(mu) == 1:
+            summary = {"status": "failed", "error": "interrupted by SIGTERM"}
+            run_dir.mkdir(parents=True)  # as run_pflower does, and the run writes its summary
+            (run_dir / "summary.json").write_text(json.dumps(summary))
+            raise RunInterrupted("interrupted by SIGTERM (see tune_stdout.log)")
+        return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": 0.8}}}}
+
+    def profile() -> dict[str, Any]:
+        return run_profile(
+            suite, setting, "fedprox", "strategy.mu", layout, [0.1, 0.5], runner=runner
+        )
+
+    first = profile()
+    said = "interrupted by SIGTERM (it runs again at the next --profile)"
+    assert [p.get("error") for p in first["points"]] == [said, None]
+    again = profile()
+    assert [p.get("objective") for p in again["points"]] == [0.8, 0.8]
+    assert ran.count(0.1) == 2
 
 
 def test_bad_profile_requests_are_refused_with_a_message(

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from pflower.registry import ConfigError
-from pflower.results.failures import error_line, failed_by_itself
+from pflower.results.failures import error_line, failed_by_itself, was_interrupted
 from pflower.searchspace import RANGE_END, Param, format_value
 from pflower.tuning.finals import read_chosen
 from pflower.tuning.layout import Layout
@@ -191,7 +191,8 @@ def run_profile(
             found["objective"] = objective_of(summary)
             found["wall_time_s"] = summary.get("wall_time_s")
         else:
-            found["error"] = error_line(summary)
+            again = " (it runs again at the next --profile)" if was_interrupted(summary) else ""
+            found["error"] = error_line(summary) + again
         found["code"] = (summary.get("code") or {}).get("fingerprint")
         found["kernels"] = (summary.get("numerics") or {}).get("cpu_capability")
         shown = f"{found['objective']:.4f}" if "objective" in found else found["error"]
