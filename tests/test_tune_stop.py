@@ -5,6 +5,7 @@ a run but not the driver costs the study no configuration."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -183,6 +184,45 @@ def test_a_run_that_recorded_an_interruption_is_not_a_failed_configuration(tmp_p
     with pytest.raises(TrialFailed, match="NaN") as failed:
         run_pflower(command, run_dir)
     assert not isinstance(failed.value, RunInterrupted)
+
+
+@pytest.mark.parametrize("stop", ["pruned", "timeout"])
+def test_the_runners_own_stops_are_not_taken_for_an_outside_interruption(
+    tmp_path: Path, stop: str
+) -> None:
+    """Pruning and a timeout stop the run with SIGTERM, and the run then records itself as
+    interrupted, as after a ``kill``: the runner still says what it did (pruned, timed out),
+    so neither is retried as an interruption."""
+    from pflower.results.rows import ROUND_DONE_FILE
+    from pflower.tuning.runner import Pruned, RunInterrupted, TrialFailed, run_pflower
+
+    run_dir = tmp_path / "run"
+    # a run: round 1's rows, marked done; on SIGTERM it records the interruption and ends
+    script = f"""
+import json, pathlib, signal, sys, time
+run = pathlib.Path({str(run_dir)!r})
+def interrupted(*_):
+    (run / "summary.json").write_text(json.dumps(
+        {{"status": "failed", "error": "interrupted by SIGTERM"}}))
+    sys.exit(143)
+signal.signal(signal.SIGTERM, interrupted)
+row = {{"round": 1, "stage": "L1", "client": 0, "acc_local": 0.5}}
+(run / "metrics.jsonl").write_text(json.dumps(row) + "\\n")
+(run / {ROUND_DONE_FILE!r}).write_text("1")
+time.sleep(60)
+"""
+    command = [sys.executable, "-c", script]
+    expected: type[Exception] = Pruned if stop == "pruned" else TrialFailed
+    with pytest.raises(expected) as raised:
+        if stop == "pruned":
+            run_pflower(command, run_dir, on_round=lambda _round, _value: True)
+        else:
+            run_pflower(command, run_dir, timeout_s=3)
+    assert not isinstance(raised.value, RunInterrupted)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["error"] == (
+        "interrupted by SIGTERM" if stop == "pruned" else "the run took longer than 3 s"
+    )
 
 
 @pytest.mark.parametrize("interruptions", [1, 2, 4])
