@@ -326,3 +326,18 @@ def _children(pid: int) -> list[int]:
             if int(fields[1]) == pid:
                 found.append(int(stat.parent.name))
     return found
+
+
+def test_a_run_goes_cold_when_the_fork_server_was_killed(tmp_path: Path) -> None:
+    """A fork server ended from outside (``kill``) takes its stand-in with it: the runner then
+    starts the run as a new process, where it used to stop with a ``FileNotFoundError``."""
+    from pflower.runtime.forkserver import ForkServerProcess, server_directory
+    from pflower.tuning.runner import TrialFailed, run_pflower
+
+    server = ForkServerProcess.start(server_directory("pflower-test-"), preload_modules=())
+    server.stop()  # as SIGTERM ends it: the stand-in's folder is removed
+    assert not server.shim.exists()
+    run_dir = tmp_path / "run"
+    with pytest.raises(TrialFailed, match="exit code 0"):  # it ran: help, and no summary
+        run_pflower([sys.executable, "-m", "pflower", "--help"], run_dir, server=server)
+    assert "usage" in (run_dir / "tune_stdout.log").read_text().lower()

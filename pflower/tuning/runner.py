@@ -206,13 +206,18 @@ def run_pflower(
     ``on_round(round, mean L1 Acc(L))`` is called once per finished round while it runs and
     returning True stops it (raises `Pruned`). The process and its children (a process
     group of their own) are stopped on pruning, timeout or interruption. With a fork ``server``
-    (`WarmRunner`) a ``python -m pflower ...`` command runs as the server's child.
+    (`WarmRunner`) a ``python -m pflower ...`` command runs as the server's child, or as a new
+    process where the server has ended (killed from outside: its stand-in is gone with it).
     """
     if LIVE_RUNS.stopping.is_set():
         raise KeyboardInterrupt("stopped with the driver's other runs")
     run_dir.mkdir(parents=True, exist_ok=True)
     argv, env = list(command), None
-    if server is not None and argv[:3] == [sys.executable, "-m", "pflower"]:
+    if (
+        server is not None
+        and server.popen.poll() is None  # a server that ended: a new process
+        and argv[:3] == [sys.executable, "-m", "pflower"]
+    ):
         argv, env = [str(server.shim), *argv[3:]], server.environment()
     log = (run_dir / "tune_stdout.log").open("w")
     process = subprocess.Popen(
