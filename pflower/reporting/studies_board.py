@@ -8,7 +8,7 @@ which methods are ranked on too few seeds."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,7 @@ def _runs(ranked: StudyRanks, row: MethodRow) -> str:
     return f"{len(ranked.study_means)} x {ranked.seeds}" + "".join(f", {n}" for n in notes)
 
 
-def _moves(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> list[str]:
+def _moves(ranked: Sequence[StudyRanks], name: Mapping[str, str]) -> list[str]:
     """The note naming the ranks that another study would have changed, those that move most
     first; where most methods move, only those that move more than the median method, and how
     far the rest move at most."""
@@ -113,9 +113,7 @@ def _moves(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> lis
     median = statistics.median(r.rank_spread for r in ranked if len(r.study_ranks) == studies)
     shown = [r for r in moving if r.rank_spread > median] or moving
     rest = len(moving) - len(shown)
-    named = ", ".join(
-        f"{name(r.method, r.method)} ({r.best_rank} to {r.worst_rank})" for r in shown
-    )
+    named = ", ".join(f"{name[r.method]} ({r.best_rank} to {r.worst_rank})" for r in shown)
     most = max((r.rank_spread for r in moving[len(shown) :]), default=0)
     more = f"; {rest} more by at most {most} place{'s' if most > 1 else ''}" if rest else ""
     return [
@@ -124,7 +122,7 @@ def _moves(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> lis
     ]
 
 
-def _agreement(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) -> list[str]:
+def _agreement(ranked: Sequence[StudyRanks], name: Mapping[str, str]) -> list[str]:
     """The note that says how far a second search would change the ranking."""
     found = agreement(ranked)
     if found is None:
@@ -136,7 +134,7 @@ def _agreement(ranked: Sequence[StudyRanks], name: Callable[[str, str], str]) ->
         f"correlation of the {found.methods} methods' study ranks, for studies {pairs}; a "
         f"method's study ranks spread over a median of {found.median_move:g} "
         f"place{'' if found.median_move == 1 else 's'}, most "
-        f"for {name(method, method)} ({best} to {worst}).",
+        f"for {name[method]} ({best} to {worst}).",
         "",
     ]
 
@@ -150,9 +148,9 @@ def notes(
     at the setting's own spreads, the smallest difference its seeds detect, the methods whose
     rank moves with the study (most first), and those ranked on too few seeds. ``labels``:
     the methods' names in the table (default: their config names)."""
-    name = (labels or {}).get
     if not ranked:
         return []
+    name = {r.method: r.method for r in ranked} | dict(labels or {})
     studies = max(len(r.study_means) for r in ranked)
     seeds = min(r.seeds for r in ranked)
     between, within = spreads(results)
@@ -175,7 +173,7 @@ def notes(
         ]
     lines += _moves(ranked, name)
     lines += _agreement(ranked, name)
-    few = [name(r.method, r.method) for r in ranked if r.too_few_seeds]
+    few = [name[r.method] for r in ranked if r.too_few_seeds]
     if few:
         lines += [
             f"(!) Ranked on fewer than {MIN_SEEDS} final seeds per study, too few to rank on: "

@@ -298,6 +298,8 @@ def _run_and_tell(
         retried = retry(study, trial, None if refused else MAX_RETRY)
         said = f"refused before it started: {error}" if refused else str(error)
         trial.set_user_attr("error", said[:2000])
+        if not retried:  # it counts: at the rounds it ran
+            ran()
         study.tell(trial, state=TrialState.FAIL)
         if refused:
             raise
