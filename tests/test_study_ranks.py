@@ -263,6 +263,30 @@ def test_a_method_with_one_study_so_far_shows_no_spread_between_studies(tmp_path
     assert by_method["FedAvg"]["between studies (pts)"] == "2.00"
 
 
+def test_a_method_whose_studies_are_not_all_in_is_not_ranked_yet(tmp_path: Path) -> None:
+    """A suite of several studies completes over several invocations; a method with only some
+    of its studies' final runs would be ranked on less than the others, and its rank (and
+    theirs) would move as the rest came in: it is named as in progress instead. A failed run
+    is in (scored 0), not missing."""
+    setting = tmp_path / "suite" / "digits"
+    runs = {"fedavg": [(0, 1), (0, 2), (1, 1), (1, 2)], "local": [(0, 1), (0, 2), (1, 1)]}
+    runs["ditto"] = [(0, 1), (0, 2), (1, 1)]
+    for method, done in runs.items():
+        for study, seed in done:
+            fake_final_run(setting / "final" / method / f"study_{study}" / f"seed_{seed}", 0.9)
+    failed = setting / "final" / "ditto" / "study_1" / "seed_2"
+    failed.mkdir(parents=True)
+    (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": "diverged"}))
+    suite = {"name": "tiny", "methods": ["fedavg", "local", "ditto", "fedrep"]}
+    suite |= {"final_seeds": [1, 2], "studies": 2, "tune_seeds": [0, 1000]}
+    (tmp_path / "suite" / "suite.yaml").write_text(yaml.safe_dump(suite))
+    text, rows = render(tmp_path / "suite")
+    assert sorted(row[3] for row in rows[1:]) == ["Ditto", "FedAvg"]
+    assert "2 of 4 methods are ranked; not yet: local (3 of its 4 final runs in), fedrep." in text
+    (tmp_path / "suite" / "suite.yaml").write_text(yaml.safe_dump({**suite, "studies": 1}))
+    assert "local (" not in render(tmp_path / "suite")[0]  # one study planned: all are in
+
+
 def test_a_difference_of_one_study_each_is_the_paired_t_test_over_the_seeds() -> None:
     first = {0: {1: 0.90, 2: 0.93, 3: 0.88, 4: 0.95, 5: 0.91}}
     second = {0: {1: 0.89, 2: 0.93, 3: 0.86, 4: 0.94, 5: 0.92}}

@@ -208,3 +208,23 @@ def test_the_check_catches_a_drifted_difference() -> None:
         quoted.replace("DiversiFed = +", "DiversiFed = -"),  # the sign of the difference
     ):
         assert problems([setting], drifted), drifted
+
+
+def test_the_section_tool_drafts_what_the_pages_quote() -> None:
+    """``tools/tuned_section.py`` writes a tuned section's table from ``leaderboard.csv``: its
+    rows for FLIU's fmnist_dir01 section are the page's, and it reads each study's chosen
+    values by key."""
+    from tools.tuned_section import chosen_by_key, table
+
+    with (TUNING / "cpu" / "leaderboard.csv").open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["setting"] == "fmnist_dir01"]
+    page = (ROOT / "docs" / "results" / "fliu.md").read_text()
+    drafted = table(rows, ["local", "fliu", "fedavg"])
+    assert drafted[0].startswith(f"| rank (of {len(rows)}) | method |")
+    for line in drafted:
+        assert line in page
+    assert chosen_by_key("0: lr=0.1, mu=0.5; 1: lr=0.2; 2: lr=0.3, mu=0.4") == (
+        "lr 0.1, 0.2, 0.3; mu 0.5, -, 0.4"
+    )
+    with pytest.raises(SystemExit, match="not ranked on this setting: FLIU"):
+        table([r for r in rows if r["method"] != "FLIU"], ["fedavg", "fliu"])

@@ -394,7 +394,7 @@ def test_per_method_changes_reach_every_run_and_refusals_are_reported(
     text, _ = render(out)
     assert "- scaffold: `train.optimizer=sgd`: control variates assume SGD" in text
     assert "Methods this setting refuses (not run):" in text and "- feddc: " in text
-    assert "1 of 3 methods have final runs; not yet: scaffold." in text
+    assert "1 of 3 methods are ranked; not yet: scaffold." in text
     # a typo in the setting is an error, not a refusal of every method
     typo = dataclasses.replace(setting, extra=("rounds=three",))
     with pytest.raises(ConfigError, match="rounds"):

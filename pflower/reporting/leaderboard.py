@@ -241,8 +241,13 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
     csv_rows: list[list[str]] = []
     codes: dict[str, set[str]] = {}  # setting -> code fingerprints of its final runs
     kernels: collections.Counter[str] = collections.Counter()
+    planned = int(suite.get("studies") or 1), list(suite.get("final_seeds") or [])
     for setting_dir in settings:
         entries = load_setting(setting_dir)
+        # a method whose studies are not all in yet is not ranked: its rank, and the others',
+        # would move as they come in (a suite completes over several invocations)
+        in_progress = {e.method: e.missing(*planned) for e in entries if e.missing(*planned)}
+        entries = [e for e in entries if e.method not in in_progress]
         overrides = (suite.get("settings") or {}).get(setting_dir.name, [])
         lines += [f"## {setting_dir.name}", ""]
         if overrides:
@@ -291,7 +296,12 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             setting_dir, (suite.get("per_method") or {}).get(setting_dir.name, {})
         )
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
-        lines += pending_note(setting_dir, compared or suite.get("methods") or [], entries)
+        lines += pending_note(
+            setting_dir,
+            compared or suite.get("methods") or [],
+            entries,
+            {m: (planned[0] * len(planned[1]), missing) for m, missing in in_progress.items()},
+        )
         if not csv_rows or csv_rows[0][1:] != rows[0]:  # a header wherever the columns change
             csv_rows += [["setting", *rows[0]]]
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pflower.reporting import studies
@@ -186,9 +187,15 @@ def exception_notes(setting_dir: Path, changes: Mapping[str, Mapping[str, Any]])
     return lines
 
 
-def pending_note(setting_dir: Path, methods: Sequence[str], entries: Sequence[Entry]) -> list[str]:
-    """The suite's methods with no completed final run here yet (nor refused): how far the
-    setting is, since a suite completes over several invocations."""
+def pending_note(
+    setting_dir: Path,
+    methods: Sequence[str],
+    entries: Sequence[Entry],
+    in_progress: Mapping[str, tuple[int, int]] = MappingProxyType({}),
+) -> list[str]:
+    """The suite's methods not ranked here yet (nor refused): how far the setting is, since a
+    suite completes over several invocations. ``in_progress``: the methods with some of their
+    studies' final runs in, as (the runs planned, those still missing)."""
     finished = {e.method for e in entries} & set(methods)
     refused = {p.stem for p in (setting_dir / "refused").glob("*.txt")}
     pending = [m for m in methods if m not in finished | refused]
@@ -203,6 +210,9 @@ def pending_note(setting_dir: Path, methods: Sequence[str], entries: Sequence[En
             for seed, _, summary in final_runs(setting_dir / "final" / method)
             if failed_by_itself(summary)
         }
+        if method in in_progress:
+            planned, missing = in_progress[method]
+            return f"{method} ({planned - missing} of its {planned} final runs in)"
         if failed:
             first = min(failed)
             seeds = ", ".join(map(str, sorted(failed)))
@@ -212,6 +222,6 @@ def pending_note(setting_dir: Path, methods: Sequence[str], entries: Sequence[En
 
     shown = [state(m) for m in pending]
     return [
-        f"{len(finished)} of {len(methods)} methods have final runs; not yet: {', '.join(shown)}.",
+        f"{len(finished)} of {len(methods)} methods are ranked; not yet: {', '.join(shown)}.",
         "",
     ]

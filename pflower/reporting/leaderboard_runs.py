@@ -81,6 +81,15 @@ class Entry:
         at [`FAILED`][pflower.reporting.studies.FAILED] (empty: one study)."""
         return studies.scored(self.studies, self.study_failed)
 
+    def missing(self, studies: int, seeds: Sequence[int]) -> int:
+        """How many of a suite's final runs (``studies`` studies x ``seeds``) this method of
+        several studies has neither completed nor failed by itself yet (0 for one study)."""
+        if not (self.studies or self.study_failed):
+            return 0
+        done = {(s, seed) for s, runs in self.studies.items() for seed in runs}
+        done |= {(s, seed) for s, runs in self.study_failed.items() for seed in runs}
+        return sum((s, seed) not in done for s in range(studies) for seed in seeds)
+
     @property
     def failed_runs(self) -> int:
         """How many final runs failed by themselves (every study's)."""
