@@ -97,7 +97,7 @@ def sections() -> Iterator[tuple[str, list[str], str]]:
 
 
 DIFFERENCE = re.compile(
-    r"(?P<a>[\w-]+) - (?P<b>[\w-]+) = [+-]\d+\.\d\d points, 95% interval "
+    r"(?P<a>[\w+-]+) - (?P<b>[\w+-]+) = [+-]\d+\.\d\d points, 95% interval "
     r"[+-]\d+\.\d\d to [+-]\d+\.\d\d, p = (?:[\d.e-]*\d)"
 )
 """A difference as ``pflower report --compare`` prints it, the methods by their labels."""
