@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import statistics
 from pathlib import Path
 
@@ -266,25 +267,39 @@ def test_a_method_with_one_study_so_far_shows_no_spread_between_studies(tmp_path
 def test_a_method_whose_studies_are_not_all_in_is_not_ranked_yet(tmp_path: Path) -> None:
     """A suite of several studies completes over several invocations; a method with only some
     of its studies' final runs would be ranked on less than the others, and its rank (and
-    theirs) would move as the rest came in: it is named as in progress instead. A failed run
-    is in (scored 0), not missing."""
-    setting = tmp_path / "suite" / "digits"
+    theirs) would move as the rest came in: it is named as in progress instead, the suite's
+    listed methods and one added to its folder alike. A run that failed by itself is in
+    (scored 0); an interrupted one is not."""
+    suite_dir = tmp_path / "suite"
+    setting = suite_dir / "digits"
     runs = {"fedavg": [(0, 1), (0, 2), (1, 1), (1, 2)], "local": [(0, 1), (0, 2), (1, 1)]}
-    runs["ditto"] = [(0, 1), (0, 2), (1, 1)]
+    runs |= {"ditto": [(0, 1), (0, 2), (1, 1)], "fedper": [(0, 1), (0, 2), (1, 1)]}
     for method, done in runs.items():
         for study, seed in done:
             fake_final_run(setting / "final" / method / f"study_{study}" / f"seed_{seed}", 0.9)
-    failed = setting / "final" / "ditto" / "study_1" / "seed_2"
-    failed.mkdir(parents=True)
-    (failed / "summary.json").write_text(json.dumps({"status": "failed", "error": "diverged"}))
+    for method, status in (("ditto", "failed"), ("fedper", "interrupted")):
+        run = setting / "final" / method / "study_1" / "seed_2"
+        run.mkdir(parents=True)
+        summary = {"status": status, "error": "diverged" if status == "failed" else None}
+        (run / "summary.json").write_text(json.dumps(summary))
     suite = {"name": "tiny", "methods": ["fedavg", "local", "ditto", "fedrep"]}
     suite |= {"final_seeds": [1, 2], "studies": 2, "tune_seeds": [0, 1000]}
-    (tmp_path / "suite" / "suite.yaml").write_text(yaml.safe_dump(suite))
-    text, rows = render(tmp_path / "suite")
+    (suite_dir / "suite.yaml").write_text(yaml.safe_dump(suite))
+    text, rows = render(suite_dir)
     assert sorted(row[3].removesuffix(" (!)") for row in rows[1:]) == ["Ditto", "FedAvg"]
-    assert "2 of 4 methods are ranked; not yet: local (3 of its 4 final runs in), fedrep." in text
-    (tmp_path / "suite" / "suite.yaml").write_text(yaml.safe_dump({**suite, "studies": 1}))
-    assert "local (" not in render(tmp_path / "suite")[0]  # one study planned: all are in
+    assert (
+        "2 of 4 methods are ranked; not yet: local (3 of its 4 final runs in), fedrep. "
+        "Also under way: fedper (3 of its 4 final runs in)."
+    ) in text
+    # no final seeds recorded: those the setting's methods ran are planned
+    (suite_dir / "suite.yaml").write_text(yaml.safe_dump({**suite, "final_seeds": []}))
+    assert "local (3 of its 4 final runs in)" in render(suite_dir)[0]
+    # a setting with nothing all in yet: no table, and the CSV's header is the studies' one
+    for method in ("fedavg", "ditto"):
+        shutil.rmtree(setting / "final" / method / "study_1")
+    text, rows = render(suite_dir)
+    assert rows == [["setting", *rows[0][1:]]] and "rank interval" in rows[0][2]
+    assert "| rank |" not in text and "0 of 4 methods are ranked" in text
 
 
 def test_a_difference_of_one_study_each_is_the_paired_t_test_over_the_seeds() -> None:

@@ -226,5 +226,7 @@ def test_the_section_tool_drafts_what_the_pages_quote() -> None:
     assert chosen_by_key("0: lr=0.1, mu=0.5; 1: lr=0.2; 2: lr=0.3, mu=0.4") == (
         "lr 0.1, 0.2, 0.3; mu 0.5, -, 0.4"
     )
+    assert chosen_by_key("0: lr=0.1, dims=[8, 4]; 1: lr=0.2") == "lr 0.1, 0.2; dims [8, 4], -"
+    assert chosen_by_key("-") == "-"
     with pytest.raises(SystemExit, match="not ranked on this setting: FLIU"):
         table([r for r in rows if r["method"] != "FLIU"], ["fedavg", "fliu"])

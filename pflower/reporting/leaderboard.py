@@ -96,7 +96,7 @@ from pflower.reporting.leaderboard_notes import (
     rejection_notes,
 )
 from pflower.reporting.leaderboard_ranks import ALPHA, rank_with_ties
-from pflower.reporting.leaderboard_runs import Entry, read_setting, shared_knobs
+from pflower.reporting.leaderboard_runs import Entry, in_progress, read_setting, shared_knobs
 from pflower.reporting.leaderboard_table import (
     markdown_table,
     mean_std,
@@ -241,13 +241,14 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
     csv_rows: list[list[str]] = []
     codes: dict[str, set[str]] = {}  # setting -> code fingerprints of its final runs
     kernels: collections.Counter[str] = collections.Counter()
-    planned = int(suite.get("studies") or 1), list(suite.get("final_seeds") or [])
+    planned = int(suite.get("studies") or 1)
+    header: list[str] = []
     for setting_dir in settings:
         entries = load_setting(setting_dir)
         # a method whose studies are not all in yet is not ranked: its rank, and the others',
         # would move as they come in (a suite completes over several invocations)
-        in_progress = {e.method: e.missing(*planned) for e in entries if e.missing(*planned)}
-        entries = [e for e in entries if e.method not in in_progress]
+        progress = in_progress(entries, planned, suite.get("final_seeds") or [])
+        entries = [e for e in entries if e.method not in progress]
         overrides = (suite.get("settings") or {}).get(setting_dir.name, [])
         lines += [f"## {setting_dir.name}", ""]
         if overrides:
@@ -258,7 +259,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         results = {e.method: e.scores for e in entries if e.scores}
         ranked = studies.rank_intervals(results) if results else []
         single: list[Entry] = []
-        if ranked:  # a suite of several studies: ranked by the mean, with intervals
+        if ranked or planned > 1:  # several studies: ranked by the mean, with intervals
             by_method = {e.method: e for e in entries}
             for r in ranked:
                 by_method[r.method].rank = r.rank
@@ -276,7 +277,8 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
                 by_mean=bool(ranked),
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
-        lines += [*markdown_table(rows), ""]
+        if len(rows) > 1:
+            lines += [*markdown_table(rows), ""]
         labels = {e.method: e.label for e in entries}
         lines += (
             studies_board.notes(results, ranked, labels) if ranked else inversion_notes(entries)
@@ -297,13 +299,11 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         )
         compared = (suite.get("setting_methods") or {}).get(setting_dir.name)
         lines += pending_note(
-            setting_dir,
-            compared or suite.get("methods") or [],
-            entries,
-            {m: (planned[0] * len(planned[1]), missing) for m, missing in in_progress.items()},
+            setting_dir, compared or suite.get("methods") or [], entries, progress
         )
-        if not csv_rows or csv_rows[0][1:] != rows[0]:  # a header wherever the columns change
-            csv_rows += [["setting", *rows[0]]]
+        if header != rows[0]:  # a header wherever the columns change
+            header = rows[0]
+            csv_rows += [["setting", *header]]
         csv_rows += [[setting_dir.name, *row] for row in rows[1:]]
         for entry in entries:
             codes.setdefault(setting_dir.name, set()).update(entry.codes)

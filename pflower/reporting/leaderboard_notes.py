@@ -195,11 +195,13 @@ def pending_note(
 ) -> list[str]:
     """The suite's methods not ranked here yet (nor refused): how far the setting is, since a
     suite completes over several invocations. ``in_progress``: the methods with some of their
-    studies' final runs in, as (the runs planned, those still missing)."""
+    studies' final runs in, as (the runs planned, those still missing); one the suite does not
+    list (a method added to its folder) is named too."""
     finished = {e.method for e in entries} & set(methods)
     refused = {p.stem for p in (setting_dir / "refused").glob("*.txt")}
     pending = [m for m in methods if m not in finished | refused]
-    if not pending:
+    extra = sorted(set(in_progress) - set(methods))
+    if not pending and not extra:
         return []
     tuned = {p.stem for p in (setting_dir / "chosen").glob("*.yaml")}
     tuned |= {p.name for p in (setting_dir / "chosen").glob("*") if p.is_dir()}  # by study
@@ -220,8 +222,10 @@ def pending_note(
             return f"{method} (every final run so far failed, seeds {seeds}; {error})"
         return f"{method} (tuned, final runs pending)" if method in tuned else method
 
-    shown = [state(m) for m in pending]
-    return [
-        f"{len(finished)} of {len(methods)} methods are ranked; not yet: {', '.join(shown)}.",
-        "",
-    ]
+    said = []
+    if pending:
+        shown = ", ".join(map(state, pending))
+        said.append(f"{len(finished)} of {len(methods)} methods are ranked; not yet: {shown}.")
+    if extra:
+        said.append(f"Also under way: {', '.join(map(state, extra))}.")
+    return [" ".join(said), ""]

@@ -81,14 +81,15 @@ class Entry:
         at [`FAILED`][pflower.reporting.studies.FAILED] (empty: one study)."""
         return studies.scored(self.studies, self.study_failed)
 
-    def missing(self, studies: int, seeds: Sequence[int]) -> int:
-        """How many of a suite's final runs (``studies`` studies x ``seeds``) this method of
-        several studies has neither completed nor failed by itself yet (0 for one study)."""
+    def missing(self, planned: int, seeds: Sequence[int]) -> int:
+        """How many of a suite's final runs (``planned`` studies x ``seeds``) this method has
+        neither completed nor failed by itself yet (an interrupted run is missing). Runs in the
+        one-study layout (no ``study_<k>`` folders) are never missing: that layout plans one."""
         if not (self.studies or self.study_failed):
             return 0
         done = {(s, seed) for s, runs in self.studies.items() for seed in runs}
         done |= {(s, seed) for s, runs in self.study_failed.items() for seed in runs}
-        return sum((s, seed) not in done for s in range(studies) for seed in seeds)
+        return sum((s, seed) not in done for s in range(planned) for seed in seeds)
 
     @property
     def failed_runs(self) -> int:
@@ -260,6 +261,25 @@ def _studies_collapse(entry: Entry) -> tuple[str, str]:
 def run_name(study: int | None, seed: int) -> str:
     """A final run in words: ``study 1 seed 2``, or ``seed 2`` where the suite has one study."""
     return f"seed {seed}" if study is None else f"study {study} seed {seed}"
+
+
+def in_progress(
+    entries: Sequence[Entry], planned: int, seeds: Sequence[int]
+) -> dict[str, tuple[int, int]]:
+    """The methods of a setting whose studies' final runs are not all in, with the runs planned
+    and those missing ([`Entry.missing`][pflower.reporting.leaderboard_runs.Entry.missing]):
+    ``planned`` studies x ``seeds``, the suite's final seeds (none recorded: every seed a
+    method of the setting ran)."""
+    if not seeds:
+        ran: set[int] = set()
+        for e in entries:
+            ran.update(*e.studies.values(), *e.study_failed.values())
+        seeds = sorted(ran)
+    return {
+        e.method: (planned * len(seeds), missing)
+        for e in entries
+        if (missing := e.missing(planned, seeds))
+    }
 
 
 def shared_knobs(entries: Sequence[Entry]) -> list[str]:
