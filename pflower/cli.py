@@ -18,7 +18,9 @@
   `SUBCOMMANDS` is the table `main` dispatches by);
   ``pflower --help-config`` is Hydra's help, every configuration group and key.
 - ``pflower reproduce <run_dir>``: rerun a recorded run from its record and compare every metric
-  to the last digit ([`pflower.reproduce`][pflower.reproduce]).
+  to the last digit; ``--stored <folder> --suite <suite>`` does it for one stored run of each
+  method whose recorded code differs, and records those that match
+  ([`pflower.reproduce`][pflower.reproduce]).
 
 A configuration error, a missing or corrupt dataset, or a tracker (``tracking=...``) that is not
 installed ends a run or ``pflower partition`` with the message and exit code 2, before anything

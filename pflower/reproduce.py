@@ -21,7 +21,9 @@ import datetime
 import json
 import math
 import os
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +44,14 @@ folder, and say whether every metric matches to the last digit: every row of met
 the record kept no metrics.jsonl. Warns where the code or torch differ from the record's, and
 where the record predates the record of numerics (then --numerics says which to use).
 Exit code 0: every value matches; 1: a value differs (the first differing rows are printed) or
-the rerun failed; 2: the record cannot be read or does not compose with this code."""
+the rerun failed; 2: the record cannot be read or does not compose with this code.
+
+With --stored FOLDER --suite SUITE instead of a run: the final runs stored in a `pflower tune`
+results folder whose recorded code differs in a part from this code's are checked by
+experiment: one run of each method and recorded code is rerun, and where it matches to the last
+digit the folder's verified.yaml records it, so that `pflower tune <method> --out FOLDER` ranks
+a new method against those runs instead of refusing them. Exit code 0 where every rerun
+matched, 1 where one did not (its method's runs stay refused)."""
 
 GROUPS = ("dataset", "partition", "model", "strategy", "backend", "attack", "robust", "tracking")
 """Config groups whose recorded block names its option (``name``): the override selects it."""
@@ -292,8 +301,18 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pflower reproduce", description=REPRODUCE_HELP, formatter_class=HelpFormatter
     )
-    parser.add_argument("run", type=Path, help="a run folder, or its summary.json")
+    parser.add_argument("run", type=Path, nargs="?", help="a run folder, or its summary.json")
     parser.add_argument("--out", type=Path, help="the fresh folder of the rerun")
+    parser.add_argument(
+        "--stored",
+        type=Path,
+        metavar="FOLDER",
+        help="instead of a run: verify the stale stored runs of this `pflower tune` folder",
+    )
+    parser.add_argument("--suite", help="with --stored: the suite the folder's runs were made by")
+    parser.add_argument(
+        "--setting", action="append", default=[], help="with --stored: only this setting"
+    )
     parser.add_argument(
         "--numerics",
         choices=[mode.value for mode in Numerics],
@@ -302,11 +321,101 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str]) -> int:
-    """``pflower reproduce``: rerun a recorded run and compare every metric."""
+def _rerun(
+    record: Record,
+    overrides: Sequence[str],
+    out: Path,
+    mode: str,
+    caps: Mapping[str, str],
+    quiet: bool = False,
+) -> Comparison | None:
+    """Run ``overrides`` (``record``'s configuration) into ``out`` with the kernels of ``mode``
+    and ``caps``, in a new process, and compare it with the record; None where it failed."""
     from pflower.tuning.search import run_command
 
+    output = subprocess.DEVNULL if quiet else None
+    done = subprocess.run(
+        run_command(overrides, out),
+        env=_environment(mode, caps),
+        check=False,
+        stdout=output,
+        stderr=output,
+    )
+    if done.returncode != 0 or not (out / "summary.json").is_file():
+        return None
+    return compare_runs(record.run_dir, out)
+
+
+def reproduces(run: Path, out: Path) -> tuple[Comparison | None, list[str]]:
+    """Rerun the recorded run ``run`` into ``out`` as ``pflower reproduce`` does, without its
+    output: the comparison with the record (None where the rerun failed) and the notes.
+
+    Raises:
+        ConfigError: the record cannot be read or does not compose with this code.
+    """
+    record = read_record(run)
+    mode, caps, notes = recorded_numerics(record, None)
+    overrides = [*config_overrides(record.config), f"numerics={mode}"]
+    notes = [*notes, *_check_composes(overrides, record)]
+    return _rerun(record, overrides, out, mode, caps, quiet=True), notes
+
+
+def verify_stored(folder: Path, suite_arg: str, setting_names: Sequence[str]) -> int:
+    """``pflower reproduce --stored``: rerun one final run of each stale method and recorded
+    code in ``folder`` ([`StoredMethod.stale_runs`][pflower.tuning.baselines.StoredMethod]),
+    and record in its ``verified.yaml`` those that match to the last digit. Exit code 0 where
+    every rerun matched, 1 where one did not, 2 for a suite or folder that cannot be read."""
+    from pflower.tuning.baselines import record_verified, stored_methods
+    from pflower.tuning.suite import load_suite
+
+    try:
+        suite = load_suite(suite_arg)
+        settings = [suite.setting(n).name for n in setting_names] or [
+            s.name for s in suite.settings
+        ]
+    except ConfigError as error:
+        print(f"cannot verify: {error}")
+        return 2
+    matched, differed = 0, 0
+    for setting in settings:
+        for stored in stored_methods(folder / setting, ()):
+            for run in stored.stale_runs:
+                scratch = Path(tempfile.mkdtemp(prefix="pflower-verify-"))
+                name = f"{setting} {run.relative_to(folder / setting / 'final')}"
+                try:
+                    comparison, notes = reproduces(run, scratch / "rerun")
+                except ConfigError as error:
+                    comparison, notes = None, [str(error)]
+                for note in notes:
+                    print(f"warning: {name}: {note}")
+                if comparison is not None and not comparison.differences:
+                    record_verified(folder, setting, stored.method, run, comparison.what)
+                    shutil.rmtree(scratch)
+                    matched += 1
+                    print(f"MATCH {name}: all {comparison.what} agree", flush=True)
+                    continue
+                differed += 1
+                why = comparison.differences[0] if comparison else "the rerun failed"
+                print(f"MISMATCH {name}: {why} (the rerun: {scratch})", flush=True)
+    print(
+        f"{matched} stored runs reproduced by this code and recorded in "
+        f"{folder / 'verified.yaml'}; {differed} did not (their methods' runs stay refused: "
+        "refresh them as `pflower tune` says)"
+    )
+    return 1 if differed else 0
+
+
+def main(argv: Sequence[str]) -> int:
+    """``pflower reproduce``: rerun a recorded run and compare every metric."""
     args = _parser().parse_args(list(argv))
+    if args.stored is not None:
+        if args.suite is None or args.run is not None:
+            print("cannot verify: --stored takes --suite and no run")
+            return 2
+        return verify_stored(args.stored, args.suite, args.setting)
+    if args.run is None:
+        print("cannot reproduce: give a run folder (or --stored FOLDER --suite SUITE)")
+        return 2
     try:
         record = read_record(args.run)
         mode, caps, notes = recorded_numerics(record, args.numerics)
@@ -319,11 +428,10 @@ def main(argv: Sequence[str]) -> int:
     for note in notes:
         print(f"warning: {note}")
     print(f"rerunning {record.run_dir} into {out} (numerics={mode})", flush=True)
-    done = subprocess.run(run_command(overrides, out), env=_environment(mode, caps), check=False)
-    if done.returncode != 0 or not (out / "summary.json").is_file():
-        print(f"MISMATCH: the rerun failed (exit code {done.returncode}); see {out}")
+    comparison = _rerun(record, overrides, out, mode, caps)
+    if comparison is None:
+        print(f"MISMATCH: the rerun failed; see {out}")
         return 1
-    comparison = compare_runs(record.run_dir, out)
     if not comparison.differences:
         print(f"MATCH: all {comparison.what} agree to the last digit ({out})")
         return 0

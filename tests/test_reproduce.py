@@ -20,6 +20,8 @@ from pflower.reproduce import (
     recorded_numerics,
 )
 from pflower.results.summary import resolved_config
+from pflower.tuning.baselines import StoredRunsChanged, check_stored_runs, load_verified
+from pflower.tuning.suite import load_suite
 from tests.inprocess import run_inprocess
 
 SMALL = ["dataset=digits", "num_clients=4", "rounds=2", "strategy=fedavg", "seed=3"]
@@ -105,3 +107,39 @@ def test_the_record_decides_the_numerics_and_says_when_it_cannot() -> None:
     mode, caps, notes = numerics_of({"cpu_capability": "AVX2", "cpu_capability_env": "avx2"})
     assert (mode, caps) == ("native", {"ATEN_CPU_CAPABILITY": "avx2"}) and notes
     assert numerics_of({"mode": "avx2", "caps": KERNEL_CAPS}, "native")[:2] == ("native", {})
+
+
+@pytest.mark.slow
+def test_stored_runs_of_changed_code_are_verified_by_rerunning_one(
+    recorded: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``pflower reproduce --stored``: a stored final run whose recorded code differs in a part
+    is rerun by this code; where every value matches, ``verified.yaml`` records it and ``pflower
+    tune`` ranks against that method's runs; where one differs, its method stays refused."""
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(
+        "name: tiny\ntrials: 2\nfinal_seeds: [3]\nmethods: [fedavg, local]\n"
+        f"settings:\n  - name: digits\n    overrides: [{', '.join(SMALL[:3])}]\n"
+    )
+    out = tmp_path / "out"
+    for method, shift in (("fedavg", 0.0), ("local", 1e-12)):
+        run = out / "digits" / "final" / method / "seed_3"
+        shutil.copytree(recorded, run, ignore=shutil.ignore_patterns("metrics.jsonl"))
+        summary = json.loads((run / "summary.json").read_text())
+        components = {**summary["code"]["components"], "training and evaluation": "0" * 16}
+        summary["code"] = {**summary["code"], "components": components}
+        summary["final"]["L1"]["acc_local"]["mean"] += shift  # a record that does not reproduce
+        (run / "summary.json").write_text(json.dumps(summary))
+    suite = load_suite(str(suite_file))
+    with pytest.raises(StoredRunsChanged, match=r"changed code: fedavg .*local"):
+        check_stored_runs(out, suite, str(suite_file), suite.settings, ["fedprox"])
+    assert main(["--stored", str(out), "--suite", str(suite_file)]) == 1
+    said = capsys.readouterr().out
+    assert "MATCH digits fedavg/seed_3: all " in said
+    assert "MISMATCH digits local/seed_3: final.L1.acc_local.mean" in said
+    assert "1 stored runs reproduced by this code" in said and "1 did not" in said
+    assert [e["method"] for e in load_verified(out)] == ["fedavg"]
+    with pytest.raises(StoredRunsChanged) as refusal:
+        check_stored_runs(out, suite, str(suite_file), suite.settings, ["fedprox"])
+    assert "changed code: local (method, training and evaluation)." in str(refusal.value)
+    assert main(["--stored", str(out)]) == 2  # --stored needs the suite

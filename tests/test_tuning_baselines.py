@@ -16,10 +16,14 @@ import yaml
 
 from pflower.provenance import CODE_FINGERPRINT, code_version
 from pflower.tuning.baselines import (
+    VERIFIED,
     StoredRunsChanged,
     check_protocol,
     check_stored_runs,
     compare_code,
+    load_verified,
+    record_verified,
+    stored_methods,
 )
 from pflower.tuning.cli import main as tune_main
 from pflower.tuning.suite import Suite, load_suite
@@ -89,7 +93,9 @@ def test_runs_of_the_installed_code_are_accepted_and_a_changed_part_is_named(
     assert "fedavg" not in message.split("Refresh")[0]  # its runs are this code's
     assert message.endswith(
         f"Refresh them with: rm -r {out}/digits/final/{{fedprox}} && pflower tune fedprox "
-        f"--suite suite.yaml --setting digits --out {out}"
+        f"--suite suite.yaml --setting digits --out {out}; or, where the change left their "
+        "numbers as they were, verify that by rerunning one run of each: pflower reproduce "
+        f"--stored {out} --suite suite.yaml --setting digits"
     )
 
 
@@ -167,3 +173,36 @@ def test_a_whole_suite_is_not_run_into_another_protocols_runs(
     assert "holds final runs of digits made under another protocol" in error
     assert "final_seeds [1, 2, 3] -> [1, 2]" in error and "give another --out" in error
     assert sorted(p.relative_to(out) for p in out.rglob("*")) == before
+
+
+def test_a_verified_code_is_accepted_for_its_method_and_setting_only(tmp_path: Path) -> None:
+    """``verified.yaml`` (written by ``pflower reproduce --stored`` after a rerun matched) vouches
+    for the runs of one method, setting and recorded code under the installed code: another
+    method's runs of the same code, or the same method's after a further change, stay refused;
+    the stale runs are one per method and recorded code."""
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    runs = {}
+    for method in ("fedavg", "fedprox"):
+        code = code_version(method)
+        runs[method] = {**code, "components": {**code["components"], "partition": "0" * 16}}
+    _store(out, suite, runs)
+    (stale,) = [s for s in stored_methods(out / "digits", ["fedprox"])]
+    assert stale.changed == {"partition"}
+    assert [r.name for r in stale.stale_runs] == ["seed_1"]  # seed 2 has the same code
+    record_verified(out, "digits", "fedavg", stale.stale_runs[0], "126 values")
+    entry = yaml.safe_load((out / VERIFIED).read_text())[0]
+    assert entry["run"] == "digits/final/fedavg/seed_1" and entry["compared"] == "126 values"
+    assert entry["recorded"]["partition"] == "0" * 16 != entry["installed"]["partition"]
+    with pytest.raises(StoredRunsChanged) as refusal:
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fliu"])
+    assert "changed code: fedprox (partition)." in str(refusal.value)  # fedavg's are verified
+    check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])
+    entries = load_verified(out)
+    (out / VERIFIED).write_text(yaml.safe_dump([{**entries[0], "setting": "other"}]))
+    with pytest.raises(StoredRunsChanged, match=r"changed code: fedavg \(partition\)"):
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])
+    installed = {**entries[0]["installed"], "model": "1" * 16}  # made by yet other code
+    (out / VERIFIED).write_text(yaml.safe_dump([{**entries[0], "installed": installed}]))
+    with pytest.raises(StoredRunsChanged, match=r"changed code: fedavg \(partition\)"):
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])

@@ -19,10 +19,20 @@ command that refreshes the runs:
 - the protocol: the folder's ``suite.yaml`` (written by the command that made the runs) must
   hold the suite's trials, tuning seed, final seeds, validation share, shared knobs and the
   setting's overrides.
+
+A part's fingerprint changes with any byte of its files, a docstring's included, while most
+changes leave every number as it was. ``pflower reproduce --stored <folder> --suite <suite>``
+settles it by experiment: for each stale method of a setting it reruns one completed final run
+per recorded code (`StoredMethod.stale_runs`) with the installed code, and where every final and
+last-10% value agrees to the last digit it records the pair of fingerprints in the folder's
+``verified.yaml`` ([`record_verified`][pflower.tuning.baselines.record_verified]); the check then
+accepts that method's runs of that code in that setting (a method, a setting and a code at a
+time: a run of one does not vouch for another).
 """
 
 from __future__ import annotations
 
+import datetime
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -52,6 +62,68 @@ class StoredMethod:
     """Parts of the code whose fingerprint differs from the installed code's."""
     unchecked: dict[int, str] = field(default_factory=dict)
     """Seed -> the whole-code fingerprint of a run recorded without per-part fingerprints."""
+    stale_runs: list[Path] = field(default_factory=list)
+    """One completed run of each recorded code whose parts differ (and are not verified): the
+    runs a verification reruns."""
+
+
+VERIFIED = "verified.yaml"
+"""The file of a results folder that lists the stored runs' codes verified by rerunning a run
+with later code ([`record_verified`][pflower.tuning.baselines.record_verified])."""
+
+
+def _fingerprints(method: str, code: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A run's recorded part fingerprints and the installed code's, for ``method``."""
+    now = {**component_fingerprints(), "method": method_fingerprint(method)}
+    return dict(code.get("components") or {}), now
+
+
+def load_verified(out: Path) -> list[dict[str, Any]]:
+    """The entries of ``out``'s ``verified.yaml`` (none where it has none)."""
+    path = out / VERIFIED
+    return list(yaml.safe_load(path.read_text()) or []) if path.is_file() else []
+
+
+def record_verified(out: Path, setting: str, method: str, run: Path, compared: str) -> None:
+    """Add to ``out``'s ``verified.yaml`` that the installed code reran ``run`` (a final run of
+    ``method`` in ``setting``, whose record is read from it) to the last digit over
+    ``compared``: its recorded fingerprints, the installed code's, the run and the date."""
+    code = (read_summary(run) or {}).get("code") or {}
+    recorded, now = _fingerprints(method, code)
+    entries = load_verified(out)
+    entries.append(
+        {
+            "setting": setting,
+            "method": method,
+            "recorded": recorded,
+            "installed": now,
+            "run": run.relative_to(out).as_posix(),
+            "compared": compared,
+            "code": CODE_FINGERPRINT,
+            "date": datetime.date.today().isoformat(),
+        }
+    )
+    header = (
+        "# pflower reproduce --stored: stored final runs rerun by later code, every final and\n"
+        "# last-10% value equal to the last digit. pflower tune accepts the runs of a method\n"
+        "# and setting recorded with `recorded` where the installed code's parts are `installed`.\n"
+    )
+    (out / VERIFIED).write_text(header + yaml.safe_dump(entries, sort_keys=False))
+
+
+def _verified(
+    entries: Sequence[Mapping[str, Any]], setting: str, method: str, code: Mapping[str, Any]
+) -> bool:
+    """Is a run of ``method`` in ``setting`` recorded with ``code`` verified for the installed
+    code by an entry of ``verified.yaml``?"""
+    recorded, now = _fingerprints(method, code)
+    return any(
+        e.get("setting") == setting
+        and e.get("method") == method
+        and e.get("recorded") == recorded
+        and e.get("installed") == now
+        for e in entries
+    )
 
 
 def compare_code(method: str, code: Mapping[str, Any]) -> tuple[set[str], bool]:
@@ -70,8 +142,9 @@ def compare_code(method: str, code: Mapping[str, Any]) -> tuple[set[str], bool]:
 
 def stored_methods(setting_dir: Path, skip: Sequence[str]) -> list[StoredMethod]:
     """Every method with completed final runs in ``setting_dir`` (but those in ``skip``), with
-    what differs from the installed code."""
+    what differs from the installed code and is not verified (``verified.yaml`` beside it)."""
     final = setting_dir / "final"
+    verified = load_verified(setting_dir.parent)
     found = []
     for method_dir in sorted(p for p in final.iterdir() if p.is_dir()) if final.is_dir() else []:
         if method_dir.name in skip:
@@ -84,6 +157,14 @@ def stored_methods(setting_dir: Path, skip: Sequence[str]) -> list[StoredMethod]
                 continue
             code = summary.get("code") or {}
             changed, checkable = compare_code(stored.method, code)
+            if changed and _verified(verified, setting_dir.name, stored.method, code):
+                changed = set()
+            recorded = code.get("components")
+            if changed and not any(
+                ((read_summary(r) or {}).get("code") or {}).get("components") == recorded
+                for r in stored.stale_runs
+            ):
+                stored.stale_runs.append(run_dir)
             stored.changed |= changed
             if not checkable:
                 seed = run_dir.name.removeprefix("seed_")
@@ -228,4 +309,11 @@ def _setting_problems(
         f"rm -r {finals}{'' if every else '/{' + ','.join(stale) + '}'} && pflower tune {named}"
         f"--suite {shlex.quote(suite_arg)} --setting {setting.name} --out {shlex.quote(str(out))}"
     )
-    return f"[{setting.name}] {'; '.join(lines)}. Refresh them with: {refresh}"
+    said = f"[{setting.name}] {'; '.join(lines)}. Refresh them with: {refresh}"
+    if changed:
+        said += (
+            "; or, where the change left their numbers as they were, verify that by rerunning "
+            f"one run of each: pflower reproduce --stored {shlex.quote(str(out))} --suite "
+            f"{shlex.quote(suite_arg)} --setting {setting.name}"
+        )
+    return said
