@@ -346,6 +346,18 @@ def _rerun(
     return compare_runs(record.run_dir, out)
 
 
+def _plan(record: Record, asked: str | None) -> tuple[str, dict[str, str], list[str], list[str]]:
+    """How to rerun ``record``: the numerics mode and kernel caps (`recorded_numerics`), the
+    overrides, and the notes (numerics, keys the record predates).
+
+    Raises:
+        ConfigError: the overrides do not compose with this code.
+    """
+    mode, caps, notes = recorded_numerics(record, asked)
+    overrides = [*config_overrides(record.config), f"numerics={mode}"]
+    return mode, caps, overrides, [*notes, *_check_composes(overrides, record)]
+
+
 def reproduces(run: Path, out: Path) -> tuple[Comparison | None, list[str]]:
     """Rerun the recorded run ``run`` into ``out`` as ``pflower reproduce`` does, without its
     output: the comparison with the record (None where the rerun failed) and the notes.
@@ -354,9 +366,7 @@ def reproduces(run: Path, out: Path) -> tuple[Comparison | None, list[str]]:
         ConfigError: the record cannot be read or does not compose with this code.
     """
     record = read_record(run)
-    mode, caps, notes = recorded_numerics(record, None)
-    overrides = [*config_overrides(record.config), f"numerics={mode}"]
-    notes = [*notes, *_check_composes(overrides, record)]
+    mode, caps, overrides, notes = _plan(record, None)
     return _rerun(record, overrides, out, mode, caps, quiet=True), notes
 
 
@@ -369,6 +379,8 @@ def verify_stored(folder: Path, suite_arg: str, setting_names: Sequence[str]) ->
     from pflower.tuning.suite import load_suite
 
     try:
+        if not folder.is_dir():
+            raise ConfigError(f"{folder} is not a folder of `pflower tune` results")
         suite = load_suite(suite_arg)
         settings = [suite.setting(n).name for n in setting_names] or [
             s.name for s in suite.settings
@@ -418,9 +430,8 @@ def main(argv: Sequence[str]) -> int:
         return 2
     try:
         record = read_record(args.run)
-        mode, caps, notes = recorded_numerics(record, args.numerics)
-        overrides = [*config_overrides(record.config), f"numerics={mode}"]
-        notes = [*_version_notes(record), *notes, *_check_composes(overrides, record)]
+        mode, caps, overrides, notes = _plan(record, args.numerics)
+        notes = [*_version_notes(record), *notes]
         out = _fresh_folder(record, args.out)
     except ConfigError as error:
         print(f"cannot reproduce: {error}")

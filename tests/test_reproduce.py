@@ -143,3 +143,4 @@ def test_stored_runs_of_changed_code_are_verified_by_rerunning_one(
         check_stored_runs(out, suite, str(suite_file), suite.settings, ["fedprox"])
     assert "changed code: local (method, training and evaluation)." in str(refusal.value)
     assert main(["--stored", str(out)]) == 2  # --stored needs the suite
+    assert main(["--stored", str(tmp_path / "none"), "--suite", str(suite_file)]) == 2

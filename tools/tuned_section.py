@@ -73,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("suite", type=Path, help="a suite folder, e.g. results/tuning/cpu")
     parser.add_argument("setting")
-    parser.add_argument("methods", nargs="+", help="config names, in the table's order")
+    parser.add_argument("methods", nargs="+", help="config names (the table keeps rank order)")
     parser.add_argument("--pair", action="append", default=[], help="a:b, compared a - b")
     args = parser.parse_args()
     with (args.suite / "leaderboard.csv").open() as handle:
