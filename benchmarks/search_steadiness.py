@@ -115,7 +115,7 @@ def rank_flips(scores: dict[str, list[float]], studies: int) -> float:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default="fedavg,fedprox,ditto,pfedme,local")
     parser.add_argument("--studies", type=int, default=4)
     parser.add_argument("--final-seeds", default="1,2")

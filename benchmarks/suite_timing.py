@@ -285,7 +285,7 @@ def _pauses(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("root", type=Path, help="a pflower tune results folder")
     parser.add_argument("--out", type=Path, help="append to <out>/suite_timing.md, write .json")
     parser.add_argument(

@@ -44,7 +44,7 @@ from pflower.tuning.suite import load_suite
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--suite", default="cpu")
     parser.add_argument("--setting", default="fmnist_dir01")
     parser.add_argument("--methods", default="fedavg,ditto,fedala")
