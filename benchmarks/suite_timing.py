@@ -5,8 +5,11 @@ searches spent, and how long the whole suite will take at that pace.
 From each setting's ``study.db`` (Optuna's public API): every trial's start and end, its state,
 its values and the rounds it reported (a pruned trial costs the rounds it ran, as the suite's
 budget counts them). From each final run's ``summary.json``: its wall time, and, from the file's
-modification time, when it ended (so run it on the suite's working folder: a git checkout's
-files carry the time of the checkout, and the busy wall time then means nothing).
+modification time, when it ended, for a run whose folder still has its ``run.log`` (it ran
+there). A run without one was copied from a results folder, which keeps only the summaries:
+its file carries the time of the copy (or of a git checkout), so its end is unknown, and it
+counts in the busy wall time as its wall time over ``--workers`` (the final runs run that many
+at once). Run it on the suite's working folder, where most runs have their logs.
 
 - *busy wall time*: the union of the intervals in which a trial or a final run was running, so
   that the gaps between sessions (the suite stopped, then run again) do not count;
@@ -14,6 +17,7 @@ files carry the time of the checkout, and the busy wall time then means nothing)
   cores, at best twice the busy wall time);
 - *seconds per round*: the trials' worker-seconds over the rounds they ran (trials left running
   by a stopped command are in neither: their end is when the next command failed them);
+- *untimed final runs*: those copied without their ``run.log`` (above), their number said;
 - the projection: per setting, the busy wall time per method with every study and final run
   done, times the setting's methods (a setting with no method done yet has no projection);
 - ``--paused FILE``: times the suite's runs were stopped (SIGSTOP) while other work ran, a line
@@ -22,7 +26,8 @@ files carry the time of the checkout, and the busy wall time then means nothing)
 
 Run it on the suite's working folder while it runs or after; it reads, never writes there::
 
-    python benchmarks/suite_timing.py /path/to/working/folder/tuning/cpu --out benchmarks/results
+    python benchmarks/suite_timing.py /path/to/working/folder/tuning/cpu --workers 2 \
+        --out benchmarks/results
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ class MethodTime:
     trial_seconds: float = 0.0
     final_runs: int = 0
     final_seconds: float = 0.0
+    untimed_runs: int = 0
+    untimed_seconds: float = 0.0
+    """Final runs whose end is unknown (copied without their ``run.log``), and their wall time."""
     studies_done: int = 0
     intervals: list[Interval] = field(default_factory=list)
     durations: list[tuple[int, float]] = field(default_factory=list)
@@ -140,6 +148,7 @@ def read_trials(
 def read_finals(
     setting_dir: Path, methods: dict[str, MethodTime], seeds: int, paused: Sequence[Interval]
 ) -> None:
+    """Each final run's wall time and, where its folder has its ``run.log``, its interval."""
     for method_dir in sorted((setting_dir / "final").iterdir()):
         entry = methods.setdefault(method_dir.name, MethodTime())
         per_study: dict[str, int] = {}
@@ -148,17 +157,23 @@ def read_finals(
             if summary.get("status") != "completed" and not failed_by_itself(summary):
                 continue  # interrupted: it has not run yet
             wall = float(summary.get("wall_time_s") or 0.0)
-            ended = summary_path.stat().st_mtime
             entry.final_runs += 1
-            entry.final_seconds += busy([(ended - wall, ended)], paused)
             study = summary_path.parent.parent.name
             per_study[study] = per_study.get(study, 0) + 1
+            if not (summary_path.parent / "run.log").exists():
+                entry.untimed_runs += 1
+                entry.untimed_seconds += wall
+                entry.final_seconds += wall
+                continue
+            ended = summary_path.stat().st_mtime
+            entry.final_seconds += busy([(ended - wall, ended)], paused)
             entry.intervals.append((ended - wall, ended))
         entry.studies_done = sum(1 for count in per_study.values() if count >= seeds)
 
 
-def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
-    """The timing report of the suite in ``root``, with the times in ``paused`` taken out."""
+def measure(root: Path, paused: Sequence[Interval] = (), workers: int = 2) -> dict[str, Any]:
+    """The timing report of the suite in ``root``, with the times in ``paused`` taken out and
+    each untimed final run counted as its wall time over ``workers``."""
     suite = yaml.safe_load((root / "suite.yaml").read_text())
     studies, seeds = int(suite.get("studies") or 1), len(suite.get("final_seeds") or [])
     report: dict[str, Any] = {
@@ -167,6 +182,7 @@ def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
         "final_seeds": seeds,
         "settings": {},
         "methods_in_suite": sum(len(m) for m in (suite.get("setting_methods") or {}).values()),
+        "workers": workers,
     }
     every: list[Interval] = []
     for setting_dir in sorted(p for p in root.iterdir() if (p / "study.db").exists()):
@@ -174,7 +190,7 @@ def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
         read_trials(setting_dir, methods, paused)
         if (setting_dir / "final").is_dir():
             read_finals(setting_dir, methods, seeds, paused)
-        report["settings"][setting_dir.name] = setting_report(methods, studies, paused)
+        report["settings"][setting_dir.name] = setting_report(methods, studies, paused, workers)
         every += [i for e in methods.values() for i in e.intervals]
     report["projected_by_setting_h"] = projection(report["settings"], suite)
     projected = report["projected_by_setting_h"].values()
@@ -183,13 +199,20 @@ def measure(root: Path, paused: Sequence[Interval] = ()) -> dict[str, Any]:
     return report
 
 
+def busy_wall(entries: Sequence[MethodTime], paused: Sequence[Interval], workers: int) -> float:
+    """The busy seconds of ``entries``: the union of their timed intervals less the pauses,
+    plus their untimed final runs' wall time over ``workers``."""
+    timed = busy([i for e in entries for i in e.intervals], paused)
+    return timed + sum(e.untimed_seconds for e in entries) / workers
+
+
 def setting_report(
-    methods: dict[str, MethodTime], studies: int, paused: Sequence[Interval]
+    methods: dict[str, MethodTime], studies: int, paused: Sequence[Interval], workers: int
 ) -> dict[str, Any]:
     """One setting's times: busy wall, worker-seconds, the trials' cost per round (and a line
     fitted to their durations), and each method's."""
     done = {m: e for m, e in methods.items() if e.studies_done >= studies}
-    per_method = [busy(e.intervals, paused) for e in done.values()]
+    per_method = [busy_wall([e], paused, workers) for e in done.values()]
     trial_s = sum(e.trial_seconds for e in methods.values())
     durations = [d for e in methods.values() for d in e.durations]
     timed = sum(r for r, _ in durations)  # the rounds of the trials whose time is counted
@@ -201,7 +224,8 @@ def setting_report(
     return {
         "methods_done": sorted(done),
         "methods_started": len(methods),
-        "busy_wall_s": busy([i for e in methods.values() for i in e.intervals], paused),
+        "busy_wall_s": busy_wall(list(methods.values()), paused, workers),
+        "untimed_final_runs": sum(e.untimed_runs for e in methods.values()),
         "trial_worker_s": trial_s,
         "final_worker_s": sum(e.final_seconds for e in methods.values()),
         "trial_rounds": sum(e.rounds for e in methods.values()),
@@ -212,7 +236,7 @@ def setting_report(
         "busy_s_per_done_method": statistics.fmean(per_method) if per_method else None,
         "by_method": {
             m: {
-                "busy_wall_s": busy(e.intervals, paused),
+                "busy_wall_s": busy_wall([e], paused, workers),
                 "trials": e.trials,
                 "configurations": len(e.configurations),
                 "to_the_end": e.to_the_end,
@@ -220,6 +244,7 @@ def setting_report(
                 "trial_worker_s": e.trial_seconds,
                 "final_runs": e.final_runs,
                 "final_worker_s": e.final_seconds,
+                "untimed_final_runs": e.untimed_runs,
                 "studies_done": e.studies_done,
             }
             for m, e in methods.items()
@@ -261,6 +286,17 @@ def markdown(report: dict[str, Any], root: Path) -> str:
             if per_round and pace
             else f"| {name} | {len(s['methods_done'])} | - | - | - | - | - | - |"
         )
+    untimed = [
+        f"{name} {s['untimed_final_runs']}"
+        for name, s in report["settings"].items()
+        if s.get("untimed_final_runs")
+    ]
+    if untimed:
+        lines += [
+            "",
+            "Final runs copied without their run.log (their end unknown), each counted in the "
+            f"busy wall as its wall time / {report['workers']}: {', '.join(untimed)}.",
+        ]
     by_setting = report["projected_by_setting_h"]
     measured = [f"{name} {h:.1f} h" for name, h in by_setting.items() if h is not None]
     missing = [name for name, h in by_setting.items() if h is None]
@@ -291,9 +327,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--paused", type=Path, help="a file of pauses, '<start> <end>' (Unix seconds) a line"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=2,
+        help="how many final runs ran at once (pflower tune --workers): an untimed final run "
+        "counts as its wall time over this (default 2)",
+    )
     args = parser.parse_args(argv)
     paused = read_pauses(args.paused)
-    report = measure(args.root, paused)
+    report = measure(args.root, paused, args.workers)
     text = markdown(report, args.root)
     print(text)
     if args.out:
