@@ -300,7 +300,9 @@ def test_compose_stack_runs_a_stateful_algorithm(stack: Stack, tmp_path: Path) -
     summary = json.loads(stack.read("serverapp", f"{RESULTS}/summary.json"))
     assert summary["status"] == "completed", summary.get("error")
     assert summary["rounds"] == 2 and summary["final_round"] == 2
-    assert summary["failures"] in ([], {}, 0, None), summary["failures"]
+    assert summary["failures"] in ([], {}, 0, None), (
+        f"{json.dumps(summary['failures'], indent=1)}\n{run_log[-3000:]}\n{stack.diagnostics()}"
+    )
     rows = [
         json.loads(line)
         for line in stack.read("serverapp", f"{RESULTS}/metrics.jsonl").splitlines()

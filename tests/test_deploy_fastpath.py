@@ -36,13 +36,24 @@ import numpy as np
 import pytest
 from flwr.app import Error, Message
 from flwr.app.message_type import MessageType
-from flwr.common import Code, FitIns, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    GetPropertiesRes,
+    MessageTypeLegacy,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
 from flwr.supercore.task_identity import TaskIdentity
 from flwr.superlink.grid import HttpGrid, InMemoryGrid
 
 from pflower.config.base import stage_app
+from pflower.core.nodes import NodeQuestions
 from pflower.deploy import launcher
 from pflower.deploy.topology import launcher_command
 from pflower.plugins import PLUGINS_ENV
@@ -58,6 +69,7 @@ from pflower.runtime.forkclient import SOCKET_VARIABLE
 from pflower.runtime.forkserver import ForkServerProcess, shim_script, wait_status
 from pflower.runtime.packing import is_packed, packed_arrays_mod
 from pflower.runtime.polling import (
+    PUSH_ATTEMPTS,
     SIMULATION_POLL_S,
     PromptClientManager,
     PromptGrid,
@@ -362,9 +374,11 @@ def test_an_installed_apps_digest_is_computed_once(tmp_path: Path) -> None:
     assert installed_app_digest(app) == "kept"
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def flower_pull_defaults() -> Iterator[None]:
-    """Restore the defaults of Flower's object pulls after a test changed them."""
+    """Restore the defaults of Flower's object pulls after each test: a ``PromptGrid`` changes
+    them for the process's life (what a ServerApp wants), and tests/test_runtime_fence.py, which
+    may run next in this process, checks Flower's own."""
     from flwr.supercore.inflatable import inflatable_utils
 
     functions = (inflatable_utils.pull_objects, inflatable_utils.pull_and_inflate_object_from_tree)
@@ -374,7 +388,6 @@ def flower_pull_defaults() -> Iterator[None]:
         function.__kwdefaults__ = defaults
 
 
-@pytest.mark.usefixtures("flower_pull_defaults")
 def test_an_array_not_there_yet_is_pulled_again_promptly() -> None:
     """Flower waits 1 s (+-20%) before it asks for such an array again, then 2 s, 4 s, ..."""
     from flwr.supercore.inflatable import inflatable_utils
@@ -456,17 +469,24 @@ def test_only_proxies_over_an_http_grid_get_prompt_polls() -> None:
 
 class RoundGrid(HttpGrid):
     """An HttpGrid without a SuperLink that records its pushes and answers each train message
-    as its node is told to: ``reply`` (its parameters plus one), ``error`` or ``silent``."""
+    as its node is told to: ``reply`` (its parameters plus one), ``error``, ``silent``, or
+    ``unavailable`` (the SuperLink's error reply for a node whose heartbeats stopped: from the
+    SuperLink, node 1); a question for its properties it answers with partition ``node id - 10``.
+    Its first ``refused`` pushes fail as Flower 1.39's did when its object store refused an
+    object."""
 
-    def __init__(self, behaviour: dict[int, str]) -> None:
+    def __init__(self, behaviour: dict[int, str], refused: int = 0) -> None:
         super().__init__(insecure=True, token="t")
         self.behaviour = behaviour
+        self.refused = refused
         self.pushes: list[list[Message]] = []
         self.pushed_packed: list[bool] = []
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         pushed = list(messages)
         self.pushes.append(pushed)
+        if len(self.pushes) <= self.refused:
+            raise ObjectPushError("92e56e10", 1, "session")
         self.pushed_packed = [is_packed(m.content) for m in pushed]
         for message in pushed:
             message.metadata.__dict__["_message_id"] = message.object_id
@@ -483,28 +503,42 @@ class RoundGrid(HttpGrid):
 
     def _reply(self, message: Message) -> Message:
         """The reply of a node whose ClientApp has pflower's mod (it unpacks and packs)."""
+        if self.behaviour[message.metadata.dst_node_id] == "unavailable":
+            reply = Message(Error(code=4, reason="Error: Node Unavailable"), reply_to=message)
+            reply.metadata.__dict__["_src_node_id"] = 1  # Flower's SUPERLINK_NODE_ID
+            return reply
         return packed_arrays_mod(message, None, self._client_app)  # type: ignore[arg-type]
 
     def _client_app(self, message: Message, _context: object) -> Message:
         if self.behaviour[message.metadata.dst_node_id] == "error":
             return Message(Error(code=0, reason="client crashed"), reply_to=message)
+        if message.metadata.message_type == MessageTypeLegacy.GET_PROPERTIES:
+            partition = {"partition_id": message.metadata.dst_node_id - 10, "num_train": 7}
+            properties = GetPropertiesRes(Status(Code.OK, ""), partition)  # type: ignore[arg-type]
+            return Message(compat.getpropertiesres_to_recorddict(properties), reply_to=message)
         ins = compat.recorddict_to_fitins(message.content, keep_input=True)
         weights = [w + 1 for w in parameters_to_ndarrays(ins.parameters)]
         res = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(weights), 7, {})
         return Message(compat.fitres_to_recorddict(res, keep_input=True), reply_to=message)
 
 
-def test_a_deployment_round_is_one_push_and_each_reply_finds_its_client(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def _grid_proxies(monkeypatch: pytest.MonkeyPatch, grid: RoundGrid) -> list[GridClientProxy]:
+    """A proxy over ``grid`` (made prompt) for each of its nodes."""
     monkeypatch.setattr(TaskIdentity, "_run_id", 1)  # messages are made inside a run
     monkeypatch.setattr(TaskIdentity, "_node_id", 0)
     monkeypatch.setattr(TaskIdentity, "_task_id", 1)
-    grid = RoundGrid({11: "reply", 12: "error", 13: "silent"})
     manager = PromptClientManager()
-    proxies = [GridClientProxy(node_id=n, grid=grid, run_id=1) for n in (11, 12, 13)]
+    proxies = [GridClientProxy(node_id=n, grid=grid, run_id=1) for n in grid.behaviour]
     for proxy in proxies:
         manager.register(proxy)
+    return proxies
+
+
+def test_a_deployment_round_is_one_push_and_each_reply_finds_its_client(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    grid = RoundGrid({11: "reply", 12: "error", 13: "silent", 14: "unavailable"})
+    proxies = _grid_proxies(monkeypatch, grid)
     shared = round_grid(proxies)
     assert isinstance(shared, PromptGrid) and shared.grid is grid
     model = [np.arange(3.0), np.ones((2, 2), dtype=np.float32)]
@@ -512,17 +546,47 @@ def test_a_deployment_round_is_one_push_and_each_reply_finds_its_client(
     results, failures = fit_at_once(shared, [(p, ins) for p in proxies], timeout=0.3, group_id=4)
     assert len(grid.pushes) == 1, "one push for the whole round"
     pushed = grid.pushes[0]
-    assert [m.metadata.dst_node_id for m in pushed] == [11, 12, 13]
+    assert [m.metadata.dst_node_id for m in pushed] == [11, 12, 13, 14]
     assert {m.metadata.message_type for m in pushed} == {MessageType.TRAIN}
     assert {m.metadata.group_id for m in pushed} == {"4"}
-    assert grid.pushed_packed == [True] * 3, "the model travels as one array"
+    assert grid.pushed_packed == [True] * 4, "the model travels as one array"
     assert [(proxy.cid, res.num_examples) for proxy, res in results] == [("11", 7)]
     returned = parameters_to_ndarrays(results[0][1].parameters)
     np.testing.assert_array_equal(returned[0], [1, 2, 3])
     np.testing.assert_array_equal(returned[1], np.full((2, 2), 2, dtype=np.float32))
     assert returned[1].dtype == np.float32
-    assert [type(f).__name__ for f in failures] == ["ValueError", "TimeoutError"]
+    assert [type(f).__name__ for f in failures] == ["ValueError", "TimeoutError", "ValueError"]
     assert "client crashed" in str(failures[0]) and "node 13" in str(failures[1])
+    assert str(failures[2]) == "the SuperLink replied for the node: Error: Node Unavailable"
+
+
+def test_the_nodes_are_asked_for_their_partitions_in_one_push_pushed_again_if_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The roster's questions go in one push (with one push per node, Flower 1.39's SuperLink
+    sometimes refused one node's, which left it out of round 1), and a refused push is pushed
+    again."""
+    grid = RoundGrid({11: "reply", 12: "error", 13: "silent"}, refused=PUSH_ATTEMPTS - 1)
+    questions = NodeQuestions(_grid_proxies(monkeypatch, grid), timeout=0.3)
+    questions.wait()
+    assert len(grid.pushes) == PUSH_ATTEMPTS and all(len(push) == 3 for push in grid.pushes)
+    assert {m.metadata.message_type for m in grid.pushes[-1]} == {MessageTypeLegacy.GET_PROPERTIES}
+    answers = questions.answers
+    assert list(answers) == ["11", "12", "13"]
+    assert answers["11"] == {"partition_id": 1, "num_train": 7}
+    assert isinstance(answers["12"], ValueError) and "client crashed" in str(answers["12"])
+    assert isinstance(answers["13"], TimeoutError)
+
+
+def test_a_push_of_the_questions_refused_every_time_is_every_node_s_failure(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    grid = RoundGrid({11: "reply", 12: "reply"}, refused=PUSH_ATTEMPTS)
+    questions = NodeQuestions(_grid_proxies(monkeypatch, grid), timeout=0.3)
+    questions.wait()
+    assert len(grid.pushes) == PUSH_ATTEMPTS
+    assert list(questions.answers) == ["11", "12"]
+    assert all(isinstance(a, ObjectPushError) for a in questions.answers.values())
 
 
 def test_rounds_over_a_prompt_grid_or_one_in_memory_grid_are_sent_at_once() -> None:

@@ -4,41 +4,68 @@ and what a Flower simulation's node count says about a mismatch with the experim
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from flwr.common import Scalar
+from flwr.common import GetPropertiesIns, Scalar
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
 
 from pflower.runtime.engine import is_simulated, published_partitions
+from pflower.runtime.polling import PromptGrid, ask_properties_at_once, round_grid
 
 
 class NodeQuestions:
-    """One question to each of some nodes, asked at once, each in a daemon thread of its own.
+    """Each of some nodes asked for its properties (``GetPropertiesIns({})``: the roster's question
+    for its partition), all at once, in the background.
 
-    A node that never answers keeps neither the server loop nor the server process waiting:
+    Over a grid (a deployment's, or a ``flwr run`` simulation's) the questions go to the SuperLink
+    in one push ([`ask_properties_at_once`][pflower.runtime.polling.ask_properties_at_once], which
+    says why) and one daemon thread collects the answers; elsewhere (proxies that talk through no
+    grid, as in the tests) each node is asked in a daemon thread of its own. A node that never
+    answers keeps neither the server loop nor the server process waiting:
     [`done`][pflower.core.nodes.NodeQuestions.done] tells whether all answered,
-    [`answers`][pflower.core.nodes.NodeQuestions.answers] holds the answers so far (the reply,
-    or the exception) by node id, in the order the nodes were asked.
+    [`answers`][pflower.core.nodes.NodeQuestions.answers] holds the answers so far (the
+    properties, or the exception) by node id, in the order the nodes were asked. Each node gets
+    ``timeout`` seconds to answer (None: Flower's message time-to-live).
     """
 
-    def __init__(
-        self, proxies: Sequence[ClientProxy], ask: Callable[[ClientProxy], dict[str, Scalar]]
-    ) -> None:
+    def __init__(self, proxies: Sequence[ClientProxy], timeout: float | None) -> None:
         self._order = [proxy.cid for proxy in proxies]
         self._answers: dict[str, dict[str, Scalar] | BaseException] = {}
-        self._threads = [
-            threading.Thread(target=self._ask, args=(proxy, ask), daemon=True) for proxy in proxies
-        ]
+        grid = round_grid(proxies)
+        if grid is not None:
+            self._threads = [
+                threading.Thread(target=self._ask_all, args=(grid, proxies, timeout), daemon=True)
+            ]
+        else:
+            self._threads = [
+                threading.Thread(target=self._ask, args=(proxy, timeout), daemon=True)
+                for proxy in proxies
+            ]
         for thread in self._threads:
             thread.start()
 
-    def _ask(self, proxy: ClientProxy, ask: Callable[[ClientProxy], dict[str, Scalar]]) -> None:
+    def _take(self, proxy: ClientProxy, answer: dict[str, Scalar] | BaseException) -> None:
+        self._answers[proxy.cid] = answer  # one key per node: atomic under the GIL
+
+    def _ask_all(
+        self, grid: PromptGrid, proxies: Sequence[ClientProxy], timeout: float | None
+    ) -> None:
         try:
-            answer: dict[str, Scalar] | BaseException = ask(proxy)
+            ask_properties_at_once(grid, proxies, timeout, self._take)
+        except Exception as error:  # the push failed: no node got a question
+            for proxy in proxies:
+                self._answers.setdefault(proxy.cid, error)
+
+    def _ask(self, proxy: ClientProxy, timeout: float | None) -> None:
+        try:
+            ins = GetPropertiesIns({})
+            answer: dict[str, Scalar] | BaseException = proxy.get_properties(
+                ins, timeout=timeout, group_id=0
+            ).properties
         except Exception as error:
             answer = error
-        self._answers[proxy.cid] = answer  # one key per thread: atomic under the GIL
+        self._take(proxy, answer)
 
     @property
     def answers(self) -> dict[str, dict[str, Scalar] | BaseException]:

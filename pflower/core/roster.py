@@ -2,10 +2,10 @@
 
 Clients are known by the ``partition_id`` they report, never by node id, so per-client memory
 survives node restarts. A node is asked once (or, in pflower's simulation, read from the map the
-simulation published). Waits are bounded: before round 1 the server waits at most
-``connect_timeout`` for ``num_clients`` nodes, logging the missing partitions, then fails naming
-the expected and the connected nodes; a simulation with another number of SuperNodes is refused
-at once.
+simulation published); the nodes that connect together are asked in one push. Waits are bounded:
+before round 1 the server waits at most ``connect_timeout`` for ``num_clients`` nodes, logging
+the missing partitions, then fails naming the expected and the connected nodes; a simulation
+with another number of SuperNodes is refused at once.
 
 A node that misses a phase's deadline (it was sent work and did not reply, or the server waited
 ``connect_timeout`` for it) is marked absent: later phases and rounds do not wait for it again.
@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from logging import INFO, WARNING
 from typing import Any, cast
 
-from flwr.common import GetPropertiesIns, Scalar
+from flwr.common import Scalar
 from flwr.common.logger import log
 from flwr.server.client_manager import ClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -222,7 +222,8 @@ class NodeRoster:
         """Start asking the connected nodes whose partition is unknown (None if there are none).
 
         A node gets ``round_timeout`` to answer, else Flower's message time-to-live (12 hours): the
-        first message builds the client's experiment, which may take long on a large dataset.
+        first message builds the client's experiment, which may take long on a large dataset. The
+        questions go in one push ([`NodeQuestions`][pflower.core.nodes.NodeQuestions]).
         """
         new = [
             p
@@ -232,12 +233,7 @@ class NodeRoster:
         if not new:
             return None
 
-        def ask(proxy: ClientProxy) -> dict[str, Scalar]:
-            ins = GetPropertiesIns({})
-            timeout = self.settings.round_timeout
-            return proxy.get_properties(ins, timeout=timeout, group_id=0).properties
-
-        return NodeQuestions(new, ask)
+        return NodeQuestions(new, self.settings.round_timeout)
 
     def _record_answers(
         self, answers: dict[str, dict[str, Scalar] | BaseException], client_manager: ClientManager

@@ -190,6 +190,13 @@ EVALUATE_CLIENTS = Internal(
     "(client_instructions, max_workers, timeout, group_id)",
     "the legacy server loop's evaluate phase, used as fit_clients is",
 )
+OBJECT_PUSH_ERROR = Internal(
+    "flwr.supercore.inflatable.inflatable_utils",
+    "ObjectPushError",
+    "(object_id, run_id, session_id)",
+    "raised when the SuperLink did not store a pushed object; the roster's questions for the "
+    "nodes' partitions are pushed again on it (pflower.runtime.polling.ask_properties_at_once)",
+)
 PULL_OBJECTS = Internal(
     "flwr.supercore.inflatable.inflatable_utils",
     "pull_objects",
@@ -346,6 +353,7 @@ INTERNALS: tuple[Internal, ...] = (
     GRID_CLIENT_PROXY,
     FIT_CLIENTS,
     EVALUATE_CLIENTS,
+    OBJECT_PUSH_ERROR,
     PULL_OBJECTS,
     PULL_AND_INFLATE,
     INSTALL_FROM_FAB,

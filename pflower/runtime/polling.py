@@ -31,7 +31,8 @@ loop's thread limit (``min(32, cores + 4)`` clients in flight). Only timing chan
 messages, and so every result, are the same. The messages' arrays travel packed, each
 ``ArrayRecord`` as one array ([`pflower.runtime.packing`][pflower.runtime.packing]): 5 objects per
 ``train`` message to
-move instead of 19 for an 8-tensor model.
+move instead of 19 for an 8-tensor model. The roster's questions for the nodes' partitions go in
+one push too ([`ask_properties_at_once`][pflower.runtime.polling.ask_properties_at_once]).
 
 [`prompt_object_pulls`][pflower.runtime.polling.prompt_object_pulls] shortens a wait that every
 Flower process pulling a message's arrays
@@ -57,11 +58,22 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from logging import WARNING
 from typing import Any, TypeVar
 
 from flwr.app import Message, RecordDict
 from flwr.app.message_type import MessageType
-from flwr.common import Code, EvaluateIns, EvaluateRes, FitIns, FitRes
+from flwr.common import (
+    Code,
+    EvaluateIns,
+    EvaluateRes,
+    FitIns,
+    FitRes,
+    GetPropertiesIns,
+    MessageTypeLegacy,
+    Scalar,
+)
+from flwr.common.logger import log
 from flwr.compat.common import recorddict_compat as compat
 from flwr.server import SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -73,6 +85,7 @@ from flwr.server.server import (
     fit_clients,
 )
 from flwr.serverapp.grid import Grid
+from flwr.supercore.inflatable.inflatable_utils import ObjectPushError
 from flwr.supercore.run import Run
 from flwr.superlink.grid import HttpGrid
 
@@ -86,6 +99,7 @@ __all__ = [
     "PromptClientManager",
     "PromptGrid",
     "SimulationGrid",
+    "ask_properties_at_once",
     "evaluate_at_once",
     "evaluate_clients",
     "fit_at_once",
@@ -169,19 +183,31 @@ class PromptGrid(Grid):
     ) -> Iterable[Message]:
         """Push ``messages``, then pull their replies until all arrived or ``timeout`` passed
         (``HttpGrid.send_and_receive``'s contract, with shorter pauses)."""
+        replies: list[Message] = []
+        self.stream(messages, replies.extend, timeout=timeout)
+        return replies
+
+    def stream(
+        self,
+        messages: Iterable[Message],
+        received: Callable[[list[Message]], None],
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """[`send_and_receive`][pflower.runtime.polling.PromptGrid.send_and_receive], handing
+        each pull's replies to ``received`` as they arrive."""
         pending = set(self.push_messages(messages))
         end_time = time.time() + (timeout if timeout is not None else 0.0)
-        replies: list[Message] = []
         pause = self.first_s
         while timeout is None or time.time() < end_time:
-            received = list(self.pull_messages(pending))
-            replies.extend(received)
-            pending.difference_update(m.metadata.reply_to_message_id for m in received)
+            replies = list(self.pull_messages(pending))
+            if replies:
+                received(replies)
+            pending.difference_update(m.metadata.reply_to_message_id for m in replies)
             if not pending:
                 break
             time.sleep(pause)
             pause = min(pause * 1.5, self.longest_s)
-        return replies
 
 
 SIMULATION_POLL_S = 0.005
@@ -234,20 +260,28 @@ def round_grid(proxies: Iterable[ClientProxy]) -> PromptGrid | None:
 Res = TypeVar("Res", FitRes, EvaluateRes)
 
 
+Answered = Callable[[ClientProxy, RecordDict | Exception], None]
+"""What [`exchange`][pflower.runtime.polling.exchange] hands each node's answer to as it comes."""
+
+
 def exchange(
-    grid: Grid,
+    grid: PromptGrid,
     requests: Sequence[tuple[ClientProxy, RecordDict]],
     message_type: str,
     timeout: float | None,
     group_id: int,
+    answered: Answered | None = None,
 ) -> list[tuple[ClientProxy, RecordDict | Exception]]:
     """Send each proxy its content in one push; each proxy's reply content, or why it has none.
 
     The messages are those ``GridClientProxy`` builds, with their arrays packed
     ([`pflower.runtime.packing`][pflower.runtime.packing]: the ClientApp unpacks them; the replies
     are unpacked here).
-    Replies are matched by their source node (one message per node). A node that did not reply
-    within ``timeout`` or replied with an error gets an exception, as from ``GridClientProxy``.
+    Replies are matched to their messages (``reply_to_message_id``; a reply the SuperLink made for
+    a node, such as its "Node Unavailable" error for a node whose heartbeats stopped, comes from
+    the SuperLink, not from the node). A node that did not reply within ``timeout`` or whose
+    reply is an error gets an exception, as from ``GridClientProxy``. Each answer also goes to
+    ``answered`` as soon as it is known.
     """
     shared: PackedArrays = {}  # the round's global model: packed once for all messages
     messages = [
@@ -260,26 +294,36 @@ def exchange(
         )
         for proxy, content in requests
     ]
-    replies = {
-        reply.metadata.src_node_id: reply
-        for reply in grid.send_and_receive(messages, timeout=timeout)
-    }
-    answers: list[tuple[ClientProxy, RecordDict | Exception]] = []
+    proxy_of: dict[str, ClientProxy] = {}  # message id -> proxy: the ids are set by the push
+    answers: dict[str, RecordDict | Exception] = {}
+
+    def take(proxy: ClientProxy, answer: RecordDict | Exception) -> None:
+        answers[proxy.cid] = answer
+        if answered is not None:
+            answered(proxy, answer)
+
+    def received(replies: list[Message]) -> None:
+        if not proxy_of:
+            pushed = zip(messages, requests, strict=True)
+            proxy_of.update((m.metadata.message_id, proxy) for m, (proxy, _) in pushed)
+        for reply in replies:  # unpacked one by one: each packed reply's bytes go at once
+            proxy = proxy_of[reply.metadata.reply_to_message_id]
+            if not reply.has_error():
+                take(proxy, unpack(reply.content))
+            elif reply.metadata.src_node_id == int(proxy.cid):
+                take(proxy, ValueError(f"the node replied with an error: {reply.error.reason}"))
+            else:
+                take(proxy, ValueError(f"the SuperLink replied for the node: {reply.error.reason}"))
+
+    grid.stream(messages, received, timeout=timeout)
     for proxy, _ in requests:
-        reply = replies.pop(int(proxy.cid), None)  # its packed bytes go once unpacked
-        if reply is None:
-            answers.append((proxy, TimeoutError(f"node {proxy.cid} did not reply in time")))
-        elif reply.has_error():
-            answers.append(
-                (proxy, ValueError(f"the node replied with an error: {reply.error.reason}"))
-            )
-        else:
-            answers.append((proxy, unpack(reply.content)))
-    return answers
+        if proxy.cid not in answers:
+            take(proxy, TimeoutError(f"node {proxy.cid} did not reply in time"))
+    return [(proxy, answers[proxy.cid]) for proxy, _ in requests]
 
 
 def _at_once(
-    grid: Grid,
+    grid: PromptGrid,
     requests: Sequence[tuple[ClientProxy, RecordDict]],
     message_type: str,
     to_res: Callable[[RecordDict], Res],
@@ -300,7 +344,7 @@ def _at_once(
 
 
 def fit_at_once(
-    grid: Grid,
+    grid: PromptGrid,
     instructions: Sequence[tuple[ClientProxy, FitIns]],
     timeout: float | None,
     group_id: int,
@@ -318,7 +362,7 @@ def fit_at_once(
 
 
 def evaluate_at_once(
-    grid: Grid,
+    grid: PromptGrid,
     instructions: Sequence[tuple[ClientProxy, EvaluateIns]],
     timeout: float | None,
     group_id: int,
@@ -330,3 +374,57 @@ def evaluate_at_once(
     return _at_once(
         grid, requests, MessageType.EVALUATE, compat.recorddict_to_evaluateres, timeout, group_id
     )
+
+
+PUSH_ATTEMPTS = 3
+"""How often [`ask_properties_at_once`][pflower.runtime.polling.ask_properties_at_once] pushes its
+questions when the SuperLink refuses to store them."""
+
+
+def ask_properties_at_once(
+    grid: PromptGrid,
+    proxies: Sequence[ClientProxy],
+    timeout: float | None,
+    answered: Callable[[ClientProxy, dict[str, Scalar] | Exception], None],
+) -> None:
+    """Ask every proxy's node for its properties (``GetPropertiesIns({})``, the roster's question
+    for its partition) in one push, handing each node's properties, or why it has none, to
+    ``answered`` as they come; returns when all answered or ``timeout`` passed.
+
+    One push for all, for the reason a round's messages go in one (module docstring): the
+    questions share their content, and with one push per node the SuperLink of Flower 1.39
+    sometimes refused a node's push (``ObjectPushError``: "the push session may have expired or
+    been replaced"; seen in the compose stack under CI load), which left that node out of round 1.
+    A push refused all the same (``ObjectPushError`` before any answer came) is pushed again,
+    [`PUSH_ATTEMPTS`][pflower.runtime.polling.PUSH_ATTEMPTS] times in all: a node that got a
+    question twice answers twice the same, and only the answers to the last push are read.
+    """
+    requests = [
+        (proxy, compat.getpropertiesins_to_recorddict(GetPropertiesIns({}))) for proxy in proxies
+    ]
+
+    def properties(proxy: ClientProxy, answer: RecordDict | Exception) -> None:
+        if isinstance(answer, Exception):
+            answered(proxy, answer)
+            return
+        res = compat.recorddict_to_getpropertiesres(answer)
+        if res.status.code != Code.OK:
+            answered(proxy, ValueError(f"status {res.status.code.name}: {res.status.message}"))
+        else:
+            answered(proxy, res.properties)
+
+    for attempt in range(1, PUSH_ATTEMPTS + 1):
+        try:
+            exchange(grid, requests, MessageTypeLegacy.GET_PROPERTIES, timeout, 0, properties)
+            return
+        except ObjectPushError as error:
+            if attempt == PUSH_ATTEMPTS:
+                raise
+            log(
+                WARNING,
+                "the SuperLink refused the nodes' questions for their partitions (%s); "
+                "pushing them again (attempt %d of %d)",
+                error,
+                attempt + 1,
+                PUSH_ATTEMPTS,
+            )
