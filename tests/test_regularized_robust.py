@@ -186,7 +186,9 @@ def test_a_robust_aggregator_that_cannot_act_is_refused_with_the_numbers(
     ],
 )
 def test_a_robust_aggregator_that_can_act_composes(overrides: list[str]) -> None:
-    compose_config(["dataset=digits", *overrides])
+    asked = next(o.split("=")[1] for o in overrides if o.startswith("robust="))
+    settings = settings_of(compose_config(["dataset=digits", *overrides]))
+    assert settings.robust.name is RobustKind(asked)
 
 
 def test_multi_krum_with_f_from_an_attack_free_configuration_is_only_warned_about() -> None:
