@@ -343,7 +343,7 @@ def main(argv: list[str]) -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "suite_timing.json").write_text(json.dumps(report, indent=1) + "\n")
         with (args.out / "suite_timing.md").open("a") as handle:
-            handle.write(text + "\n")
+            handle.write("\n" + text + "\n")  # a reading is its own section
 
 
 if __name__ == "__main__":
