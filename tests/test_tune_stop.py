@@ -275,6 +275,51 @@ def test_an_interrupted_trial_is_retried_with_its_values_and_not_counted(
         assert said[MAX_RETRY].endswith("; counted as failed (retried enough)")
 
 
+def test_a_retry_runs_even_when_the_rest_of_the_budget_is_spent(tmp_path: Path) -> None:
+    """Values drawn while the budget had room and then interrupted (their driver stopped) run
+    when the study resumes, even if the trials that finished meanwhile spent the budget: a
+    resumed study tries every configuration it drew, as an uninterrupted one does. The cpu
+    suite's mnist_path FedAvg-FT study 0 lost its 31st configuration so: its retry was left
+    waiting because a retry that ran before it had spent the budget."""
+    from optuna.trial import TrialState
+
+    from pflower.tuning import search
+    from pflower.tuning.ledger import budget_counts, spending
+    from pflower.tuning.suite import load_suite
+    from tests.helpers import tiny_suite
+
+    suite_file = tmp_path / "tiny.yaml"
+    suite_file.write_text(tiny_suite(2, 0, "[1]"))
+    suite = load_suite(str(suite_file))
+    setting = suite.settings[0]
+    ran: list[float] = []
+
+    def runner(command: list[str], run_dir: Path, *_: object, **__: object) -> dict[str, object]:
+        ran.append(float(next(c for c in command if c.startswith("train.lr=")).split("=")[1]))
+        return {"status": "completed", "last10": {"L1": {"acc_local": {"mean": ran[-1]}}}}
+
+    layout = search.Layout(tmp_path / "out")
+    study = search.tune(suite, setting, "fedprox", layout, 2, runner=runner)
+    assert budget_counts(study) == (2, 0) and len(ran) == 2  # the budget is spent
+    # a third draw, admitted by a driver that was then stopped: left RUNNING
+    left = study.ask()
+    lr = left.suggest_float("train.lr", 1e-3, 1e-1, log=True)
+    said: list[str] = []
+    study = search.tune(suite, setting, "fedprox", layout, 2, log=said.append, runner=runner)
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.COMPLETE] * 2 + [
+        TrialState.FAIL,
+        TrialState.COMPLETE,
+    ]
+    assert ran[2] == pytest.approx(lr, rel=1e-5) and len(ran) == 3  # its values ran, once
+    assert trials[3].params["train.lr"] == trials[2].params["train.lr"]
+    assert spending(trials, suite.search).waiting == 0
+    assert said[0].startswith("fedprox: trial 2 was left running by a stopped pflower tune")
+    # nothing is left to run: a third command runs nothing
+    search.tune(suite, setting, "fedprox", layout, 2, runner=runner)
+    assert len(ran) == 3
+
+
 @pytest.mark.parametrize("ignored", [True, False], ids=["background-job", "terminal"])
 def test_the_fork_server_and_its_runs_keep_an_ignored_sigint_ignored(ignored: bool) -> None:
     """Started by a process that ignores SIGINT (``pflower tune ... &`` in a script, without job

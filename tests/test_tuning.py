@@ -491,6 +491,49 @@ def test_final_runs_keep_failed_runs_and_rerun_interrupted_ones(tmp_path: Path) 
     assert ran == [2]
 
 
+def test_a_final_run_of_values_no_longer_chosen_runs_again(tmp_path: Path) -> None:
+    """A study that resumes may choose anew (a retried configuration did better): the final
+    runs of the values it chose before are not kept under the new choice. A run whose recorded
+    configuration holds the chosen values is kept, whether it completed or failed by itself."""
+    from pflower.tuning.finals import final_runs, holds_chosen
+
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE.replace("final_seeds: [1, 2]", "final_seeds: [1, 2, 3]"))
+    suite = load_suite(str(path))
+    setting, layout = suite.settings[0], Layout(tmp_path / "out")
+    chosen = {
+        "params": {"train.lr": 0.0621924193, "strategy.mu": 0.01},
+        "overrides": ["strategy=fedprox", "train.lr=0.0621924", "strategy.mu=0.01"],
+    }
+    path = layout.chosen_file(setting.name, "fedprox")
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(chosen))
+    recorded = {1: (0.0621924, "completed"), 2: (0.0621924, "failed"), 3: (0.03, "completed")}
+    for seed, (lr, status) in recorded.items():
+        run_dir = layout.final_dir(setting.name, "fedprox", seed)
+        run_dir.mkdir(parents=True)
+        config = {"train": {"lr": lr, "momentum": 0.0}, "strategy": {"name": "fedprox", "mu": 0.01}}
+        error = "Round 3: 4 of 4 clients failed." if status == "failed" else None
+        summary = {"status": status, "error": error, "config": config}
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    assert holds_chosen({"config": config}, {"params": {"train.lr": 0.03}})
+    assert not holds_chosen({"config": config}, {"params": {"train.lr": 0.0300001}})
+    assert not holds_chosen({"config": config}, {"params": {"strategy.lam": 0.1}})  # not in it
+    ran: list[int] = []
+
+    def runner(command: list[str], run_dir: Path, **_: object) -> dict[str, object]:
+        assert "train.lr=0.0621924" in command
+        ran.append(int(run_dir.name.removeprefix("seed_")))
+        return {"status": "completed", "final": {"L1": {"acc_local": {"mean": 0.9}}}}
+
+    logged: list[str] = []
+    final_runs(suite, setting, "fedprox", layout, log=logged.append, runner=runner)
+    assert ran == [3]
+    assert "digits fedprox final seed 3 ran values the study no longer chooses: it runs again" in (
+        logged
+    )
+
+
 def test_a_final_run_that_times_out_is_recorded_as_failed_not_interrupted(tmp_path: Path) -> None:
     """`--timeout` stops a run with SIGTERM, which the run records as "interrupted by SIGTERM"
     (not run yet: rerun by the next command). A run stopped for taking too long did run and

@@ -5,7 +5,7 @@ calls both)."""
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +122,23 @@ def read_chosen(path: Path) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------- finals
+def holds_chosen(summary: Mapping[str, Any], chosen: Mapping[str, Any]) -> bool:
+    """Whether a final run's recorded configuration holds every value ``chosen`` names, as its
+    overrides spell them (a run recorded without its configuration is taken to)."""
+    config = summary.get("config")
+    if not isinstance(config, Mapping):
+        return True
+    for key, value in (chosen.get("params") or {}).items():
+        node: Any = config
+        for part in key.split("."):
+            if not isinstance(node, Mapping) or part not in node:
+                return False
+            node = node[part]
+        if format_value(node) != format_value(value):
+            return False
+    return True
+
+
 def final_runs(
     suite: Suite,
     setting: Setting,
@@ -137,7 +154,8 @@ def final_runs(
     """Run the chosen values of study ``study_id`` with every final seed on test. Completed
     runs are kept, and so are failed ones (a run that diverged diverges again: the leaderboard
     reports it) unless ``retry_failed`` (a run stopped by ``timeout_s`` counts as failed); a run
-    that never finished or was interrupted (a signal: Ctrl-C, ``kill``) runs again."""
+    that never finished or was interrupted (a signal: Ctrl-C, ``kill``) runs again, and so does
+    one of values the study no longer chooses (`holds_chosen`: a resumed study chose anew)."""
     execute = runner or run_pflower
     from concurrent.futures import ThreadPoolExecutor
 
@@ -148,7 +166,9 @@ def final_runs(
         run_dir = layout.final_dir(setting.name, method, seed, study_id)
         summary = read_summary(run_dir) or {}
         failed = failed_by_itself(summary)
-        if summary.get("status") == "completed" or (failed and not retry_failed):
+        if not holds_chosen(summary, chosen):
+            log(f"{where} final seed {seed} ran values the study no longer chooses: it runs again")
+        elif summary.get("status") == "completed" or (failed and not retry_failed):
             if failed:
                 log(
                     f"{where} final seed {seed} failed before, kept "

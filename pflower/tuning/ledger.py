@@ -120,14 +120,15 @@ def rounds_run(trial: Any) -> int:
 @dataclass(frozen=True)
 class Spending:
     """What a study has spent: budget units of its finished trials, trials running, distinct
-    configurations tried (running ones included), those run to the end, and repeated draws
-    (not run)."""
+    configurations tried (running ones included), those run to the end, repeated draws (not
+    run), and retries waiting to run (the values of an interrupted trial, enqueued again)."""
 
     spent: float
     running: int
     distinct: int
     to_the_end: int
     repeats: int
+    waiting: int
 
 
 def spending(trials: Sequence[Any], plan: SearchPlan) -> Spending:
@@ -144,6 +145,7 @@ def spending(trials: Sequence[Any], plan: SearchPlan) -> Spending:
         ),
         to_the_end=sum(t.state == TrialState.COMPLETE for t in counted),
         repeats=sum(REPEAT_ATTR in t.user_attrs for t in trials),
+        waiting=sum(t.state == TrialState.WAITING for t in trials),
     )
 
 

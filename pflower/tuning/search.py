@@ -19,9 +19,11 @@ The study lives in ``<out>/<setting>/study.db`` (Optuna's SQLite storage, one st
 and study number) and resumes where it stopped: finished trials count (complete, pruned, or
 failed by their own run), and a trial whose run was not let finish (its ``pflower tune``
 stopped, a signal from outside, a run refused before it started) is retried with the same
-values (``RetryFailedTrialCallback``) and not counted. ``workers`` trials run at once (threads
-of this process, each driving one trial process); several ``pflower tune`` processes on one
-machine may share a study (a file lock keeps the count exact).
+values (``RetryFailedTrialCallback``) and not counted; a retry runs even once the budget is
+spent (its values were drawn while it had room), so a resumed study tries what it drew.
+``workers`` trials run at once (threads of this process, each driving one trial process);
+several ``pflower tune`` processes on one machine may share a study (a file lock keeps the
+count exact).
 """
 
 from __future__ import annotations
@@ -381,7 +383,10 @@ def tune(
             with file_lock(lock):  # count and start under one lock: the budget stays exact
                 fail_stale_trials(study)
                 spent = spending(study.get_trials(deepcopy=False), plan)
-                if spent.spent >= limit or (size is not None and spent.distinct >= size):
+                # a retry waiting holds values drawn while the budget had room: it runs even
+                # past the budget, as the trial it retries would have, had it not been stopped
+                done = spent.spent >= limit or (size is not None and spent.distinct >= size)
+                if done and not spent.waiting:
                     return
                 if spent.repeats >= REPEAT_LIMIT:
                     log(
@@ -390,7 +395,7 @@ def tune(
                     )
                     return
                 trial = None
-                if spent.spent + spent.running * running_cost < limit:
+                if spent.waiting or spent.spent + spent.running * running_cost < limit:
                     trial, values, repeat = _draw(study, space, plan, seed, parallel)
                     if repeat is not None:  # never run twice: recorded, costs nothing
                         trial.set_user_attr(REPEAT_ATTR, repeat)

@@ -1,0 +1,114 @@
+"""The stored tuning results searched what their protocol says, however often their commands
+were stopped and resumed.
+
+For every suite folder under ``results/tuning`` (its ``<setting>/study.db`` and final runs):
+
+- a study that chose its values (its chosen file is written) drew, under a quasi-random plan,
+  exactly the points of its tuning seed's sequence, in order (index ``i`` is point ``i``);
+- every configuration it drew ran (a trial that counts, ended) or repeats one that ran, and no
+  retry is left waiting: an interruption cost it nothing (a resumed study of the cpu suite once
+  left its last configuration's retry waiting, and another, stopped twice in a row, skipped
+  two configurations as repeats of their own interrupted retries);
+- every final run holds the values its study chose (`holds_chosen`).
+
+The folder's studies are read from the committed files only; the test runs no trial.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pflower.tuning.finals import holds_chosen
+from pflower.tuning.ledger import QMC_ATTR, REPEAT_ATTR, counted_trials
+from pflower.tuning.schedule import configuration, quasi_random_point
+from pflower.tuning.suite import load_suite
+
+RESULTS = Path(__file__).resolve().parent.parent / "results" / "tuning"
+SUITES = sorted(p.parent for p in RESULTS.glob("*/suite.yaml"))
+
+
+def _chosen_file(setting_dir: Path, method: str, study: str | None) -> Path:
+    chosen = setting_dir / "chosen"
+    return chosen / f"{method}.yaml" if study is None else chosen / method / f"study_{study}.yaml"
+
+
+def _completed_studies(setting_dir: Path) -> Iterator[tuple[str, str | None, list[Any]]]:
+    """(method, study number or None, trials) of each study of the setting that chose."""
+    import optuna
+
+    optuna.logging.set_verbosity(logging.WARNING)
+    url = f"sqlite:///{setting_dir / 'study.db'}"
+    for summary in optuna.get_all_study_summaries(url):
+        method, _, study = summary.study_name.partition("@study_")
+        if _chosen_file(setting_dir, method, study or None).exists():
+            trials = optuna.load_study(study_name=summary.study_name, storage=url).get_trials()
+            yield method, study or None, trials
+
+
+def _settings() -> list[Path]:
+    return sorted(p.parent for suite in SUITES for p in suite.glob("*/study.db"))
+
+
+@pytest.mark.parametrize(
+    "setting_dir", _settings(), ids=lambda p: f"{p.parent.name}/{p.name}" if p else ""
+)
+def test_every_drawn_configuration_of_a_stored_study_ran(setting_dir: Path) -> None:
+    from optuna.trial import TrialState
+
+    suite = load_suite(yaml.safe_load((setting_dir.parent / "suite.yaml").read_text())["name"])
+    setting = next((s for s in suite.settings if s.name == setting_dir.name), None)
+    ended = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
+    problems: list[str] = []
+    studies = 0
+    for method, study, trials in _completed_studies(setting_dir):
+        studies += 1
+        name = f"{method}@study_{study}" if study is not None else method
+        counted, _ = counted_trials(trials)
+        ran = {t.number for t in counted if t.state in ended}
+        problems += [f"{name}: trial {t.number} waits" for t in trials if t.state.name == "WAITING"]
+        evaluated = {
+            t.number: t.number in ran or t.user_attrs.get(REPEAT_ATTR) in ran for t in trials
+        }
+        problems += [
+            f"{name}: trial {t.number} ({t.params}) never ran"
+            for t in trials
+            if not evaluated[t.number]
+            and not any(
+                evaluated[o.number] and configuration(o.params) == configuration(t.params)
+                for o in trials
+            )
+        ]
+        points = {int(t.user_attrs[QMC_ATTR]) for t in trials if QMC_ATTR in t.user_attrs}
+        if not points:  # a TPE study (the previous protocol): its draws are TPE's
+            continue
+        assert setting is not None, f"{setting_dir}: no such setting in suite {suite.name}"
+        assert points == set(range(len(points))), f"{name}: points {sorted(points)}"
+        space = suite.space_for(method, setting)
+        seed = suite.study_seed(int(study) if study is not None else None)
+        for trial in trials:
+            point = quasi_random_point(space, seed, int(trial.user_attrs[QMC_ATTR]))
+            if configuration(trial.params) != configuration(point):
+                problems.append(f"{name}: trial {trial.number} is not its point of the sequence")
+    assert studies, f"{setting_dir}: no study chose"
+    assert problems == []
+
+
+@pytest.mark.parametrize("suite_dir", SUITES, ids=lambda p: p.name if p else "")
+def test_every_stored_final_run_holds_its_study_s_chosen_values(suite_dir: Path) -> None:
+    runs = sorted(suite_dir.glob("*/final/**/seed_*/summary.json"))
+    assert runs
+    mismatched = []
+    for path in runs:
+        parts = path.parent.relative_to(suite_dir).parts  # setting, final, method, [study], seed
+        study = parts[3].removeprefix("study_") if len(parts) == 5 else None
+        chosen = yaml.safe_load(_chosen_file(suite_dir / parts[0], parts[2], study).read_text())
+        if not holds_chosen(json.loads(path.read_text()), chosen):
+            mismatched.append(str(path.parent.relative_to(suite_dir)))
+    assert mismatched == []
