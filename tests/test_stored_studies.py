@@ -29,7 +29,7 @@ import yaml
 
 from pflower.results.failures import failed_by_itself
 from pflower.tuning.finals import holds_chosen
-from pflower.tuning.ledger import QMC_ATTR, REPEAT_ATTR, counted_trials
+from pflower.tuning.ledger import QMC_ATTR, counted_trials
 from pflower.tuning.schedule import configuration, quasi_random_point
 from pflower.tuning.suite import load_suite
 
@@ -74,19 +74,13 @@ def test_every_drawn_configuration_of_a_stored_study_ran(setting_dir: Path) -> N
         studies += 1
         name = f"{method}@study_{study}" if study is not None else method
         counted, _ = counted_trials(trials)
-        ran = {t.number for t in counted if t.state in ended}
-        problems += [f"{name}: trial {t.number} waits" for t in trials if t.state.name == "WAITING"]
-        evaluated = {
-            t.number: t.number in ran or t.user_attrs.get(REPEAT_ATTR) in ran for t in trials
-        }
+        ran = {configuration(t.params) for t in counted if t.state in ended}
+        waiting = [t.number for t in trials if t.state == TrialState.WAITING]
+        problems += [f"{name}: trial {n} waits" for n in waiting]
         problems += [
             f"{name}: trial {t.number} ({t.params}) never ran"
             for t in trials
-            if not evaluated[t.number]
-            and not any(
-                evaluated[o.number] and configuration(o.params) == configuration(t.params)
-                for o in trials
-            )
+            if configuration(t.params) not in ran  # a repeat's configuration ran as the first
         ]
         points = {int(t.user_attrs[QMC_ATTR]) for t in trials if QMC_ATTR in t.user_attrs}
         if not points:  # a TPE study (the previous protocol): its draws are TPE's
