@@ -27,6 +27,7 @@ from pflower.reporting.studies import (
     rank_intervals,
     scored,
 )
+from pflower.results.failures import every_client_acc, rejected_replies
 from pflower.results.summary import resolved_config
 from tests.helpers import fake_final_run
 
@@ -168,8 +169,8 @@ def test_a_failed_final_run_is_scored_zero_not_left_out_of_the_mean() -> None:
 
 def test_the_leaderboard_counts_a_failed_run_and_names_its_study(tmp_path: Path) -> None:
     """Runs column, means and notes of a suite of several studies with a failed final run and a
-    run that scored its final accuracy on fewer clients; the same seed failing in two studies
-    is two runs, each named."""
+    run that left a client out of its final evaluation (scored 0 there); the same seed failing
+    in two studies is two runs, each named."""
     setting = tmp_path / "suite" / "digits"
     error = "Round 15: all 20 clients failed, nothing to aggregate.\n  client 0: NaN"
     for method in ("fedavg", "apple", "fedfomo"):
@@ -184,7 +185,7 @@ def test_the_leaderboard_counts_a_failed_run_and_names_its_study(tmp_path: Path)
                     fake_final_run(run, 0.8 + 0.01 * seed + (0.05 if method == "apple" else 0))
     short = setting / "final" / "apple" / "study_1" / "seed_2" / "summary.json"
     summary = json.loads(short.read_text())
-    summary["final"]["L1"]["acc_local"]["num_clients"] = 19
+    summary["final"]["L1"]["num_clients"] = 19
     summary["failures"] = [
         {"round": 2, "stage": "failure", "phase": phase, "client": 7, "error": "array 0 NaN"}
         for phase in ("fit", "evaluate")
@@ -194,21 +195,24 @@ def test_the_leaderboard_counts_a_failed_run_and_names_its_study(tmp_path: Path)
     (tmp_path / "suite" / "suite.yaml").write_text(yaml.safe_dump(suite))
     text, rows = render(tmp_path / "suite")
     by_method = {row[3]: dict(zip(rows[0], row, strict=True)) for row in rows[1:]}
-    # apple: 86, 87 in each study and two failures at 0 -> mean 57.67, below fedavg's 82
+    # apple: 86, 87 in study 0, 86 and 87 x 19/20 (a client left out at 0) in study 1, and two
+    # failures at 0 -> mean 56.94, below fedavg's 82
     assert [row[3] for row in rows[1:]] == ["FedAvg", "APPLE", "FedFomo"]
     # a method whose every run failed is ranked, last, not left out as "pending"
     assert by_method["FedFomo"]["final Acc(L) %"] == "0.00 ± 0.00"
     assert by_method["FedFomo"]["runs"] == "2 x 3, 6 failed (scored 0%)"
     assert "not yet" not in text
-    assert by_method["APPLE"]["final Acc(L) %"] == "57.67 ± 44.67"
+    assert by_method["APPLE"]["final Acc(L) %"] == "56.94 ± 44.13"
     assert by_method["APPLE"]["runs"] == "2 x 3, 2 failed (scored 0%), 1 short of clients"
     assert by_method["FedAvg"]["runs"] == "2 x 3"
     assert "- APPLE, study 0 seed 3: Round 15: all 20 clients failed" in text
     assert "- APPLE, study 1 seed 3: Round 15: all 20 clients failed" in text
     assert "- APPLE, study 1 seed 2: 2 client replies rejected" in text
+    assert "the 19 clients that replied, 1 left out; in the means 82.65%" in text
     assert "a final run that failed (diverged) is scored 0" in text
     line = compare(tmp_path / "suite", "apple", "fedavg")[0]
-    assert line.startswith("digits: APPLE - FedAvg = -24.33 points")  # seeds 1-2 +5, seed 3 -83
+    # study 0: seeds 1-2 +5, seed 3 -83; study 1: seed 2 +0.65 (82.65 - 82)
+    assert line.startswith("digits: APPLE - FedAvg = -25.06 points")
 
 
 def test_a_collapse_in_one_study_is_named_with_its_study(tmp_path: Path) -> None:
@@ -393,3 +397,48 @@ def test_the_ranks_that_move_most_with_the_study_are_named_first() -> None:
     assert (
         "('moves'), most first: B-method (1 to 9), f (2 to 7); 3 more by at most 1 place."
     ) in text
+
+
+def test_a_client_left_out_of_an_evaluation_is_scored_zero() -> None:
+    """A run's score over every client it evaluated: each client whose evaluation reply was
+    rejected or lost counts 0, in the final round and in each round of the last-10% window, and
+    a client that failed only to train is scored as it evaluated."""
+    nan = "array 0 contains NaN or Inf"
+    summary = {
+        "final_round": 10,
+        "last10_rounds": [9, 10],
+        "final": {"L1": {"num_clients": 18, "acc_local": {"mean": 0.9}}},
+        "last10": {"L1": {"num_clients": 18.5, "acc_local": {"mean": 0.8}}},
+        "failures": [
+            {"round": 9, "phase": "evaluate", "client": 3, "error": nan},
+            {"round": 10, "phase": "evaluate", "client": 3, "error": nan},
+            {"round": 10, "phase": "evaluate", "client": 5, "error": "timed out"},
+            {"round": 10, "phase": "fit", "client": 7, "error": nan},
+            {"round": 8, "phase": "evaluate", "client": 8, "error": nan},  # before the window
+        ],
+    }
+    assert every_client_acc(summary) == pytest.approx(0.9 * 18 / 20)
+    # the window: 18.5 replied and 1.5 left out per round on average
+    assert every_client_acc(summary, "last10") == pytest.approx(0.8 * 18.5 / 20)
+    assert rejected_replies(summary).missing_at_end == 2  # type: ignore[union-attr]
+    summary["failures"] = [f for f in summary["failures"] if f["phase"] == "fit"]
+    assert every_client_acc(summary) == 0.9 and every_client_acc(summary, "last10") == 0.8
+
+
+def test_the_fair_comparisons_page_quotes_apples_stored_runs() -> None:
+    """The page's APPLE figures come from the committed final runs of the cpu suite: the mean of
+    the runs that completed, averaged over the clients that replied and with those left out at 0
+    (the leaderboard's)."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs" / "concepts" / "fair-comparisons.md").read_text()
+    final = root / "results" / "tuning" / "cpu" / "fmnist_dir01" / "final" / "apple"
+    summaries = [
+        json.loads(p.read_text()) for p in sorted(final.glob("study_*/seed_*/summary.json"))
+    ]
+    completed = [s for s in summaries if s["status"] == "completed"]
+    replied = statistics.fmean(s["final"]["L1"]["acc_local"]["mean"] for s in completed) * 100
+    counted = statistics.fmean(every_client_acc(s) for s in completed) * 100
+    short = [s for s in completed if (r := rejected_replies(s)) is not None and r.missing_at_end]
+    assert (len(summaries), len(completed), len(short)) == (15, 14, 5)
+    assert f"APPLE's 14 other runs came to {replied:.2f}" in page
+    assert f"at 0 they come to {counted:.2f}" in page

@@ -43,8 +43,10 @@ interrupted run, one stopped by a signal, has not run yet and counts nowhere), t
 that completed without some clients' replies
 ([`rejected_replies`][pflower.results.failures.rejected_replies]: a client whose model diverged is
 rejected and
-the run goes on without it; a client left out of the final evaluation is in no client mean,
-which flatters the method, so the seeds column counts those runs), the chosen values
+the run goes on without it; the means score a client left out of an evaluation 0, as they
+score a failed run, where the run's own summary averages the clients that replied
+([`every_client_acc`][pflower.results.failures.every_client_acc]), and the seeds column counts
+those runs), the chosen values
 at an end of their searched range
 ([`range_ends`][pflower.reporting.leaderboard_notes.range_ends]: the range, not the budget, may
 hold the method back), each with its profile where one was run

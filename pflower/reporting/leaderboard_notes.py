@@ -15,7 +15,7 @@ from pflower.reporting import studies
 from pflower.reporting.leaderboard_ranks import ranked_above_higher_means
 from pflower.reporting.leaderboard_runs import Entry, final_runs, run_name
 from pflower.reporting.leaderboard_table import mean_std
-from pflower.results.failures import REJECTION_NOTE, error_line, failed_by_itself
+from pflower.results.failures import LEFT_OUT_SCORE, REJECTION_NOTE, error_line, failed_by_itself
 from pflower.searchspace import RANGE_END
 from pflower.tuning.profile import chosen_at_ends, describe_profile
 
@@ -156,16 +156,30 @@ def failure_notes(entries: Sequence[Entry]) -> list[str]:
 
 
 def rejection_notes(entries: Sequence[Entry]) -> list[str]:
-    """The completed final runs that did without some clients' replies."""
+    """The completed final runs that did without some clients' replies, with the score in the
+    means of those that left clients out of the final evaluation."""
     runs = [(e, run, r) for e in entries for run, r in sorted(e.rejected.items())]
     if not runs:
         return []
     lines = [
-        f"Final runs that completed without some clients' replies, in the means. {REJECTION_NOTE}",
+        "Final runs that completed without some clients' replies, in the means. "
+        f"{REJECTION_NOTE} The means score each client left out of an evaluation "
+        f"{LEFT_OUT_SCORE:.0%}, as they score a failed run: it left no usable model, and "
+        "averaging the clients that replied would score the method on those that did not "
+        "diverge.",
         "",
     ]
-    lines += [f"- {e.label}, {run_name(*run)}: {r.describe()}" for e, run, r in runs]
+    lines += [
+        f"- {e.label}, {run_name(*run)}: {r.describe()}"
+        + (f"; in the means {_score(e, *run):.2%}" if r.missing_at_end else "")
+        for e, run, r in runs
+    ]
     return [*lines, ""]
+
+
+def _score(entry: Entry, study: int | None, seed: int) -> float:
+    """A completed final run's score in the means."""
+    return entry.by_seed[seed] if study is None else entry.studies[study][seed]
 
 
 def exception_notes(setting_dir: Path, changes: Mapping[str, Mapping[str, Any]]) -> list[str]:

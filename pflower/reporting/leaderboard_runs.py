@@ -20,7 +20,13 @@ from pflower.compose import meta_model
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import collapse_of
 from pflower.reporting import studies
-from pflower.results.failures import Rejected, error_line, failed_by_itself, rejected_replies
+from pflower.results.failures import (
+    Rejected,
+    error_line,
+    every_client_acc,
+    failed_by_itself,
+    rejected_replies,
+)
 from pflower.results.summary import recorded_cost
 from pflower.searchspace import Param
 from pflower.tuning.profile import current_profiles
@@ -32,6 +38,8 @@ class Entry:
 
     method: str
     final: list[float] = field(default_factory=list)
+    """Each completed final run's L1 Acc(L) over every client it evaluated
+    ([`every_client_acc`][pflower.results.failures.every_client_acc]); ``last10`` likewise."""
     seeds: list[int] = field(default_factory=list)
     """The final seed of each value of ``final`` (none given: 1, 2, ... in order)."""
     failed: dict[int, str] = field(default_factory=dict)
@@ -41,9 +49,10 @@ class Entry:
     rejected: dict[tuple[int | None, int], Rejected] = field(default_factory=dict)
     """Completed final runs that went on without some clients' replies, by study (None: one)
     and seed
-    ([`rejected_replies`][pflower.results.failures.rejected_replies]). They are in the means; a note
-    under the
-    table names them."""
+    ([`rejected_replies`][pflower.results.failures.rejected_replies]). They are in the means, each
+    client left out of an evaluation scored 0
+    ([`every_client_acc`][pflower.results.failures.every_client_acc]); a note under the table
+    names them."""
     last10: list[float] = field(default_factory=list)
     seconds_per_round: list[float] = field(default_factory=list)
     mb_per_client_round: list[float] = field(default_factory=list)
@@ -227,11 +236,11 @@ def read_setting(setting_dir: Path) -> list[Entry]:
             cost = recorded_cost(run_dir, summary)
             if rejected := rejected_replies(summary):
                 entry.rejected[study, seed] = rejected
-            entry.final.append(float(summary["final"]["L1"]["acc_local"]["mean"]))
+            entry.final.append(every_client_acc(summary, "final"))
             entry.seeds.append(seed)
             if study is not None:
                 entry.studies.setdefault(study, {})[seed] = entry.final[-1]
-            entry.last10.append(float(summary["last10"]["L1"]["acc_local"]["mean"]))
+            entry.last10.append(every_client_acc(summary, "last10"))
             entry.seconds_per_round.append(seconds_per_round(cost, summary))
             entry.mb_per_client_round.append(mb_per_client_round(cost))
             entry.codes.add(str((summary.get("code") or {}).get("fingerprint")))

@@ -18,7 +18,7 @@ from pflower.tuning.schedule import TPE_STARTUP_TRIALS
 
 def _seeds(entry: Entry) -> str:
     """The seeds column: the runs in the means, those that failed, and how many of the first
-    scored their final accuracy on fewer clients (a client's reply rejected)."""
+    left clients out of their final evaluation (a client's reply rejected: scored 0)."""
     notes = []
     if entry.failed:
         notes.append(f"+{len(entry.failed)} failed")
@@ -28,7 +28,7 @@ def _seeds(entry: Entry) -> str:
 
 
 def _short(entry: Entry) -> int:
-    """How many of its completed final runs scored their final accuracy on fewer clients."""
+    """How many of its completed final runs left clients out of their final evaluation."""
     return sum(r.missing_at_end > 0 for r in entry.rejected.values())
 
 

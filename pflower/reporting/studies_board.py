@@ -47,7 +47,7 @@ class MethodRow:
     """Its final runs that failed by themselves, in the scores at `FAILED`."""
     short: int = 0
     """Its completed final runs whose final evaluation left out some clients (a client's
-    reply rejected: in the scores on the clients that replied)."""
+    reply rejected or lost: in the scores at 0 each)."""
 
 
 def table(ranked: Sequence[StudyRanks], rows: Mapping[str, MethodRow]) -> list[list[str]]:

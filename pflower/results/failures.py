@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import threading
 import traceback
 from collections.abc import Iterator, Mapping
@@ -92,21 +93,26 @@ class Rejected:
         return text
 
 
+def _left_out(summary: Mapping[str, Any]) -> dict[int, set[Any]]:
+    """By round, the clients whose evaluation reply a run rejected or lost."""
+    left_out: dict[int, set[Any]] = {}
+    for failure in summary.get("failures") or []:
+        if isinstance(failure, Mapping) and failure.get("phase") == "evaluate":
+            left_out.setdefault(int(failure.get("round", 0)), set()).add(failure.get("client"))
+    return left_out
+
+
 def rejected_replies(summary: Mapping[str, Any]) -> Rejected | None:
     """The client replies a completed run did without (a client whose update or metrics were not
     finite, one that crashed or timed out), from its ``summary.json``; None when it had them all.
     A client missing from the final round's evaluation is in none of the run's final client
-    means, so a method whose clients diverge is scored on the clients that did not."""
+    means, so a method whose clients diverge is scored on the clients that did not (the
+    leaderboard scores them: [`every_client_acc`][pflower.results.failures.every_client_acc])."""
     failures = [f for f in summary.get("failures") or [] if isinstance(f, Mapping)]
     if not failures:
         return None
     rounds = [int(f.get("round", 0)) for f in failures]
     final_round = int(summary.get("final_round") or max(rounds))
-    missing = {
-        f.get("client")
-        for f in failures
-        if f.get("phase") == "evaluate" and int(f.get("round", 0)) == final_round
-    }
     first = failures[0]
     final_l1 = ((summary.get("final") or {}).get("L1") or {}).get("num_clients")
     return Rejected(
@@ -116,9 +122,38 @@ def rejected_replies(summary: Mapping[str, Any]) -> Rejected | None:
         first_round=min(rounds),
         last_round=max(rounds),
         first_error=f"client {first.get('client', '?')}, {error_line(first)}",
-        missing_at_end=len(missing),
+        missing_at_end=len(_left_out(summary).get(final_round, ())),
         evaluated_at_end=int(final_l1) if final_l1 is not None else 0,
     )
+
+
+LEFT_OUT_SCORE = 0.0
+"""The accuracy a leaderboard gives a client left out of an evaluation (its reply rejected as
+not finite, or lost): it has no usable model, as a final run that failed has none
+([`FAILED`][pflower.reporting.studies.FAILED])."""
+
+
+def every_client_acc(summary: Mapping[str, Any], part: str = "final") -> float:
+    """A completed run's L1 Acc(L), the unweighted mean over every client it evaluated at
+    ``part`` (``final``: the final round; ``last10``: the mean over the last-10% window's rounds),
+    each client left out scored [`LEFT_OUT_SCORE`][pflower.results.failures.LEFT_OUT_SCORE].
+
+    The run's own summary averages the clients that replied, which scores a method whose clients
+    diverge on the clients that did not. For ``last10`` the window's mean counts of clients that
+    replied and of clients left out stand for each round's: exact when they are the same in
+    every round of the window (a client whose model diverged stays diverged; so in every stored
+    run), the first-order value otherwise."""
+    stage = summary[part]["L1"]
+    acc = float(stage["acc_local"]["mean"])
+    final_round = summary.get("final_round")
+    window = [final_round] if part == "final" else summary.get("last10_rounds") or []
+    rounds = [int(r) for r in window if r is not None]
+    left_out = _left_out(summary)
+    missing = statistics.fmean(len(left_out.get(r, ())) for r in rounds) if rounds else 0.0
+    if not missing:
+        return acc
+    replied = float(stage["num_clients"])
+    return (acc * replied + LEFT_OUT_SCORE * missing) / (replied + missing)
 
 
 def was_interrupted(summary: Mapping[str, Any]) -> bool:
