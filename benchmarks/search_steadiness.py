@@ -39,6 +39,7 @@ from typing import Any
 import yaml
 
 from pflower.provenance import code_version
+from pflower.results.failures import every_client_acc
 
 SETTING = ["dataset=digits", "num_clients=8", "train.local_epochs=1"]
 
@@ -81,14 +82,15 @@ def cpu_seconds() -> float:
 
 
 def study_scores(out: Path, method: str, studies: int) -> list[float]:
-    """Each study's mean final test accuracy (stage L1 Acc(L), final round)."""
+    """Each study's mean final test accuracy (stage L1 Acc(L), final round; a client left out of
+    the evaluation scored 0, as on the leaderboard)."""
     scores = []
     for study in range(studies):
         folder = out / "digits" / "final" / method / f"study_{study}"
         values = []
         for summary in sorted(folder.glob("seed_*/summary.json")):
             data = json.loads(summary.read_text())
-            values.append(float(data["final"]["L1"]["acc_local"]["mean"]))
+            values.append(every_client_acc(data))
         if not values:
             raise SystemExit(f"no final runs in {folder}")
         scores.append(statistics.fmean(values))
