@@ -14,6 +14,7 @@ a three-round run finite; the configurations in which they cannot act are refuse
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from pflower.client.app import client_fn
 from pflower.compose import compose_config
 from pflower.core.strategy import PersonalizedStrategy, RoundFailedError
 from pflower.registry import ConfigError
+from pflower.results.failures import every_client_acc, rejected_replies
 from tests.inprocess import run_inprocess
 
 VICTIM = 1
@@ -227,6 +229,12 @@ def test_out_of_range_evaluation_metrics_are_rejected_and_not_recorded(tmp_path:
     assert [(r["phase"], r["client"]) for r in failures] == [("evaluate", VICTIM)]
     assert "acc_global" in failures[0]["error"]
     assert any("rejected" in line and "acc_global" in line for line in log.splitlines())
+    # the run's own mean is over the 2 clients that replied; the leaderboard's over all 3
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    replied = [r["acc_local"] for r in rows if r["stage"] == "L1" and r["round"] == 1]
+    assert summary["final"]["L1"]["acc_local"]["mean"] == pytest.approx(np.mean(replied))
+    assert rejected_replies(summary).missing_at_end == 1  # type: ignore[union-attr]
+    assert every_client_acc(summary) == pytest.approx(sum(replied) / 3)
 
 
 def test_a_duplicate_partition_id_is_refused_at_registration(tmp_path: Path) -> None:
