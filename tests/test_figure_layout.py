@@ -160,4 +160,6 @@ def test_the_leaderboard_figure_of_several_studies_marks_a_failed_run_at_the_edg
     means = [bar.lines[0].get_xdata()[0] for bar in ax.containers]  # the errorbars
     assert means == pytest.approx([92.0, apple])  # best mean on top
     labels = {t.get_text() for t in fig.legends[0].get_texts()}
-    assert "rank 1: the best mean" in labels and "one final run" in labels
+    assert "95% rank interval reaches 1" in labels and "one final run" in labels
+    colours = [bar.lines[0].get_color() for bar in ax.containers]
+    assert colours == ["tab:blue", "tab:gray"]  # FedAvg's interval reaches 1, APPLE's not

@@ -18,8 +18,10 @@ The folder's studies are read from the committed files only; the test runs no tr
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -112,3 +114,52 @@ def test_every_stored_final_run_holds_its_study_s_chosen_values(suite_dir: Path)
         if summary["status"] != "completed" and not failed_by_itself(summary):
             interrupted.append(str(path.parent.relative_to(suite_dir)))
     assert mismatched == [] and interrupted == []
+
+
+def _searches(setting_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """Each method's studies' ``search`` records (its chosen files'), by method."""
+    return {
+        folder.name: [
+            yaml.safe_load(path.read_text())["search"]
+            for path in sorted(folder.glob("study_*.yaml"))
+        ]
+        for folder in sorted((setting_dir / "chosen").iterdir())
+        if folder.is_dir()
+    }
+
+
+def test_the_tuning_guide_quotes_the_stored_searches() -> None:
+    """The tuning guide's figures on how the cpu suite's recorded studies spent their budget:
+    fmnist_dir01's configurations per method (range, rank correlation with the seconds per round
+    and with the final accuracy), its studies' rounds against the budget, FedAvg's three studies,
+    and mnist_path's studies within a run of their budget with configurations that do not rise
+    with the seconds per round."""
+    from scipy import stats
+
+    guide = " ".join((RESULTS.parent.parent / "docs" / "guide" / "tuning.md").read_text().split())
+    root = RESULTS / "cpu"
+    with (root / "leaderboard.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    budgets = {"fmnist_dir01": 8 * 30, "mnist_path": 8 * 15}
+    for setting, budget in budgets.items():
+        board = [r for r in rows if r["setting"] == setting and r["rank"].isdigit()]
+        tried = [int(r["configurations (to the end)"].split()[0]) for r in board]
+        speed = stats.spearmanr(tried, [float(r["s / round"]) for r in board]).statistic
+        accuracy = stats.spearmanr(tried, [float(r["final Acc(L) %"].split()[0]) for r in board])
+        spent = [s["rounds_run"] for v in _searches(root / setting).values() for s in v]
+        assert budget - 1 <= min(spent) and max(spent) <= budget + budget // 8  # a run: 1/8
+        if setting == "fmnist_dir01":
+            assert len(board) == 33
+            assert (
+                f"tried {min(tried)} to {max(tried)} configurations, in step with their seconds "
+                f"per round (Spearman's rank correlation {speed:.2f}) and with their final "
+                f"accuracy ({accuracy.statistic:.2f})"
+            ) in guide
+            assert (
+                f"ran {min(spent)} to {max(spent)} rounds (median {statistics.median(spent):g}) "
+                f"of `fmnist_dir01`'s budget of {budget}"
+            ) in guide
+            fedavg = [s["configurations"] for s in _searches(root / setting)["fedavg"]]
+            assert "tried {}, {} and {} configurations in FedAvg's".format(*fedavg) in guide
+        else:
+            assert speed < 0.3, speed  # no rise with the seconds per round

@@ -17,7 +17,8 @@ panels:
   robust aggregator) and model type;
 - a tuned leaderboard's setting ([`leaderboard`][pflower.reporting.figures.leaderboard], drawn by
   ``pflower report --leaderboard``):
-  every method's final accuracy, its seeds and the methods that share rank 1.
+  every method's final accuracy, its seeds and the methods that share rank 1 (or whose rank
+  interval reaches 1).
 """
 
 from __future__ import annotations
@@ -243,8 +244,9 @@ def leaderboard(
 ) -> Path:
     """A tuned setting at a glance: per method (``label, completed final runs' accuracies,
     rank``), best mean on top, its runs as dots and its mean ± std (ddof=1) as a bar; methods
-    ranked 1 in colour (``by_mean``: the best mean; else those no method beats beyond the seeds'
-    noise). ``failed`` counts, by label, failed runs that the mean counts at
+    of rank 1 in colour (``by_mean``: ``rank`` is the best of its 95% rank interval, so those
+    the studies and seeds leave a chance of being first; else those no method beats beyond the
+    seeds' noise). ``failed`` counts, by label, failed runs that the mean counts at
     [`FAILED`][pflower.reporting.studies.FAILED] (a suite of several studies scores them so):
     drawn as crosses at the axis' left edge, which then starts below every completed run and
     every mean, not at 0."""
@@ -258,7 +260,9 @@ def leaderboard(
     completed = [100 * float(v) for _, values, _ in rows for v in values]
     left = min([*completed, *(float(p.mean()) for p in scored.values())], default=0.0) - 2.0
     first_label = (
-        "rank 1: the best mean" if by_mean else "rank 1: no method better beyond the seeds' noise"
+        "95% rank interval reaches 1"
+        if by_mean
+        else "rank 1: no method better beyond the seeds' noise"
     )
     for y, (label, values, rank) in enumerate(ordered):
         percent = scored[label]

@@ -271,8 +271,9 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
         else:
             rows = table(entries)
         if entries:
+            reach = {r.method: r.interval[0] for r in ranked}  # the best rank each can hold
             figure = figures.leaderboard(
-                [(e.label, e.final, e.rank) for e in entries],
+                [(e.label, e.final, reach.get(e.method, e.rank)) for e in entries],
                 root / f"leaderboard_{setting_dir.name}.png",
                 setting_in_words(setting_dir),
                 failed={e.label: e.failed_runs for e in entries if ranked and e.failed_runs},

@@ -34,10 +34,11 @@ how often two methods with the same true mean get disjoint intervals under this 
 the setting's own numbers of studies and seeds and its own spreads; the leaderboard prints it
 beside the intervals.
 
-`detectable_difference` is the smallest difference of means that a paired t-test over the
-setting's seeds detects with 80% power at the 5% level (the usual sample-size formula with
-Student quantiles, e.g. Cohen, *Statistical Power Analysis*, 1988, ch. 2), from the median spread
-of per-seed differences between methods: a gap below it is one the seeds cannot resolve.
+`detectable_difference` is the smallest difference of means that `difference` separates with 80%
+power at the 5% level for two methods of the setting's typical spreads (the usual sample-size
+formula with Student quantiles, e.g. Cohen, *Statistical Power Analysis*, 1988, ch. 2; with
+three studies it overstates the power somewhat): a gap below it is one the studies and seeds
+cannot resolve.
 
 `agreement` says how far the studies agree over all methods (the rank correlation of their
 study ranks): what a second search would change. The leaderboard's table and notes of such a
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -291,56 +292,111 @@ def _study_ranks(study_means: Mapping[str, Mapping[int, float]]) -> dict[str, di
     return ranks
 
 
+def _pairs(results: Mapping[str, Scores]) -> Iterator[tuple[str, str]]:
+    names = sorted(results)
+    return ((a, b) for i, a in enumerate(names) for b in names[i + 1 :])
+
+
+def _typical_variance(samples: Sequence[Sequence[float]]) -> float:
+    """The variance that ``samples`` (groups of values, each with its own mean) have in
+    common: the median of their sample variances, each divided by the median of its chi-square
+    ratio (``chi2(df).median() / df``, ``df = len - 1``), so that normal data give the variance
+    itself (the plain median of three-value variances is 0.69 of it) while a group holding a
+    diverged run, far out, moves it no more than any other group; 0 with no group of 2."""
+    scaled = [
+        statistics.variance(values) * (len(values) - 1) / stats.chi2.median(len(values) - 1)
+        for values in samples
+        if len(values) > 1
+    ]
+    return statistics.median(scaled) if scaled else 0.0
+
+
+def _per_seed_differences(results: Mapping[str, Scores], a: str, b: str) -> np.ndarray:
+    """``a``'s mean over its studies minus ``b``'s, at each final seed both ran."""
+    shared = _shared_seeds([results[a], results[b]])
+    tables = [_cells(results[m], shared) for m in (a, b)]
+    return np.asarray(np.nanmean(tables[0], axis=0) - np.nanmean(tables[1], axis=0))
+
+
+def _study_means(scores: Scores) -> list[float]:
+    return [statistics.fmean(runs.values()) for runs in scores.values() if runs]
+
+
 def detectable_difference(
     results: Mapping[str, Scores], alpha: float = 0.05, power: float = 0.8
 ) -> float | None:
-    """The smallest difference of two methods' means (over the seeds of a study) that a paired
-    t-test over the setting's final seeds detects with ``power`` at level ``alpha``, from the
-    median standard deviation of the per-seed differences of all pairs of methods (study by
-    study); None with fewer than 2 shared seeds."""
-    methods = sorted(results)
-    spreads = []
-    for i, a in enumerate(methods):
-        for b in methods[i + 1 :]:
-            for study in set(results[a]) & set(results[b]):
-                seeds = sorted(set(results[a][study]) & set(results[b][study]))
-                if len(seeds) >= 2:
-                    diffs = [results[a][study][s] - results[b][study][s] for s in seeds]
-                    spreads.append((statistics.stdev(diffs), len(seeds)))
-    if not spreads:
+    """The smallest difference of two methods' means that `difference` separates with ``power``
+    at level ``alpha``, for two methods of the setting's typical spreads: `difference`'s
+    variance and Welch-Satterthwaite degrees of freedom, with the typical variance
+    (`_typical_variance`) of the per-seed differences over pairs of methods and of the study
+    means over methods, in the usual sample-size formula with Student quantiles (Cohen, 1988,
+    ch. 2). The formula takes the variance as known; with three studies the estimated one
+    varies, and simulated pairs of methods that far apart are separated about 70% of the time
+    rather than 80% (`tests/test_study_ranks.py`). With one study per method it is the paired
+    t-test's over the final seeds; None with fewer than 2 shared seeds."""
+    differences = [_per_seed_differences(results, a, b) for a, b in _pairs(results)]
+    differences = [d for d in differences if len(d) >= 2]
+    if not differences:
         return None
-    spread = statistics.median(s for s, _ in spreads)
-    n = min(n for _, n in spreads)
-    df = n - 1
-    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * spread / math.sqrt(n))
+    n = min(len(d) for d in differences)
+    terms = [(_typical_variance([list(d) for d in differences]) / n, n - 1)]
+    studies = [_study_means(scores) for scores in results.values() if len(scores) > 1]
+    if studies:
+        k = min(len(means) for means in studies)
+        terms += [(_typical_variance(studies) / k, k - 1)] * 2
+    variance = sum(v for v, _ in terms)
+    if variance == 0:
+        return 0.0
+    df = variance**2 / sum(v**2 / d for v, d in terms)
+    return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * math.sqrt(variance))
+
+
+@dataclass(frozen=True)
+class Spreads:
+    """A setting's typical standard deviations of a run's accuracy: ``between`` studies (a
+    method's study means), ``within`` a study (its seeds), and the two parts of ``within``: the
+    part ``shared`` by every method on a seed (the seed's partition is hard for all) and the
+    method's ``own``, which a difference between two methods on the same seed keeps."""
+
+    between: float
+    within: float
+    own: float
+
+    @property
+    def shared(self) -> float:
+        return math.sqrt(max(self.within**2 - self.own**2, 0.0))
+
+
+SIMULATED = 1000
+"""Simulated settings behind a `false_separation_rate` on the leaderboard: its binomial standard
+error is at most 1.6 points, 0.9 at a rate near 9%."""
 
 
 def false_separation_rate(
     studies: int,
     seeds: int,
-    between: float,
-    within: float,
-    trials: int = 200,
+    spread: Spreads,
+    trials: int = SIMULATED,
     resamples: int = 400,
     seed: int = 0,
 ) -> float:
     """How often `rank_intervals` gives two methods of the same true mean disjoint rank
-    intervals, simulated ``trials`` times with ``studies`` studies of ``seeds`` seeds each, a
-    between-study standard deviation ``between`` and a within-study (seed) one ``within``; the
-    seeds' effect is shared by the two methods as a seed's partition is. A third method, far
-    above, keeps ranks 1 and 2 or 2 and 3 apart from rank ties."""
+    intervals, simulated ``trials`` times with ``studies`` studies of ``seeds`` seeds each and
+    the setting's `Spreads`: each method's study effect (sd ``between``), each seed's effect
+    shared by the methods as a seed's partition is (sd ``shared``), and each run's own noise (sd
+    ``own``). A third method, far above, keeps ranks 1 and 2 or 2 and 3 apart from rank ties."""
     rng = np.random.default_rng(seed)
     disjoint = 0
     for trial in range(trials):
-        seed_effect = rng.normal(0, within, seeds)
+        seed_effect = rng.normal(0, spread.shared, seeds)
         results: dict[str, Scores] = {}
         for name, level in (("a", 0.0), ("b", 0.0), ("top", 1.0)):
             results[name] = {
                 k: {
-                    s: level + study_effect + seed_effect[s] + rng.normal(0, within)
+                    s: level + study_effect + seed_effect[s] + rng.normal(0, spread.own)
                     for s in range(seeds)
                 }
-                for k, study_effect in enumerate(rng.normal(0, between, studies))
+                for k, study_effect in enumerate(rng.normal(0, spread.between, studies))
             }
         ranked = {r.method: r.interval for r in rank_intervals(results, resamples, trial)}
         (a_low, a_high), (b_low, b_high) = ranked["a"], ranked["b"]
@@ -348,18 +404,22 @@ def false_separation_rate(
     return disjoint / trials
 
 
-def spreads(results: Mapping[str, Scores]) -> tuple[float, float]:
-    """The setting's typical between-study and within-study (seed) standard deviations: the
-    medians over methods of the spread of its study means and of its seeds within a study."""
-    between, within = [], []
-    for scores in results.values():
-        means = [statistics.fmean(s.values()) for s in scores.values() if s]
-        if len(means) > 1:
-            between.append(statistics.stdev(means))
-        within += [statistics.stdev(s.values()) for s in scores.values() if len(s) > 1]
-    return (
-        statistics.median(between) if between else 0.0,
-        statistics.median(within) if within else 0.0,
+def spreads(results: Mapping[str, Scores]) -> Spreads:
+    """The setting's `Spreads`, each the square root of a typical variance
+    (`_typical_variance`): of each method's study means, of its seeds within each study, and,
+    over pairs of methods and their studies, of the per-seed differences, halved (a difference
+    holds the own noise of both runs)."""
+    between = [_study_means(scores) for scores in results.values()]
+    within = [list(runs.values()) for scores in results.values() for runs in scores.values()]
+    own = []
+    for a, b in _pairs(results):
+        for study in set(results[a]) & set(results[b]):
+            seeds = sorted(set(results[a][study]) & set(results[b][study]))
+            own.append([results[a][study][s] - results[b][study][s] for s in seeds])
+    return Spreads(
+        between=math.sqrt(_typical_variance(between)),
+        within=math.sqrt(_typical_variance(within)),
+        own=math.sqrt(_typical_variance(own) / 2),
     )
 
 

@@ -7,6 +7,7 @@ which methods are ranked on too few seeds."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pflower.reporting.studies import (
     LEVEL,
     MIN_SEEDS,
     RESAMPLES,
+    SIMULATED,
     Scores,
     StudyRanks,
     agreement,
@@ -153,22 +155,27 @@ def notes(
     name = {r.method: r.method for r in ranked} | dict(labels or {})
     studies = max(len(r.study_means) for r in ranked)
     seeds = min(r.seeds for r in ranked)
-    between, within = spreads(results)
-    rate = false_separation_rate(studies, max(seeds, 2), between, within)
+    spread = spreads(results)
+    rate = false_separation_rate(studies, max(seeds, 2), spread)
+    error = math.sqrt(rate * (1 - rate) / SIMULATED)
     lines = [
         f"Ranks are by the mean over every study's final runs; the {LEVEL:.0%} rank interval "
         f"comes from a nested bootstrap over the studies and the paired seeds ({RESAMPLES} "
         f"resamples). With {studies} studies of {seeds} seeds and this setting's spreads "
-        f"(between studies {100 * between:.2f} points, between seeds {100 * within:.2f}), two "
-        f"methods of equal mean get disjoint intervals in {rate:.0%} of simulated settings: "
-        "read a disjoint pair as separated at about that error rate.",
+        f"(between studies {100 * spread.between:.2f} points; between seeds "
+        f"{100 * spread.within:.2f}, and {100 * spread.own:.2f} per method in a difference "
+        "between two methods on the same seed, which the pairing does not cancel), two methods "
+        f"of equal mean get disjoint intervals in {rate:.1%} "
+        f"(± {error:.1%}) of {SIMULATED} simulated settings: read a disjoint pair as separated "
+        "at about that error rate.",
         "",
     ]
     smallest = detectable_difference(results)
     if smallest is not None:
         lines += [
-            f"Smallest difference the final seeds detect (paired t-test, 80% power, 5% level): "
-            f"{100 * smallest:.2f} points.",
+            "Smallest difference `pflower report --compare` detects between two methods of this "
+            "setting's typical spreads (80% power, 5% level; the paired seeds and each method's "
+            f"studies): {100 * smallest:.2f} points.",
             "",
         ]
     lines += _moves(ranked, name)
