@@ -16,7 +16,7 @@ import pytest
 import yaml
 from scipy import stats
 
-from pflower.compose import compose_config
+from pflower.compose import compose_config, validate
 from pflower.reporting.leaderboard import compare, render
 from pflower.reporting.report import main as report_main
 from pflower.reporting.studies import (
@@ -145,45 +145,55 @@ def test_a_detectable_difference_is_separated_about_as_often_as_it_says() -> Non
     assert 0.6 <= statistics.fmean(separated) <= 0.9
 
 
-def test_a_settings_spreads_split_the_seeds_into_shared_and_own_parts() -> None:
-    """Between studies, within a study, and the part of a seed's effect that each method has
-    on its own (what a paired difference keeps), recovered from many simulated runs."""
+def test_a_settings_spreads_recover_the_parts_of_a_runs_accuracy() -> None:
+    """Study effects, the seed's effect shared by every method, the seed's own effect on a
+    method (the same in all its studies) and each run's remainder, recovered from many
+    simulated runs of 12 methods alike."""
     rng = np.random.default_rng(11)
-    shared = rng.normal(0, 2.0, 200)
-    results = {
-        m: {
-            k: {s: shift + shared[s] + rng.normal(0, 0.5) for s in range(200)}
+    seeds = 200
+    shared = rng.normal(0, 2.0, seeds)
+    results = {}
+    for m in range(12):
+        own = rng.normal(0, 0.6, seeds)
+        results[f"m{m}"] = {
+            k: {s: shift + shared[s] + own[s] + rng.normal(0, 0.4) for s in range(seeds)}
             for k, shift in enumerate(rng.normal(0, 1.0, 3))
         }
-        for m in "abcdef"
-    }
     spread = spreads(results)
-    assert spread.own == pytest.approx(0.5, rel=0.1)
-    assert spread.within == pytest.approx(math.hypot(2.0, 0.5), rel=0.1)
+    assert spread.remainder == pytest.approx(0.4, rel=0.1)
+    assert spread.own == pytest.approx(0.6, rel=0.1)
     assert spread.shared == pytest.approx(2.0, rel=0.1)
-    assert 0.5 < spread.between < 1.6  # 6 methods' spreads over 3 studies each
+    assert spread.within == pytest.approx(math.sqrt(2.0**2 + 0.6**2 + 0.4**2), rel=0.1)
+    assert 0.5 < spread.between < 1.6  # 12 methods' spreads over 3 studies each
 
 
 def test_intervals_of_equal_methods_rarely_separate_when_seeds_dominate() -> None:
-    spread = Spreads(between=0.0, within=1.0, own=0.5)
+    spread = Spreads(between=0.0, shared=1.0, own=0.0, remainder=1.0)
     rate = false_separation_rate(3, 5, spread, trials=60, resamples=200)
     assert 0.0 <= rate <= 0.1
 
 
 def test_the_tuning_guides_error_rates_are_the_simulations() -> None:
     """The rates the tuning guide quotes for 3 studies of 5 seeds are `false_separation_rate`'s
-    (its defaults, the leaderboard's), at the ratios of the studies' spread to the runs' own
-    noise the guide names."""
+    (its defaults, the leaderboard's), at the ratios of the studies' spread to the noise the
+    guide names: all remainder, then all the seed's own effect on a method."""
     guide = (Path(__file__).resolve().parents[1] / "docs" / "guide" / "tuning.md").read_text()
     text = " ".join(guide.split())
-    rates = [
-        false_separation_rate(3, 5, Spreads(between=ratio, within=1.0, own=1.0))
-        for ratio in (0.0, 0.3, 1.0, 3.0)
+    ratios = (0.0, 0.3, 1.0, 3.0)
+    remainder = [
+        false_separation_rate(3, 5, Spreads(between=r, shared=1.0, own=0.0, remainder=1.0))
+        for r in ratios
+    ]
+    own = [
+        false_separation_rate(3, 5, Spreads(between=r, shared=1.0, own=1.0, remainder=0.0))
+        for r in ratios
     ]
     quoted = (
-        f"{rates[0]:.1%} and {rates[1]:.1%} where the runs' own noise dominates (a spread "
-        f"between studies 0 or 0.3 times it), {rates[2]:.1%} where the two are equal, "
-        f"{rates[3]:.1%} where the studies' spread is three times the runs' own"
+        f"where the noise is all remainder: {remainder[0]:.1%} and {remainder[1]:.1%} where the "
+        "studies differ little (a spread between studies 0 or 0.3 times it), "
+        f"{remainder[2]:.1%} where the two are equal, {remainder[3]:.1%} where the studies' "
+        "spread is three times the remainder's; where it is all the seed's own effect, "
+        f"{min(own):.1%} to {max(own):.1%} whatever the studies' spread"
     )
     assert quoted in text, quoted
 
@@ -532,3 +542,27 @@ def test_the_fair_comparisons_page_quotes_apples_stored_runs() -> None:
     assert (len(summaries), len(completed), len(short)) == (15, 14, 5)
     assert f"APPLE's 14 other runs came to {replied:.2f}" in page
     assert f"at 0 they come to {counted:.2f}" in page
+
+
+def test_a_held_out_clients_lost_reply_is_not_counted_against_l1() -> None:
+    """Clients held out of training (``eval.unseen_fraction``) evaluate at stage U: their lost
+    replies, told from L1's by count (those held out less stage U's replies), are not L1's
+    left-out clients; the count is the run's ``num_unseen``."""
+    overrides = ["dataset=digits", "num_clients=10", "eval.unseen_fraction=0.2"]
+    config = resolved_config(compose_config(overrides))
+    assert validate(compose_config(overrides)).num_unseen == 2
+    failures = [
+        {"round": 3, "phase": "evaluate", "client": client, "error": "timed out"}
+        for client in (1, 4, 7)
+    ]
+    summary = {
+        "config": config,
+        "final_round": 3,
+        "final": {"L1": {"num_clients": 7, "acc_local": {"mean": 0.8}}, "U": {"num_clients": 0}},
+        "failures": failures,
+    }
+    # 3 lost: 2 held out (no stage-U reply came) and 1 of the 8 training clients
+    assert every_client_acc(summary) == pytest.approx(0.8 * 7 / 8)
+    assert rejected_replies(summary).missing_at_end == 1  # type: ignore[union-attr]
+    summary["final"]["U"]["num_clients"] = 2  # the held-out clients replied: all 3 were L1's
+    assert every_client_acc(summary) == pytest.approx(0.8 * 7 / 10)

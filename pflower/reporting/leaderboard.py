@@ -61,7 +61,7 @@ date, the machine(s)
 and the exact ``pflower tune`` commands from ``<root>/commands.log``. It is written to
 ``<root>/leaderboard.md`` and ``<root>/leaderboard.csv``, with one figure per setting
 (``<root>/leaderboard_<setting>.png``: every method's final accuracy, its seeds and the methods
-that share rank 1;
+that share rank 1, or whose rank interval reaches 1;
 [`pflower.reporting.figures.leaderboard`][pflower.reporting.figures.leaderboard]).
 
 This module ranks a setting's methods and renders the page; beside it, the final runs are read

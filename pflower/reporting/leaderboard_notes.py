@@ -164,9 +164,10 @@ def rejection_notes(entries: Sequence[Entry]) -> list[str]:
     lines = [
         "Final runs that completed without some clients' replies, in the means. "
         f"{REJECTION_NOTE} The means score each client left out of an evaluation "
-        f"{LEFT_OUT_SCORE:.0%}, as they score a failed run: it left no usable model, and "
-        "averaging the clients that replied would score the method on those that did not "
-        "diverge.",
+        f"{LEFT_OUT_SCORE:.0%}, as they score a failed run: a client rejected as not finite "
+        "left no usable model, and averaging the clients that replied would score the method on "
+        "those that did not diverge (a client lost to a crash or a timeout counts the same: "
+        "where its error is the machine's, delete the run's folder and run it again).",
         "",
     ]
     lines += [

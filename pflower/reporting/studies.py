@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -292,23 +292,97 @@ def _study_ranks(study_means: Mapping[str, Mapping[int, float]]) -> dict[str, di
     return ranks
 
 
-def _pairs(results: Mapping[str, Scores]) -> Iterator[tuple[str, str]]:
-    names = sorted(results)
-    return ((a, b) for i, a in enumerate(names) for b in names[i + 1 :])
+def _scaled(values: Sequence[float] | np.ndarray, df: int) -> float:
+    """The sample variance of ``values`` (``df`` degrees of freedom) over the median of its
+    chi-square ratio (``chi2(df).median() / df``): its median is then the variance itself for
+    normal data (a plain three-value variance's median is 0.69 of it)."""
+    return float(np.var(values, ddof=1)) * df / float(stats.chi2.median(df))
 
 
-def _typical_variance(samples: Sequence[Sequence[float]]) -> float:
-    """The variance that ``samples`` (groups of values, each with its own mean) have in
-    common: the median of their sample variances, each divided by the median of its chi-square
-    ratio (``chi2(df).median() / df``, ``df = len - 1``), so that normal data give the variance
-    itself (the plain median of three-value variances is 0.69 of it) while a group holding a
-    diverged run, far out, moves it no more than any other group; 0 with no group of 2."""
-    scaled = [
-        statistics.variance(values) * (len(values) - 1) / stats.chi2.median(len(values) - 1)
-        for values in samples
-        if len(values) > 1
-    ]
-    return statistics.median(scaled) if scaled else 0.0
+def _typical(variances: Sequence[float]) -> float:
+    """The median of scaled variances (`_scaled`): a group far out, such as a study with a
+    diverged run, moves it no more than any other group; 0 with none."""
+    return statistics.median(variances) if variances else 0.0
+
+
+@dataclass(frozen=True)
+class Spreads:
+    """A setting's typical standard deviations of a final run's accuracy, in the model
+    ``run[study k, seed s] = method + study_k + seed_s + own_s + remainder_ks``: ``between`` a
+    method's studies (its search's luck), the seed's effect ``shared`` by every method (the
+    seed's partition is hard for all), the seed's ``own`` effect on one method (the same in
+    every study of it: the seed fixes its partition, initial model and batches), and the
+    ``remainder`` of each run. The paired seeds cancel ``shared``; a difference between two
+    methods keeps their ``own`` effects and remainders, and their studies."""
+
+    between: float
+    shared: float
+    own: float
+    remainder: float
+
+    @property
+    def within(self) -> float:
+        """A method's spread over the seeds of one study."""
+        return math.sqrt(self.shared**2 + self.own**2 + self.remainder**2)
+
+    def difference_terms(self, studies: int, seeds: int) -> list[tuple[float, int]]:
+        """`difference`'s variance terms for two methods of these spreads with ``studies``
+        studies of ``seeds`` paired seeds each, with their degrees of freedom: the per-seed
+        differences of the two methods' means over their studies, over the seeds, then each
+        method's study means over its studies."""
+        per_seed = 2 * self.own**2 + 2 * self.remainder**2 / studies
+        terms = [(per_seed / seeds, seeds - 1)]
+        if studies > 1:
+            study_means = self.between**2 + self.remainder**2 / seeds
+            terms += [(study_means / studies, studies - 1)] * 2
+        return terms
+
+
+def _complete(scores: Scores) -> np.ndarray:
+    """A method's (studies x seeds) table over the seeds every study of it ran."""
+    return _cells(scores, _shared_seeds([scores]))
+
+
+def spreads(results: Mapping[str, Scores]) -> Spreads:
+    """The setting's `Spreads`, from each method's table over the seeds all its studies ran:
+    ``remainder`` from the study-by-seed interaction (two-way mean square), ``between`` from the
+    variance of the study means less the remainder's share, ``own`` from the per-seed
+    differences between methods (for each method its median over the others, then the median
+    over methods, halved: a method far out moves it no more than any other), and ``shared``
+    from the variance of a method's seed means less the rest. Each variance is typical over the
+    methods (`_typical`); a part that comes out negative is 0."""
+    tables = {m: _complete(scores) for m, scores in results.items()}
+    tables = {m: t for m, t in tables.items() if t.shape[1] >= 2}
+    interaction, rows, columns = [], [], []
+    for table in tables.values():
+        k, n = table.shape
+        columns.append(_scaled(table.mean(axis=0), n - 1))
+        if k > 1:
+            rows.append(_scaled(table.mean(axis=1), k - 1))
+            residual = table - table.mean(axis=0) - table.mean(axis=1)[:, None] + table.mean()
+            df = (k - 1) * (n - 1)
+            interaction.append(float((residual**2).sum()) / float(stats.chi2.median(df)))
+    remainder = _typical(interaction)
+    studies = statistics.median(t.shape[0] for t in tables.values()) if tables else 1
+    seeds = statistics.median(t.shape[1] for t in tables.values()) if tables else 1
+    partners = []
+    for m in tables:
+        differences = []
+        for other, scores in results.items():
+            shared = _shared_seeds([results[m], scores])
+            if other != m and len(shared) >= 2:
+                d = _per_seed_differences(results, m, other)
+                differences.append(_scaled(d, len(d) - 1))
+        if differences:
+            partners.append(statistics.median(differences))
+    own = _typical(partners) / 2 - remainder / studies
+    seed_means = _typical(columns)
+    return Spreads(
+        between=math.sqrt(max(_typical(rows) - remainder / seeds, 0.0)),
+        shared=math.sqrt(max(seed_means - max(own, 0.0) - remainder / studies, 0.0)),
+        own=math.sqrt(max(own, 0.0)),
+        remainder=math.sqrt(remainder),
+    )
 
 
 def _per_seed_differences(results: Mapping[str, Scores], a: str, b: str) -> np.ndarray:
@@ -318,53 +392,29 @@ def _per_seed_differences(results: Mapping[str, Scores], a: str, b: str) -> np.n
     return np.asarray(np.nanmean(tables[0], axis=0) - np.nanmean(tables[1], axis=0))
 
 
-def _study_means(scores: Scores) -> list[float]:
-    return [statistics.fmean(runs.values()) for runs in scores.values() if runs]
-
-
 def detectable_difference(
     results: Mapping[str, Scores], alpha: float = 0.05, power: float = 0.8
 ) -> float | None:
     """The smallest difference of two methods' means that `difference` separates with ``power``
-    at level ``alpha``, for two methods of the setting's typical spreads: `difference`'s
-    variance and Welch-Satterthwaite degrees of freedom, with the typical variance
-    (`_typical_variance`) of the per-seed differences over pairs of methods and of the study
-    means over methods, in the usual sample-size formula with Student quantiles (Cohen, 1988,
-    ch. 2). The formula takes the variance as known; with three studies the estimated one
-    varies, and simulated pairs of methods that far apart are separated about 70% of the time
-    rather than 80% (`tests/test_study_ranks.py`). With one study per method it is the paired
-    t-test's over the final seeds; None with fewer than 2 shared seeds."""
-    differences = [_per_seed_differences(results, a, b) for a, b in _pairs(results)]
-    differences = [d for d in differences if len(d) >= 2]
-    if not differences:
+    at level ``alpha``, for two methods of the setting's typical `spreads`: `difference`'s
+    variance terms (`Spreads.difference_terms`) with their Welch-Satterthwaite degrees of
+    freedom, in the usual sample-size formula with Student quantiles (Cohen, 1988, ch. 2). The
+    formula takes the variance as known; with three studies the estimated one varies, and
+    simulated pairs of methods that far apart are separated somewhat less often than
+    ``power`` says (`tests/test_study_ranks.py`). With one study per method it is the paired
+    t-test's over the final seeds; None with fewer than 2 seeds."""
+    tables = [_complete(scores) for scores in results.values()]
+    tables = [t for t in tables if t.shape[1] >= 2]
+    if len(tables) < 2:
         return None
-    n = min(len(d) for d in differences)
-    terms = [(_typical_variance([list(d) for d in differences]) / n, n - 1)]
-    studies = [_study_means(scores) for scores in results.values() if len(scores) > 1]
-    if studies:
-        k = min(len(means) for means in studies)
-        terms += [(_typical_variance(studies) / k, k - 1)] * 2
+    studies = min(t.shape[0] for t in tables)
+    seeds = min(t.shape[1] for t in tables)
+    terms = spreads(results).difference_terms(studies, seeds)
     variance = sum(v for v, _ in terms)
     if variance == 0:
         return 0.0
     df = variance**2 / sum(v**2 / d for v, d in terms)
     return float((stats.t.ppf(1 - alpha / 2, df) + stats.t.ppf(power, df)) * math.sqrt(variance))
-
-
-@dataclass(frozen=True)
-class Spreads:
-    """A setting's typical standard deviations of a run's accuracy: ``between`` studies (a
-    method's study means), ``within`` a study (its seeds), and the two parts of ``within``: the
-    part ``shared`` by every method on a seed (the seed's partition is hard for all) and the
-    method's ``own``, which a difference between two methods on the same seed keeps."""
-
-    between: float
-    within: float
-    own: float
-
-    @property
-    def shared(self) -> float:
-        return math.sqrt(max(self.within**2 - self.own**2, 0.0))
 
 
 SIMULATED = 1000
@@ -381,46 +431,29 @@ def false_separation_rate(
     seed: int = 0,
 ) -> float:
     """How often `rank_intervals` gives two methods of the same true mean disjoint rank
-    intervals, simulated ``trials`` times with ``studies`` studies of ``seeds`` seeds each and
-    the setting's `Spreads`: each method's study effect (sd ``between``), each seed's effect
-    shared by the methods as a seed's partition is (sd ``shared``), and each run's own noise (sd
-    ``own``). A third method, far above, keeps ranks 1 and 2 or 2 and 3 apart from rank ties."""
+    intervals, simulated ``trials`` times with ``studies`` studies of ``seeds`` seeds each in the
+    model of `Spreads`: each method's study effects, each seed's effect shared by the methods,
+    each seed's own effect on a method (drawn once per method: the same in all its studies),
+    and each run's remainder. A third method, far above, keeps ranks 1 and 2 or 2 and 3 apart
+    from rank ties."""
     rng = np.random.default_rng(seed)
     disjoint = 0
     for trial in range(trials):
         seed_effect = rng.normal(0, spread.shared, seeds)
         results: dict[str, Scores] = {}
         for name, level in (("a", 0.0), ("b", 0.0), ("top", 1.0)):
+            own = seed_effect + rng.normal(0, spread.own, seeds)
             results[name] = {
                 k: {
-                    s: level + study_effect + seed_effect[s] + rng.normal(0, spread.own)
+                    s: level + study + own[s] + rng.normal(0, spread.remainder)
                     for s in range(seeds)
                 }
-                for k, study_effect in enumerate(rng.normal(0, spread.between, studies))
+                for k, study in enumerate(rng.normal(0, spread.between, studies))
             }
         ranked = {r.method: r.interval for r in rank_intervals(results, resamples, trial)}
         (a_low, a_high), (b_low, b_high) = ranked["a"], ranked["b"]
         disjoint += a_high < b_low or b_high < a_low
     return disjoint / trials
-
-
-def spreads(results: Mapping[str, Scores]) -> Spreads:
-    """The setting's `Spreads`, each the square root of a typical variance
-    (`_typical_variance`): of each method's study means, of its seeds within each study, and,
-    over pairs of methods and their studies, of the per-seed differences, halved (a difference
-    holds the own noise of both runs)."""
-    between = [_study_means(scores) for scores in results.values()]
-    within = [list(runs.values()) for scores in results.values() for runs in scores.values()]
-    own = []
-    for a, b in _pairs(results):
-        for study in set(results[a]) & set(results[b]):
-            seeds = sorted(set(results[a][study]) & set(results[b][study]))
-            own.append([results[a][study][s] - results[b][study][s] for s in seeds])
-    return Spreads(
-        between=math.sqrt(_typical_variance(between)),
-        within=math.sqrt(_typical_variance(within)),
-        own=math.sqrt(_typical_variance(own) / 2),
-    )
 
 
 @dataclass(frozen=True)

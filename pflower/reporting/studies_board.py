@@ -163,9 +163,10 @@ def notes(
         f"comes from a nested bootstrap over the studies and the paired seeds ({RESAMPLES} "
         f"resamples). With {studies} studies of {seeds} seeds and this setting's spreads "
         f"(between studies {100 * spread.between:.2f} points; between seeds "
-        f"{100 * spread.within:.2f}, and {100 * spread.own:.2f} per method in a difference "
-        "between two methods on the same seed, which the pairing does not cancel), two methods "
-        f"of equal mean get disjoint intervals in {rate:.1%} "
+        f"{100 * spread.within:.2f}, of which the pairing of seeds cancels the part every "
+        f"method shares and leaves a seed's own effect on a method, {100 * spread.own:.2f}, "
+        f"the same in all its studies, and each run's remainder, {100 * spread.remainder:.2f}), "
+        f"two methods of equal mean get disjoint intervals in {rate:.1%} "
         f"(± {error:.1%}) of {SIMULATED} simulated settings: read a disjoint pair as separated "
         "at about that error rate.",
         "",

@@ -102,12 +102,29 @@ def _left_out(summary: Mapping[str, Any]) -> dict[int, set[Any]]:
     return left_out
 
 
+def _held_out_lost(summary: Mapping[str, Any], part: str) -> float:
+    """How many clients held out of training (``eval.unseen_fraction``: they evaluate at stage
+    U, not L1) the evaluation of ``part`` (``final``, or ``last10`` on average over its rounds)
+    lost: those held out, ``max(1, int(fraction * num_clients))`` as
+    [`ExperimentConfig.num_unseen`][pflower.config.ExperimentConfig.num_unseen] counts them,
+    less those whose stage-U reply came. A failure record does not name its stage, so their
+    lost replies are told from L1's by count."""
+    config = summary.get("config") or {}
+    fraction = float((config.get("eval") or {}).get("unseen_fraction") or 0.0)
+    if fraction <= 0:
+        return 0.0
+    held_out = max(1, int(fraction * int(config["num_clients"])))
+    replied = ((summary.get(part) or {}).get("U") or {}).get("num_clients") or 0
+    return max(held_out - float(replied), 0.0)
+
+
 def rejected_replies(summary: Mapping[str, Any]) -> Rejected | None:
     """The client replies a completed run did without (a client whose update or metrics were not
     finite, one that crashed or timed out), from its ``summary.json``; None when it had them all.
     A client missing from the final round's evaluation is in none of the run's final client
     means, so a method whose clients diverge is scored on the clients that did not (the
-    leaderboard scores them: [`every_client_acc`][pflower.results.failures.every_client_acc])."""
+    leaderboard scores them: [`every_client_acc`][pflower.results.failures.every_client_acc]).
+    Clients held out of training are stage U's and not counted among those left out."""
     failures = [f for f in summary.get("failures") or [] if isinstance(f, Mapping)]
     if not failures:
         return None
@@ -122,15 +139,19 @@ def rejected_replies(summary: Mapping[str, Any]) -> Rejected | None:
         first_round=min(rounds),
         last_round=max(rounds),
         first_error=f"client {first.get('client', '?')}, {error_line(first)}",
-        missing_at_end=len(_left_out(summary).get(final_round, ())),
+        missing_at_end=round(
+            len(_left_out(summary).get(final_round, ())) - _held_out_lost(summary, "final")
+        ),
         evaluated_at_end=int(final_l1) if final_l1 is not None else 0,
     )
 
 
 LEFT_OUT_SCORE = 0.0
-"""The accuracy a leaderboard gives a client left out of an evaluation (its reply rejected as
-not finite, or lost): it has no usable model, as a final run that failed has none
-([`FAILED`][pflower.reporting.studies.FAILED])."""
+"""The accuracy a leaderboard gives a client left out of an evaluation: one whose reply was
+rejected as not finite has no usable model, as a final run that failed has none
+([`FAILED`][pflower.reporting.studies.FAILED]); one lost to a crash or a timeout counts the
+same, as the leaderboard cannot tell the machine's fault from the method's (its note names the
+error: rerun such a run)."""
 
 
 def every_client_acc(summary: Mapping[str, Any], part: str = "final") -> float:
@@ -149,8 +170,9 @@ def every_client_acc(summary: Mapping[str, Any], part: str = "final") -> float:
     window = [final_round] if part == "final" else summary.get("last10_rounds") or []
     rounds = [int(r) for r in window if r is not None]
     left_out = _left_out(summary)
-    missing = statistics.fmean(len(left_out.get(r, ())) for r in rounds) if rounds else 0.0
-    if not missing:
+    lost = statistics.fmean(len(left_out.get(r, ())) for r in rounds) if rounds else 0.0
+    missing = lost - _held_out_lost(summary, part) if lost else 0.0
+    if missing <= 0:
         return acc
     replied = float(stage["num_clients"])
     return (acc * replied + LEFT_OUT_SCORE * missing) / (replied + missing)
