@@ -24,7 +24,7 @@ from pflower.results.rows import last_round_done
 from pflower.searchspace import Param
 from pflower.tuning import finals, search
 from pflower.tuning.ledger import REPEAT_ATTR, rounds_run, spending
-from pflower.tuning.runner import Pruned, run_pflower, warm_runner
+from pflower.tuning.runner import Pruned, objective_of, round_means, run_pflower, warm_runner
 from pflower.tuning.schedule import (
     SearchPlan,
     configuration,
@@ -368,3 +368,29 @@ def test_a_one_study_leaderboard_says_how_its_suite_drew_the_trials(
     assert text.startswith(said), text
     assert ("TPE" in text) is (plan is None or plan.sampler == "tpe")
     assert ("seeded random" in text) is (plan is None or plan == SearchPlan())
+
+
+def test_a_trial_scores_a_client_left_out_of_its_evaluation_zero() -> None:
+    """What the pruner sees each round and what the study maximizes count a client whose
+    evaluation reply was rejected or lost at 0, as the leaderboard does; a client held out of
+    training (stage U) is not L1's."""
+    nan = "metric loss_local=nan is not finite"
+    rows = [
+        {"round": 1, "stage": "L1", "client": 0, "acc_local": 0.8},
+        {"round": 1, "stage": "L1", "client": 1, "acc_local": 0.6},
+        {"round": 1, "stage": "failure", "phase": "evaluate", "client": 2, "error": nan},
+        {"round": 1, "stage": "failure", "phase": "fit", "client": 2, "error": nan},
+        {"round": 1, "stage": "U", "client": 5, "acc_local": 0.4},
+        {"round": 2, "stage": "L1", "client": 0, "acc_local": 0.9},
+        {"round": 2, "stage": "L1", "client": 1, "acc_local": 0.7},
+        {"round": 2, "stage": "L1", "client": 2, "acc_local": 0.5},
+        {"round": 2, "stage": "failure", "phase": "evaluate", "client": 5, "error": "timed out"},
+    ]
+    assert round_means(rows) == pytest.approx({1: 1.4 / 3, 2: 0.7})
+    summary = {
+        "final_round": 2,
+        "last10_rounds": [2],
+        "last10": {"L1": {"num_clients": 2, "acc_local": {"mean": 0.9}}},
+        "failures": [{"round": 2, "phase": "evaluate", "client": 1, "error": nan}],
+    }
+    assert objective_of(summary) == pytest.approx(0.6)

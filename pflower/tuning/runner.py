@@ -25,7 +25,7 @@ from typing import Any, Protocol
 from pflower.plugins import PLUGINS_ENV
 from pflower.registry import ConfigError
 from pflower.results.disk import write_atomic
-from pflower.results.failures import was_interrupted
+from pflower.results.failures import LEFT_OUT_SCORE, every_client_acc, was_interrupted
 from pflower.results.rows import last_round_done, read_rows
 from pflower.runtime.forkserver import ForkServerProcess, server_directory
 from pflower.runtime.signals import handlers_run_promptly
@@ -45,12 +45,30 @@ REFUSAL_PREFIXES = ("configuration error:", "dataset error:")
 
 # ------------------------------------------------------------------------------ run results
 def round_means(rows: Sequence[Mapping[str, Any]], stage: str = "L1") -> dict[int, float]:
-    """Per round, the unweighted mean over clients of ``acc_local`` at ``stage``."""
+    """Per round, the unweighted mean over clients of ``acc_local`` at ``stage``, each client
+    whose evaluation reply the round rejected or lost scored
+    [`LEFT_OUT_SCORE`][pflower.results.failures.LEFT_OUT_SCORE], as the leaderboard scores it:
+    averaging the clients that replied would rank a configuration that diverges some clients
+    by the others. A client held out of training (stage U rows, never ``stage``'s) is not
+    ``stage``'s."""
     by_round: dict[int, list[float]] = {}
+    lost: dict[int, set[Any]] = {}
+    seen: dict[str, set[Any]] = {stage: set(), "U": set()}
     for row in rows:
+        if row.get("stage") in seen:
+            seen[row["stage"]].add(row.get("client"))
         if row.get("stage") == stage and "acc_local" in row and row.get("round", 0) > 0:
             by_round.setdefault(int(row["round"]), []).append(float(row["acc_local"]))
-    return {r: sum(v) / len(v) for r, v in sorted(by_round.items())}
+        elif row.get("stage") == "failure" and row.get("phase") == "evaluate":
+            lost.setdefault(int(row["round"]), set()).add(row.get("client"))
+    held_out = seen["U"] - seen[stage]
+    means = {}
+    for r in sorted(set(by_round) | set(lost)):
+        values = by_round.get(r, [])
+        values += [LEFT_OUT_SCORE] * len(lost.get(r, set()) - held_out)
+        if values:
+            means[r] = sum(values) / len(values)
+    return means
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:
@@ -75,8 +93,10 @@ def _log_tail(run_dir: Path, lines: int = 12) -> str:
 
 def objective_of(summary: Mapping[str, Any]) -> float:
     """The tuning objective from a completed run's ``summary.json``
-    (see `pflower.tuning.search.OBJECTIVE`)."""
-    return float(summary["last10"]["L1"]["acc_local"]["mean"])
+    (see `pflower.tuning.search.OBJECTIVE`): a client left out of an evaluation scored 0
+    ([`every_client_acc`][pflower.results.failures.every_client_acc]), as in `round_means`
+    and on the leaderboard."""
+    return every_client_acc(summary, "last10")
 
 
 class TrialFailed(RuntimeError):

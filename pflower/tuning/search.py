@@ -82,7 +82,13 @@ from pflower.tuning.schedule import (
 )
 from pflower.tuning.suite import Setting, Suite
 
-OBJECTIVE = "last-10% mean of stage-L1 Acc(L) on the clients' validation shares"
+OBJECTIVE = (
+    "last-10% mean of stage-L1 Acc(L) on the clients' validation shares, a client left out of "
+    "an evaluation scored 0"
+)
+"""What a trial maximizes (`pflower.tuning.runner.objective_of`), as each chosen file records it.
+Studies chosen before 2026-12-06 averaged the clients that replied instead (their chosen files
+say so)."""
 OBJECTIVE_ONLY = ("eval.stages=[L1]", "eval.client_global_test=off", "plots=false")
 """A tuning run measures what `OBJECTIVE` reads and nothing else: no stage G, no stage L2,
 no Acc(G) (the same stage-L1 Acc(L) as a run that measures all: ``tests/test_search_plan.py``),
