@@ -368,10 +368,9 @@ def spreads(results: Mapping[str, Scores]) -> Spreads:
     partners = []
     for m in tables:
         differences = []
-        for other, scores in results.items():
-            shared = _shared_seeds([results[m], scores])
-            if other != m and len(shared) >= 2:
-                d = _per_seed_differences(results, m, other)
+        for other in results:
+            d = _per_seed_differences(results, m, other) if other != m else np.empty(0)
+            if len(d) >= 2:
                 differences.append(_scaled(d, len(d) - 1))
         if differences:
             partners.append(statistics.median(differences))
@@ -402,7 +401,7 @@ def detectable_difference(
     formula takes the variance as known; with three studies the estimated one varies, and
     simulated pairs of methods that far apart are separated somewhat less often than
     ``power`` says (`tests/test_study_ranks.py`). With one study per method it is the paired
-    t-test's over the final seeds; None with fewer than 2 seeds."""
+    t-test's over the final seeds; None without two methods of 2 seeds or more."""
     tables = [_complete(scores) for scores in results.values()]
     tables = [t for t in tables if t.shape[1] >= 2]
     if len(tables) < 2:
