@@ -441,10 +441,10 @@ def false_separation_rate(
         seed_effect = rng.normal(0, spread.shared, seeds)
         results: dict[str, Scores] = {}
         for name, level in (("a", 0.0), ("b", 0.0), ("top", 1.0)):
-            own = seed_effect + rng.normal(0, spread.own, seeds)
+            seed_part = seed_effect + rng.normal(0, spread.own, seeds)  # shared + its own
             results[name] = {
                 k: {
-                    s: level + study + own[s] + rng.normal(0, spread.remainder)
+                    s: level + study + seed_part[s] + rng.normal(0, spread.remainder)
                     for s in range(seeds)
                 }
                 for k, study in enumerate(rng.normal(0, spread.between, studies))
