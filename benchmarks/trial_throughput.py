@@ -11,10 +11,11 @@ quasi-random points 0, 1, ...), each run twice in alternation:
 
 With ``--before-code PATH`` both run as ``after`` does (warm, objective only), ``before`` with
 the pflower of the checkout at ``PATH`` (its fork server imports that code): a change of the
-code, timed trial by trial.
+code, timed trial by trial. ``after`` evaluates only the rounds its study's pruner and objective
+read (``eval.rounds``, as ``pflower tune`` runs trials since 2026-12-07), ``before`` every round.
 
 It records each run's wall time (command start to summary) and objective, checks that both give
-the same objective to the last digit, and writes ``benchmarks/results/trial_throughput.{md,json}``
+the same objective to the last digit, and writes ``benchmarks/results/<--name>.{md,json}``
 (or ``--out``). Run on a quiet machine; the pairs alternate, so a load that comes and goes falls
 on both alike::
 
@@ -36,6 +37,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from pflower.compose import compose_config
 from pflower.provenance import code_version
 from pflower.tuning.runner import WarmRunner, objective_of, run_pflower, warm_runner
 from pflower.tuning.schedule import quasi_random_point
@@ -54,6 +56,10 @@ def main(argv: list[str]) -> None:
     parser.add_argument(
         "--before-code", type=Path, help="checkout whose pflower runs the 'before' trials"
     )
+    parser.add_argument("--name", default="trial_throughput", help="the results' file name")
+    parser.add_argument(
+        "--title", default="Tuning trial throughput, before and after", help="their heading"
+    )
     args = parser.parse_args(argv)
     suite = load_suite(args.suite)
     setting = suite.setting(args.setting)
@@ -65,11 +71,17 @@ def main(argv: list[str]) -> None:
         before = stack.enter_context(warm_runner_of(args.before_code)) if args.before_code else None
         for method in args.methods.split(","):
             space = suite.space_for(method, setting)
+            rounds = rounds_of([*setting.overrides_for(method, [f"strategy={method}"]), *extra])
+            evaluated = suite.search.evaluated_rounds(rounds)
             for index in range(args.trials):
                 values = quasi_random_point(space, suite.tune_seed, index)
-                overrides = [*trial_overrides(suite, setting, method, values), *extra]
-                lean = [o for o in overrides if o not in OBJECTIVE_ONLY]
-                before_overrides = lean if before is None else overrides
+                overrides = [
+                    *trial_overrides(suite, setting, method, values, evaluated=evaluated),
+                    *extra,
+                ]
+                every_round = [o for o in overrides if not o.startswith("eval.rounds=")]
+                lean = [o for o in every_round if o not in OBJECTIVE_ONLY]
+                before_overrides = lean if before is None else every_round
                 for label, command_overrides, runner in (
                     ("before", before_overrides, before or run_pflower),
                     ("after", overrides, warm),
@@ -89,6 +101,11 @@ def main(argv: list[str]) -> None:
                     )
                     print(f"{method} trial {index} {label}: {seconds:.1f} s", flush=True)
     write(args, runs)
+
+
+def rounds_of(overrides: list[str]) -> int:
+    """The rounds of a run of ``overrides``."""
+    return int(compose_config(overrides, check_scheme=False).rounds)
 
 
 @contextlib.contextmanager
@@ -129,7 +146,7 @@ def write(args: argparse.Namespace, runs: list[dict[str, object]]) -> None:
     same = all(p["before"]["objective"] == p["after"]["objective"] for p in pairs.values())
     machine = f"{platform.node()}, {platform.machine()}, {platform.processor() or '?'}"
     lines = [
-        "# Tuning trial throughput, before and after",
+        f"# {args.title}",
         "",
         f"`python benchmarks/trial_throughput.py {' '.join(sys.argv[1:])}` at pflower "
         f"{code_version()['fingerprint']} on {machine}; {len(pairs)} trials of each kind, "
@@ -153,8 +170,8 @@ def write(args: argparse.Namespace, runs: list[dict[str, object]]) -> None:
         lines.append(f"| {method} | {before:.1f} | {after:.1f} | {before / after:.2f}x |")
     lines.append(f"| all | | | {total['before'] / total['after']:.2f}x |")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "trial_throughput.md").write_text("\n".join(lines) + "\n")
-    (args.out / "trial_throughput.json").write_text(json.dumps(runs, indent=1) + "\n")
+    (args.out / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    (args.out / f"{args.name}.json").write_text(json.dumps(runs, indent=1) + "\n")
     print("\n".join(lines))
 
 

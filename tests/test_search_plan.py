@@ -19,12 +19,21 @@ import numpy as np
 import pytest
 from optuna.trial import TrialState
 
+from pflower.compose import compose_config
 from pflower.registry import ConfigError
 from pflower.results.rows import last_round_done
 from pflower.searchspace import Param
 from pflower.tuning import finals, search
 from pflower.tuning.ledger import REPEAT_ATTR, rounds_run, spending
-from pflower.tuning.runner import Pruned, objective_of, round_means, run_pflower, warm_runner
+from pflower.tuning.runner import (
+    Pruned,
+    objective_of,
+    read_summary,
+    round_means,
+    rounds_completed,
+    run_pflower,
+    warm_runner,
+)
 from pflower.tuning.schedule import (
     SearchPlan,
     configuration,
@@ -64,15 +73,28 @@ def _value(command: list[str], key: str) -> float:
     return next(float(c.split("=", 1)[1]) for c in command if c.startswith(f"{key}="))
 
 
+def _evaluated(command: list[str]) -> set[int]:
+    """The rounds a run of ``command`` evaluates (``eval.rounds`` and the last; every one
+    without it)."""
+    given = next((c.split("=", 1)[1] for c in command if c.startswith("eval.rounds=")), None)
+    if given is None:
+        return set(range(1, ROUNDS + 1))
+    return {int(r) for r in given.strip("[]").split(",")} | {ROUNDS}
+
+
 def _curve_runner(command, run_dir, on_round=None, heartbeat=None, timeout_s=None):
     """A run whose round-r accuracy is q * (1 - 0.5 ** r), q = 1 - |log10(lr / 0.01)| / 3: best
     at lr = 0.01, the same ordering at every round (what successive halving assumes)."""
     lr = _value(command, "train.lr")
     quality = 1.0 - abs(math.log10(lr / 0.01)) / 3.0
+    evaluated = _evaluated(command)
     run_dir.mkdir(parents=True, exist_ok=True)
     accuracy = 0.0
     with (run_dir / "metrics.jsonl").open("w") as rows:
         for server_round in range(1, ROUNDS + 1):
+            rows.write(json.dumps({"round": server_round, "stage": "time"}) + "\n")
+            if server_round not in evaluated:
+                continue
             accuracy = quality * (1.0 - 0.5**server_round)
             row = {"round": server_round, "stage": "L1", "client": 0, "acc_local": accuracy}
             rows.write(json.dumps(row) + "\n")
@@ -150,6 +172,12 @@ def test_a_compute_budget_with_halving_tries_more_configurations_in_the_same_rou
     pruned = [t for t in trials if t.state == TrialState.PRUNED]
     # halving's rungs: floor(0.12 x 9) = 1 round, then x 3; nothing else stops a trial here
     assert pruned and {rounds_run(t) for t in pruned} <= {1, 3}
+    # a trial evaluates the rungs and the last-10% window alone; its rounds are its compute
+    assert {t.user_attrs["command"].split("eval.rounds=")[1].split()[0] for t in trials} == {
+        "[1,3,9]"
+    }
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    assert {rounds_run(t) for t in complete} == {ROUNDS}
     # the draws are the quasi-random points of the study's seed, in order
     space = suite.space_for("fedprox", setting)
     assert [configuration(t.params) for t in trials] == [
@@ -326,6 +354,58 @@ def test_a_trial_measures_only_its_objective_and_the_objective_is_unchanged(
     # the pruner's mark of the last complete round; no plots
     assert last_round_done(tmp_path / "lean") == 2
     assert not (tmp_path / "lean" / "plots").exists()
+
+
+@pytest.mark.parametrize(
+    ("plan", "rounds", "read"),
+    [
+        (SearchPlan(scheduler="halving"), 15, [1, 3, 9, 14, 15]),  # rungs 1, 3, 9; window 2
+        (SearchPlan(scheduler="halving"), 30, [3, 9, 27, 28, 29, 30]),
+        (SearchPlan(scheduler="halving", min_fraction=0.5, reduction_factor=2), 4, [2, 4]),
+        (SearchPlan(scheduler="none"), 20, [19, 20]),
+        (SearchPlan(scheduler="median"), 15, None),  # it reads every round's best
+    ],
+)
+def test_a_trial_evaluates_only_the_rounds_its_pruner_and_objective_read(
+    plan: SearchPlan, rounds: int, read: list[int] | None
+) -> None:
+    assert plan.evaluated_rounds(rounds) == read
+
+
+@pytest.mark.parametrize("method", ["fedavg_ft", "fedproto"])
+def test_a_trial_evaluated_at_its_rungs_alone_has_the_values_of_one_evaluated_every_round(
+    tmp_path: Path, method: str
+) -> None:
+    """Leaving rounds unevaluated (``eval.rounds``) changes no value of a round evaluated and
+    not the objective: FedAvg-FT's evaluation fine-tunes a copy of the model (the dearest
+    evaluation of the suite), FedProto's reads its prototypes. Every round is still trained and
+    counted (`rounds_completed`)."""
+    overrides = [
+        "dataset=digits",
+        "num_clients=4",
+        "rounds=5",
+        "train.local_epochs=1",
+        f"strategy={method}",
+        "seed=0",
+        "split.val_fraction=0.25",
+        "split.evaluate_on=val",
+        *OBJECTIVE_ONLY,
+    ]
+    every, _ = run_inprocess(overrides, tmp_path / "every")
+    some, _ = run_inprocess([*overrides, "eval.rounds=[1,3]"], tmp_path / "some")
+    assert sorted(round_means(some)) == [1, 3, 5]
+    assert {r: v for r, v in round_means(every).items() if r in (1, 3, 5)} == round_means(some)
+    assert _stage_rows(some, "L1") == [
+        r for r in _stage_rows(every, "L1") if r["round"] in (1, 3, 5)
+    ]
+    assert rounds_completed(some) == rounds_completed(every) == 5
+    summaries = [read_summary(tmp_path / name) for name in ("every", "some")]
+    assert objective_of(summaries[0]) == objective_of(summaries[1])  # type: ignore[arg-type]
+
+
+def test_eval_rounds_past_the_runs_last_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"eval.rounds=\[2, 7\] lists rounds past"):
+        compose_config(["rounds=5", "eval.rounds=[2,7]"])
 
 
 @pytest.mark.parametrize(

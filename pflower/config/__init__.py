@@ -193,6 +193,11 @@ class ExperimentConfig:
                 "(e.g. 0.1)",
             )
         require(
+            self.eval.rounds is None or all(r <= self.rounds for r in self.eval.rounds),
+            f"eval.rounds={list(self.eval.rounds or [])} lists rounds past the run's last, "
+            f"rounds={self.rounds}",
+        )
+        require(
             self.num_unseen < self.num_clients,
             f"eval.unseen_fraction={self.eval.unseen_fraction} holds out {self.num_unseen} of "
             f"num_clients={self.num_clients} clients: at least one must train",
@@ -213,8 +218,13 @@ class ExperimentConfig:
         return max(1, int(fraction * self.num_clients)) if fraction > 0 else 0
 
     def is_eval_round(self, server_round: int) -> bool:
-        """Stages L1/L2/G are evaluated every ``eval.every`` rounds and always in the last."""
-        return server_round % self.eval.every == 0 or server_round == self.rounds
+        """Stages L1/L2/G are evaluated in the rounds ``eval.rounds`` lists, else every
+        ``eval.every`` rounds, and always in the last."""
+        if server_round == self.rounds:
+            return True
+        if self.eval.rounds is not None:
+            return server_round in self.eval.rounds
+        return server_round % self.eval.every == 0
 
 
 @cache

@@ -42,6 +42,11 @@ class EvalConfig:
 
     Attributes:
         every: evaluate every this many rounds, and always in the last round.
+        rounds: when given, the rounds evaluated instead (and the last, always): a tuning
+            trial evaluates only the rounds its pruner and objective read
+            ([`SearchPlan.evaluated_rounds`][pflower.tuning.schedule.SearchPlan.evaluated_rounds]).
+            Leaving a round unevaluated changes no number of the rounds evaluated: evaluation
+            only reads the models and samples clients from its own per-round stream.
         fraction: share of clients evaluated at stage L1.
         batch_size: evaluation batch size.
         client_global_test: the samples on which each client measures Acc(G) at stages L1 and
@@ -75,6 +80,7 @@ class EvalConfig:
     """
 
     every: int = 1
+    rounds: list[int] | None = None
     fraction: float = 1.0
     batch_size: int = 512
     client_global_test: ClientGlobalTest = ClientGlobalTest.slice
@@ -87,6 +93,11 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         require(self.every >= 1, f"eval.every must be >= 1, got {self.every!r}")
+        require(
+            self.rounds is None or all(r >= 1 for r in self.rounds),
+            f"eval.rounds must list rounds >= 1 (or be null: every eval.every-th), got "
+            f"{self.rounds!r}",
+        )
         require(
             0.0 <= self.unseen_fraction < 1.0,
             f"eval.unseen_fraction must be in [0, 1), got {self.unseen_fraction!r}",

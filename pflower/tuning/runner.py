@@ -26,7 +26,7 @@ from pflower.plugins import PLUGINS_ENV
 from pflower.registry import ConfigError
 from pflower.results.disk import write_atomic
 from pflower.results.failures import LEFT_OUT_SCORE, every_client_acc, was_interrupted
-from pflower.results.rows import last_round_done, read_rows
+from pflower.results.rows import TIME, last_round_done, read_rows
 from pflower.runtime.forkserver import ForkServerProcess, server_directory
 from pflower.runtime.signals import handlers_run_promptly
 
@@ -64,11 +64,18 @@ def round_means(rows: Sequence[Mapping[str, Any]], stage: str = "L1") -> dict[in
     held_out = seen["U"] - seen[stage]
     means = {}
     for r in sorted(set(by_round) | set(lost)):
-        values = by_round.get(r, [])
-        values += [LEFT_OUT_SCORE] * len(lost.get(r, set()) - held_out)
+        values = by_round.get(r, []) + [LEFT_OUT_SCORE] * len(lost.get(r, set()) - held_out)
         if values:
             means[r] = sum(values) / len(values)
     return means
+
+
+def rounds_completed(rows: Sequence[Mapping[str, Any]]) -> int:
+    """The rounds a run completed, its compute: those whose training was aggregated (a
+    ``time`` row) or that were evaluated (a trial evaluates only the rounds its pruner and
+    objective read: its evaluated rounds are not its rounds)."""
+    done = {int(r["round"]) for r in rows if r.get("stage") == TIME}
+    return len(done | set(round_means(rows)))
 
 
 def read_summary(run_dir: Path) -> dict[str, Any] | None:

@@ -26,6 +26,9 @@ Acc(L) on validation):
   rung only if it is in the best 1/``reduction_factor`` of the trials that reached it;
 - ``none``: every trial runs to the end.
 
+A trial evaluates only the rounds that its scheduler and the objective read
+([`SearchPlan.evaluated_rounds`][pflower.tuning.schedule.SearchPlan.evaluated_rounds]).
+
 The budget is either a count of trials (``trials``, the suite's; every trial counts one,
 however early it stopped) or compute (``budget_runs``): the rounds that the study's trials ran,
 added up, in units of one full run of the setting. With compute as the budget every method of a
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pflower.registry import ConfigError
+from pflower.results.summary import last_rounds
 from pflower.searchspace import Param, format_value
 
 TPE_STARTUP_TRIALS = 10
@@ -125,6 +129,10 @@ class SearchPlan:
         whole run until it ends."""
         return 1.0 if self.budget_runs is None else float(max(1, rounds_run))
 
+    def first_rung(self, rounds: int) -> int:
+        """``halving``: the round of the first rung of a trial of ``rounds`` rounds."""
+        return max(1, math.floor(self.min_fraction * rounds))
+
     def pruner(self, trials: int, rounds: int) -> Any:
         """The Optuna pruner of this plan, for runs of ``rounds`` rounds."""
         import optuna
@@ -132,13 +140,33 @@ class SearchPlan:
         if self.scheduler == "none":
             return optuna.pruners.NopPruner()
         if self.scheduler == "halving":
-            first = max(1, math.floor(self.min_fraction * rounds))
             return optuna.pruners.SuccessiveHalvingPruner(
-                min_resource=first, reduction_factor=self.reduction_factor
+                min_resource=self.first_rung(rounds), reduction_factor=self.reduction_factor
             )
         startup = self.startup_trials if self.startup_trials is not None else max(3, trials // 4)
         warmup = int(self.warmup_fraction * rounds)
         return optuna.pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=warmup)
+
+    def evaluated_rounds(self, rounds: int) -> list[int] | None:
+        """The rounds of a trial of ``rounds`` rounds whose stage-L1 values its pruner and
+        objective read, so the only ones it evaluates (``eval.rounds``); None: every round.
+
+        Successive halving judges a trial at its rungs alone (Optuna compares the value of the
+        rung's round: ``first * reduction_factor ** k``, before the last round) and the
+        objective reads the last 10% of rounds; no early stopping reads only those. The median
+        pruner compares a trial's best value over every round it reported, so its trials
+        evaluate every round. Evaluating fewer rounds changes no value of those evaluated
+        (``tests/test_search_plan.py``): a trial of a method whose evaluation fine-tunes (the
+        -FT baselines) costs a fraction of one evaluated every round."""
+        if self.scheduler == "median":
+            return None
+        read = set(last_rounds(rounds))
+        if self.scheduler == "halving":
+            rung = self.first_rung(rounds)
+            while rung < rounds:
+                read.add(rung)
+                rung *= self.reduction_factor
+        return sorted(read)
 
     def describe(self, trials: int) -> str:
         """The plan in words, budget included, for the chosen files and the leaderboard."""

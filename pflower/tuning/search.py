@@ -69,7 +69,7 @@ from pflower.tuning.runner import (
     RunRefused,
     TrialFailed,
     objective_of,
-    round_means,
+    rounds_completed,
     run_pflower,
     runs_stop_together,
 )
@@ -130,10 +130,13 @@ def trial_overrides(
     method: str,
     values: Mapping[str, Any],
     seed: int | None = None,
+    evaluated: Sequence[int] | None = None,
 ) -> list[str]:
     """A tuning run: the setting (with the method's own changes), the method, the tuning seed
     (``seed``, a study's: `Suite.study_seed`; default the suite's ``tune_seed``),
-    validation only, the values."""
+    validation only, the values; evaluated in the rounds ``evaluated`` alone (``eval.rounds``,
+    `SearchPlan.evaluated_rounds`; None: every round)."""
+    only = [] if evaluated is None else [f"eval.rounds=[{','.join(map(str, evaluated))}]"]
     return list(
         setting.overrides_for(
             method,
@@ -143,6 +146,7 @@ def trial_overrides(
                 f"split.val_fraction={suite.val_fraction}",
                 "split.evaluate_on=val",
                 *OBJECTIVE_ONLY,
+                *only,
                 *(f"{key}={format_value(value)}" for key, value in values.items()),
             ],
         )
@@ -252,7 +256,8 @@ def _one_trial(
     run_dir = layout.trial_dir(setting.name, method, trial.number, study_id)
     shutil.rmtree(run_dir, ignore_errors=True)  # left by a study that was deleted
     seed = suite.study_seed(study_id)
-    command = run_command(trial_overrides(suite, setting, method, values, seed), run_dir)
+    evaluated = suite.search.evaluated_rounds(rounds)
+    command = run_command(trial_overrides(suite, setting, method, values, seed, evaluated), run_dir)
     trial.set_user_attr("command", " ".join(command[2:]))
     trial.set_user_attr("run_dir", str(run_dir))
 
@@ -284,7 +289,7 @@ def _run_and_tell(
     name = f"{study.study_name} trial {trial.number}"
 
     def ran() -> None:
-        trial.set_user_attr(ROUNDS_ATTR, len(round_means(read_rows(run_dir))))
+        trial.set_user_attr(ROUNDS_ATTR, rounds_completed(read_rows(run_dir)))
 
     try:
         summary = runner(
