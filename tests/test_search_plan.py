@@ -403,9 +403,24 @@ def test_a_trial_evaluated_at_its_rungs_alone_has_the_values_of_one_evaluated_ev
     assert objective_of(summaries[0]) == objective_of(summaries[1])  # type: ignore[arg-type]
 
 
-def test_eval_rounds_past_the_runs_last_are_refused() -> None:
+def test_eval_rounds_past_the_runs_last_or_out_of_order_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"eval.rounds=\[2, 7\] lists rounds past"):
         compose_config(["rounds=5", "eval.rounds=[2,7]"])
+    for given in ("[3,1]", "[2,2]", "[0,2]"):
+        with pytest.raises(ConfigError, match="each once and ascending"):
+            compose_config(["rounds=5", f"eval.rounds={given}"])
+
+
+def test_a_trial_told_without_its_rounds_counts_those_its_rows_show(tmp_path: Path) -> None:
+    """A trial failed as stale after its retries is told without ``rounds_run``: it costs the
+    rounds its run trained (``time`` rows), not its last evaluated round."""
+    rows = [{"round": r, "stage": "time"} for r in range(1, 9)]
+    rows.append({"round": 3, "stage": "L1", "client": 0, "acc_local": 0.5})
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    told = dataclasses.make_dataclass("Told", ["user_attrs", "intermediate_values"])
+    assert rounds_run(told({"run_dir": str(tmp_path)}, {3: 0.5})) == 8
+    assert rounds_run(told({"run_dir": str(tmp_path / "gone")}, {3: 0.5})) == 3
+    assert rounds_run(told({}, {})) == 0
 
 
 @pytest.mark.parametrize(

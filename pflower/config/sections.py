@@ -45,8 +45,12 @@ class EvalConfig:
         rounds: when given, the rounds evaluated instead (and the last, always): a tuning
             trial evaluates only the rounds its pruner and objective read
             ([`SearchPlan.evaluated_rounds`][pflower.tuning.schedule.SearchPlan.evaluated_rounds]).
-            Leaving a round unevaluated changes no number of the rounds evaluated: evaluation
-            only reads the models and samples clients from its own per-round stream.
+            Each round listed once, in ascending order; it takes precedence over ``every``.
+            Where every client trains every round (``fraction=1``), leaving a round unevaluated
+            changes no number of the rounds evaluated (evaluation samples clients from its own
+            per-round stream and reads the models). With ``fraction < 1`` it may: a client of
+            FedALA, FedProx-ALA or FedRep-ALA evaluated in a round it did not train in stores
+            the ALA of the model it received, which its next round starts from.
         fraction: share of clients evaluated at stage L1.
         batch_size: evaluation batch size.
         client_global_test: the samples on which each client measures Acc(G) at stages L1 and
@@ -94,9 +98,10 @@ class EvalConfig:
     def __post_init__(self) -> None:
         require(self.every >= 1, f"eval.every must be >= 1, got {self.every!r}")
         require(
-            self.rounds is None or all(r >= 1 for r in self.rounds),
-            f"eval.rounds must list rounds >= 1 (or be null: every eval.every-th), got "
-            f"{self.rounds!r}",
+            self.rounds is None
+            or (all(r >= 1 for r in self.rounds) and list(self.rounds) == sorted(set(self.rounds))),
+            f"eval.rounds must list rounds >= 1, each once and ascending (or be null: every "
+            f"eval.every-th), got {self.rounds!r}",
         )
         require(
             0.0 <= self.unseen_fraction < 1.0,

@@ -167,14 +167,6 @@ def machine() -> str:
     return words
 
 
-def _rounds(setting: Setting, method: str) -> int:
-    """The rounds of ``method``'s runs here (composing them: a refused method raises)."""
-    from pflower.compose import compose_config
-
-    overrides = setting.overrides_for(method, [f"strategy={method}"])
-    return int(compose_config(list(overrides), check_scheme=False).rounds)
-
-
 def _rounds_unless_refused(setting: Setting, method: str, layout: Layout) -> int | None:
     """The rounds of ``method``'s runs here, or None where the setting's configuration refuses
     the method (why: written to the layout's refusal file and printed). A setting that does not
@@ -182,13 +174,13 @@ def _rounds_unless_refused(setting: Setting, method: str, layout: Layout) -> int
     not a refusal."""
     refusal = layout.refusal_file(setting.name, method)
     try:
-        rounds = _rounds(setting, method)
+        rounds = setting.rounds(method)
     except ConfigError as error:
         if method in setting.per_method:
             raise ConfigError(
                 f"setting {setting.name}: {method} with its per_method change fails: {error}"
             ) from error
-        _rounds(setting, "fedavg")  # the setting itself composes, or this raises
+        setting.rounds("fedavg")  # the setting itself composes, or this raises
         refusal.parent.mkdir(parents=True, exist_ok=True)
         refusal.write_text(f"{error}\n")
         print(f"[{setting.name}] {method} cannot run here: {error}")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pflower.registry import ConfigError
+from pflower.results.rows import read_rows
 from pflower.runtime.optuna_storage import (
     fail_running_trials,
     retry_callback,
@@ -20,6 +21,7 @@ from pflower.runtime.optuna_storage import (
     trials_of,
 )
 from pflower.searchspace import Param
+from pflower.tuning.runner import rounds_completed
 from pflower.tuning.schedule import SearchPlan, configuration, distinct
 from pflower.tuning.suite import Setting
 
@@ -109,12 +111,15 @@ QMC_ATTR = "qmc_index"
 
 
 def rounds_run(trial: Any) -> int:
-    """The rounds ``trial``'s run completed (a trial told before pflower recorded them: its last
-    reported round)."""
+    """The rounds ``trial``'s run completed. A trial told without them (failed as stale after
+    its retries, or told before pflower recorded them): the rounds its run folder's rows show
+    (`rounds_completed`: a trial evaluates only some rounds), else its last reported round."""
     recorded = trial.user_attrs.get(ROUNDS_ATTR)
     if recorded is not None:
         return int(recorded)
-    return max(trial.intermediate_values, default=0)
+    run_dir = trial.user_attrs.get("run_dir")
+    rows = read_rows(Path(run_dir)) if run_dir else []
+    return rounds_completed(rows) if rows else max(trial.intermediate_values, default=0)
 
 
 @dataclass(frozen=True)

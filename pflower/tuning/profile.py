@@ -164,6 +164,7 @@ def run_profile(
     if not params:
         raise ConfigError(f"{method} on {setting.name}: no trial completed, nothing to profile")
     param = Param.from_description(str(space[key])) if key in space else None
+    evaluated = suite.search.evaluated_rounds(setting.rounds(method))  # as its trials were
     if values is None:
         if param is None:
             raise ConfigError(
@@ -179,7 +180,9 @@ def run_profile(
         summary = read_summary(run_dir) or {}
         if summary.get("status") != "completed" and not failed_by_itself(summary):
             shutil.rmtree(run_dir, ignore_errors=True)  # never ran, or interrupted: run it
-            overrides = trial_overrides(suite, setting, method, {**params, key: value})
+            overrides = trial_overrides(
+                suite, setting, method, {**params, key: value}, evaluated=evaluated
+            )
             try:
                 summary = execute(run_command(overrides, run_dir), run_dir, timeout_s=timeout_s)
             except TrialFailed:

@@ -85,6 +85,14 @@ class Setting:
         change = self.per_method.get(method)
         return change.overrides if change else ()
 
+    def rounds(self, method: str) -> int:
+        """The rounds of ``method``'s runs here (composing them: a refused method raises
+        `ConfigError`)."""
+        from pflower.compose import compose_config
+
+        overrides = self.overrides_for(method, [f"strategy={method}"])
+        return int(compose_config(list(overrides), check_scheme=False).rounds)
+
     def overrides_for(self, method: str, then: Sequence[str] = ()) -> tuple[str, ...]:
         """The overrides of ``method``'s runs here: the setting's, the method's own changes,
         ``then`` (the run's own: strategy, seed, values) and the command line's, last."""
