@@ -3,13 +3,14 @@ say, per setting and method, how long the searches and the final runs took, how 
 searches spent, and how long the whole suite will take at that pace.
 
 From each setting's ``study.db`` (Optuna's public API): every trial's start and end, its state,
-its values and the rounds it reported (a pruned trial costs the rounds it ran, as the suite's
-budget counts them). From each final run's ``summary.json``: its wall time, and, from the file's
-modification time, when it ended, for a run whose folder still has its ``run.log`` (it ran
-there). A run without one was copied from a results folder, which keeps only the summaries:
-its file carries the time of the copy (or of a git checkout), so its end is unknown, and it
-counts in the busy wall time as its wall time over ``--workers`` (the final runs run that many
-at once). Run it on the suite's working folder, where most runs have their logs.
+its values and the rounds it ran as the suite's budget counts them
+([`rounds_run`][pflower.tuning.ledger.rounds_run]: a trial evaluates only some rounds, so its
+last reported round is not its rounds). From each final run's ``summary.json``: its wall time,
+and, from the file's modification time, when it ended, for a run whose folder still has its
+``run.log`` (it ran there). A run without one was copied from a results folder, which keeps only
+the summaries: its file carries the time of the copy (or of a git checkout), so its end is
+unknown, and it counts in the busy wall time as its wall time over ``--workers`` (the final runs
+run that many at once). Run it on the suite's working folder, where most runs have their logs.
 
 - *busy wall time*: the union of the intervals in which a trial or a final run was running, so
   that the gaps between sessions (the suite stopped, then run again) do not count;
@@ -47,6 +48,7 @@ import optuna
 import yaml
 
 from pflower.results.failures import failed_by_itself
+from pflower.tuning.ledger import rounds_run
 
 Interval = tuple[float, float]
 
@@ -131,7 +133,7 @@ def read_trials(
                 continue
             entry.trials += 1
             entry.configurations.add(tuple(sorted(trial.params.items())))
-            entry.rounds += max(trial.intermediate_values, default=0)
+            entry.rounds += rounds_run(trial)
             if trial.state == optuna.trial.TrialState.COMPLETE:
                 entry.to_the_end += 1
             if trial.state == optuna.trial.TrialState.FAIL:
@@ -142,7 +144,7 @@ def read_trials(
                 seconds = busy([(start, stop)], paused)
                 entry.trial_seconds += seconds
                 entry.intervals.append((start, stop))
-                entry.durations.append((max(trial.intermediate_values, default=0), seconds))
+                entry.durations.append((rounds_run(trial), seconds))
 
 
 def read_finals(

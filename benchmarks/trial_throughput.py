@@ -129,8 +129,8 @@ def kinds(before_code: Path | None) -> str:
     """What ``before`` and ``after`` were, in a sentence."""
     if before_code is None:
         return (
-            "before: a new process measuring every stage; after: forked warm, measuring only "
-            "the objective."
+            "before: a new process measuring every stage in every round; after: forked warm, "
+            "measuring only the objective, in the rounds it reads."
         )
     return (
         f"before: the code at `{before_code}`, after: this code; both forked warm and measuring "
