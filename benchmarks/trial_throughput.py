@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -37,7 +38,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pflower.compose import compose_config
 from pflower.provenance import code_version
 from pflower.tuning.runner import WarmRunner, objective_of, run_pflower, warm_runner
 from pflower.tuning.schedule import quasi_random_point
@@ -62,8 +62,8 @@ def main(argv: list[str]) -> None:
     )
     args = parser.parse_args(argv)
     suite = load_suite(args.suite)
-    setting = suite.setting(args.setting)
-    extra = args.extra.split()
+    # the extra overrides go last in every run, as `pflower tune`'s command-line ones do
+    setting = dataclasses.replace(suite.setting(args.setting), extra=tuple(args.extra.split()))
     runs: list[dict[str, object]] = []
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(tempfile.TemporaryDirectory())
@@ -71,14 +71,10 @@ def main(argv: list[str]) -> None:
         before = stack.enter_context(warm_runner_of(args.before_code)) if args.before_code else None
         for method in args.methods.split(","):
             space = suite.space_for(method, setting)
-            rounds = rounds_of([*setting.overrides_for(method, [f"strategy={method}"]), *extra])
-            evaluated = suite.search.evaluated_rounds(rounds)
+            evaluated = suite.search.evaluated_rounds(setting.rounds(method))
             for index in range(args.trials):
                 values = quasi_random_point(space, suite.tune_seed, index)
-                overrides = [
-                    *trial_overrides(suite, setting, method, values, evaluated=evaluated),
-                    *extra,
-                ]
+                overrides = trial_overrides(suite, setting, method, values, evaluated=evaluated)
                 every_round = [o for o in overrides if not o.startswith("eval.rounds=")]
                 lean = [o for o in every_round if o not in OBJECTIVE_ONLY]
                 before_overrides = lean if before is None else every_round
@@ -101,11 +97,6 @@ def main(argv: list[str]) -> None:
                     )
                     print(f"{method} trial {index} {label}: {seconds:.1f} s", flush=True)
     write(args, runs)
-
-
-def rounds_of(overrides: list[str]) -> int:
-    """The rounds of a run of ``overrides``."""
-    return int(compose_config(overrides, check_scheme=False).rounds)
 
 
 @contextlib.contextmanager
