@@ -15,7 +15,9 @@ puts it into every message it sends (`CODE_KEY`); every client compares it with 
 fingerprint per part of the code that decides a run's numbers (`COMPONENTS`: data,
 partition, split, model, training and evaluation, configuration, tuning; and the method's own
 modules, `record_method_files`), so that a stored result can be checked against the code
-installed now part by part ([`pflower.tuning.baselines`][pflower.tuning.baselines]).
+installed now part by part ([`pflower.tuning.baselines`][pflower.tuning.baselines]). Those
+fingerprints read the code, not its prose (`code_text`): a corrected docstring or comment keeps
+the stored runs; `CODE_FINGERPRINT`, which guards a federation against a mix, reads every byte.
 
 The same record names the process's numerics (`numerics`): ``import pflower`` holds
 torch's CPU kernels to AVX2 (`hold_kernels`) before anything imports torch, so that one
@@ -24,12 +26,17 @@ configuration computes the same numbers, to the last digit, on any x86-64 CPU wi
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import hashlib
+import io
+import json
 import os
 import platform
 import subprocess
 import sys
+import tokenize
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -86,11 +93,106 @@ transport) do not change what a run computes, and the algorithms count per metho
 _METHOD_FILES: dict[str, tuple[Path, ...]] = {}
 
 
+def code_text(source: str) -> str:
+    """What of a Python source decides what it computes: the source without its comments, its
+    bare string statements (docstrings, module, class and function, and the strings that
+    document an attribute), its blank lines and the whitespace that ends a line.
+
+    Prose then changes no fingerprint: a corrected docstring leaves a part's stored runs
+    accepted, where a fingerprint of the file's bytes asks for a rerun to show what was plain.
+    Every token that Python executes stays, indentation included; the positions come from `ast`
+    and `tokenize`, which read a file alike on every Python that runs pflower. Changing what
+    this keeps asks for a new `DIGESTS_FORMAT`."""
+    lines = source.splitlines()
+    spans = [
+        (token.start, token.end)
+        for token in tokenize.generate_tokens(io.StringIO(source).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant)
+            and isinstance(node.value.value, str)
+        ):
+            # ast counts columns in UTF-8 bytes, tokenize (and str) in characters
+            end_line = node.end_lineno or node.lineno
+            start = (node.lineno, _column(lines[node.lineno - 1], node.col_offset))
+            end = (end_line, _column(lines[end_line - 1], node.end_col_offset or 0))
+            spans.append((start, end))
+    for (first, first_column), (last, last_column) in spans:
+        for number in range(first, last + 1):
+            line = lines[number - 1]
+            begin = first_column if number == first else 0
+            stop = last_column if number == last else len(line)
+            lines[number - 1] = line[:begin] + " " * (stop - begin) + line[stop:]
+    kept = (line.rstrip() for line in lines)
+    return "\n".join(line for line in kept if line)
+
+
+def _column(line: str, byte_offset: int) -> int:
+    """The character column of ``line`` at UTF-8 byte ``byte_offset``."""
+    return len(line.encode()[:byte_offset].decode())
+
+
+DIGESTS_FORMAT = 1
+"""The version of `code_text` that the digest cache holds (`code_digests`)."""
+
+
+def _digest_cache_file() -> Path:
+    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(root) / "pflower" / f"code-digests-{DIGESTS_FORMAT}.json"
+
+
+@functools.cache
+def _known_digests() -> dict[str, str]:
+    """The digest cache of this user (a cache that cannot be read is empty)."""
+    try:
+        known = json.loads(_digest_cache_file().read_text())
+    except (OSError, ValueError):
+        return {}
+    return known if isinstance(known, dict) else {}
+
+
+def code_digests(paths: Iterable[Path]) -> list[str]:
+    """The SHA-256 of what each file decides (`code_text` of a Python file; any other file's
+    bytes).
+
+    Reading a Python file's tokens takes about 5 ms of pure Python, a whole part's files a
+    second: each digest is kept in a cache file (``$XDG_CACHE_HOME/pflower``, default
+    ``~/.cache/pflower``) under the SHA-256 of the file's bytes, so a process reads and hashes
+    the files and works out only those it has not seen. A cache that cannot be written is
+    left as it is."""
+    known = _known_digests()
+    digests, added = [], False
+    for path in paths:
+        data = path.read_bytes()
+        key = hashlib.sha256(data).hexdigest()
+        if path.suffix != ".py":
+            digests.append(key)
+            continue
+        if key not in known:
+            code = code_text(data.decode("utf-8")).encode()
+            known[key] = hashlib.sha256(code).hexdigest()
+            added = True
+        digests.append(known[key])
+    if added:
+        file = _digest_cache_file()
+        with contextlib.suppress(OSError):
+            file.parent.mkdir(parents=True, exist_ok=True)
+            temporary = file.with_name(f"{file.name}.{os.getpid()}")
+            temporary.write_text(json.dumps(known))
+            temporary.replace(file)
+    return digests
+
+
 def files_fingerprint(files: Iterable[tuple[str, Path]]) -> str:
-    """A short SHA-256 over ``(name, path)`` pairs: each name and the bytes of its file."""
+    """A short SHA-256 over ``(name, path)`` pairs: each name and the digest of what its file
+    decides (`code_digests`)."""
+    pairs = sorted(files)
     digest = hashlib.sha256()
-    for name, path in sorted(files):
-        digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for (name, _), code in zip(pairs, code_digests(path for _, path in pairs), strict=True):
+        digest.update(f"{name}\0{code}\0".encode())
     return digest.hexdigest()[:16]
 
 

@@ -122,6 +122,84 @@ def test_a_part_fingerprint_changes_with_its_own_files_only(tmp_path: Path) -> N
         before = after
 
 
+MODULE = '''"""A module."""
+
+import math
+
+SCALE = 2.0
+"""How far it scales."""
+
+
+class Step:
+    """One step."""
+
+    def size(self, x: float) -> float:
+        """The step's size: ``x`` scaled, or "# none" past 3."""
+        label = "# kept"  # a comment
+        return math.sqrt(x) * SCALE if x < 3 else len(label)
+'''
+
+PROSE_EDITS = [
+    ('"""A module."""', '"""A module, now explained at length.\n\nOver two paragraphs."""'),
+    ('"""How far it scales."""', '"""How far it scales (ünits: none)."""'),
+    ('"""One step."""\n', ""),
+    ("# a comment", "# another comment, longer"),
+    ("import math\n", "import math   \n\n\n"),
+    ("        label", "\n        # why the label\n        label"),
+]
+CODE_EDITS = [  # whitespace inside a line counts: the text is kept as written
+    ("SCALE = 2.0", "SCALE = 2.5"),
+    ('"# kept"', '"# kept!"'),
+    ("x < 3", "x <= 3"),
+    ("return math.sqrt(x)", "return  math.sqrt(x)"),
+    ("    def size", "    @staticmethod\n    def size"),
+]
+
+
+@pytest.mark.parametrize(("old", "new"), PROSE_EDITS + CODE_EDITS)
+def test_a_part_fingerprint_reads_code_not_prose(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str
+) -> None:
+    """Comments, docstrings, blank lines and trailing spaces change no part's fingerprint (a
+    corrected docstring keeps a part's stored runs); every executed token does, a ``#`` inside
+    a string included."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    provenance._known_digests.cache_clear()
+    module = tmp_path / "pkg" / "core" / "step.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(MODULE)
+    fingerprints = component_fingerprints.__wrapped__  # uncached: the file changes below
+    before = fingerprints(tmp_path / "pkg")
+    assert old in MODULE
+    module.write_text(MODULE.replace(old, new, 1))
+    compile(module.read_text(), str(module), "exec")  # still Python
+    after = fingerprints(tmp_path / "pkg")
+    changed = after["training and evaluation"] != before["training and evaluation"]
+    assert changed == ((old, new) in CODE_EDITS)
+    assert {k for k in after if after[k] != before[k]} <= {"training and evaluation"}
+
+
+def test_the_digest_cache_gives_what_the_files_give(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A digest read from the cache is the one worked out from the file; an unwritable cache
+    changes nothing but the time."""
+    files = sorted((Path(provenance.__file__).parent / "core").glob("*.py"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    provenance._known_digests.cache_clear()
+    worked_out = provenance.code_digests(files)
+    assert (
+        tmp_path / "cache" / "pflower" / f"code-digests-{provenance.DIGESTS_FORMAT}.json"
+    ).exists()
+    provenance._known_digests.cache_clear()
+    assert provenance.code_digests(files) == worked_out  # now read from the cache file
+    (tmp_path / "readonly").write_text("a file where a folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "readonly"))
+    provenance._known_digests.cache_clear()
+    assert provenance.code_digests(files) == worked_out
+    provenance._known_digests.cache_clear()
+
+
 def test_a_completed_run_records_its_code(tmp_path: Path) -> None:
     run_inprocess(["dataset=digits", "num_clients=2", "rounds=1"], tmp_path / "run")
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -76,8 +76,8 @@ def headline(rows: Sequence[Row], rounds: int, thresholds: Sequence[float]) -> R
 
     ``final`` holds the aggregates of the last evaluated round; ``last10`` their mean over the
     evaluated rounds in [`last_rounds`][pflower.results.summary.last_rounds] (evaluated every round,
-    that is the last 10% of rounds;
-    with ``eval.every > 1``, only the evaluated ones among them).
+    that is the last 10% of rounds; with ``eval.every > 1`` or ``eval.rounds``, only the
+    evaluated ones among them, or the last evaluated round where none of them is).
     """
     evaluated = evaluated_rounds(rows)
     if not evaluated:

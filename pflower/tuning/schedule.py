@@ -155,9 +155,13 @@ class SearchPlan:
         rung's round: ``first * reduction_factor ** k``, before the last round) and the
         objective reads the last 10% of rounds; no early stopping reads only those. The median
         pruner compares a trial's best value over every round it reported, so its trials
-        evaluate every round. Evaluating fewer rounds changes no value of those evaluated
+        evaluate every round. Where every client trains in every round (the suites'
+        ``federation.fraction=1``), evaluating fewer rounds changes no value of those evaluated
         (``tests/test_search_plan.py``): a trial of a method whose evaluation fine-tunes (the
-        -FT baselines) costs a fraction of one evaluated every round."""
+        -FT baselines) costs a fraction of one evaluated every round. Under partial
+        participation a client of FedALA, FedProx+ALA or FedRep+ALA evaluated in a round it did
+        not train in keeps the ALA of the model it received, so there the evaluated rounds also
+        decide later ones."""
         if self.scheduler == "median":
             return None
         read = set(last_rounds(rounds))
