@@ -50,7 +50,9 @@ class EvalConfig:
             changes no number of the rounds evaluated (evaluation samples clients from its own
             per-round stream and reads the models). With ``fraction < 1`` it may: a client of
             FedALA, FedProx-ALA or FedRep-ALA evaluated in a round it did not train in stores
-            the ALA of the model it received, which its next round starts from.
+            the ALA of the model it received, which its next round starts from (the authors'
+            code applies ALA to every global model on every client: evaluating every round
+            does the same, see [`pflower.strategies.ala`][pflower.strategies.ala]).
         fraction: share of clients evaluated at stage L1.
         batch_size: evaluation batch size.
         client_global_test: the samples on which each client measures Acc(G) at stages L1 and

@@ -50,7 +50,13 @@ array per mixed tensor; its absence means the initial stage is still ahead), and
 (``version``: the global model version ALA was last applied to; epoch and timing counters).
 ALA is applied exactly once per global model version: stage L1 of round t (which receives $Θ^t$)
 runs it and stores the result; fit of round t+1 (which receives the same $Θ^t$) trains from it.
-If that client was not evaluated, fit runs ALA itself, so nothing depends on evaluation.
+If that client was not evaluated, fit runs ALA itself: where every client trains every round,
+nothing depends on evaluation. The authors' server sends each global model to every client,
+selected or not, and each applies ALA to it (``send_models`` in ``serverALA.py``); a Flower
+client applies it to the models it receives, at fit or at stage-L1 evaluation. Evaluated every
+round (at stage-L1 ``fraction=1``, the default), every client applies ALA to every version, as
+in the authors' code; under partial participation, a round in which a client is neither
+selected nor evaluated (``eval.every > 1``, ``eval.rounds``) is a version it skips.
 """
 
 from __future__ import annotations
