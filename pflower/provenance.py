@@ -103,7 +103,8 @@ def code_text(source: str) -> str:
     Every token that Python executes stays, indentation included; the positions come from `ast`
     and `tokenize`, which read a file alike on every Python that runs pflower. Changing what
     this keeps asks for a new `DIGESTS_FORMAT`."""
-    lines = source.splitlines()
+    # the lines as ast and tokenize count them (str.splitlines also breaks at \f, \x1c, ...)
+    lines = source.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     spans = [
         (token.start, token.end)
         for token in tokenize.generate_tokens(io.StringIO(source).readline)

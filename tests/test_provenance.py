@@ -126,6 +126,7 @@ MODULE = '''"""A module."""
 
 import math
 
+MARKS = "\u2028\f"  # str.splitlines ends a line at each (the file holds the characters)
 SCALE = 2.0
 """How far it scales."""
 
