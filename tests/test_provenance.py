@@ -129,6 +129,9 @@ import math
 MARKS = "\u2028\f"  # str.splitlines ends a line at each (the file holds the characters)
 SCALE = 2.0
 """How far it scales."""
+TEMPLATE = """first line
+
+third line, after a blank one"""
 
 
 class Step:
@@ -147,6 +150,7 @@ PROSE_EDITS = [
     ("# a comment", "# another comment, longer"),
     ("import math\n", "import math   \n\n\n"),
     ("        label", "\n        # why the label\n        label"),
+    ('"""One step."""', '"""One step.  \n\n    In two paragraphs.   \n    """'),
 ]
 CODE_EDITS = [  # whitespace inside a line counts: the text is kept as written
     ("SCALE = 2.0", "SCALE = 2.5"),
@@ -154,6 +158,8 @@ CODE_EDITS = [  # whitespace inside a line counts: the text is kept as written
     ("x < 3", "x <= 3"),
     ("return math.sqrt(x)", "return  math.sqrt(x)"),
     ("    def size", "    @staticmethod\n    def size"),
+    ("first line\n\nthird", "first line\nthird"),
+    ("first line\n", "first line  \n"),
 ]
 
 
@@ -180,6 +186,17 @@ def test_a_part_fingerprint_reads_code_not_prose(
     assert {k for k in after if after[k] != before[k]} <= {"training and evaluation"}
 
 
+def test_a_python_file_is_read_as_python_reads_it(tmp_path: Path) -> None:
+    """The coding line decides the text (and is itself a comment); a UTF-8 BOM changes nothing."""
+    plain, latin, bom = (tmp_path / name for name in ("plain.py", "latin.py", "bom.py"))
+    plain.write_bytes('X = "é"\n'.encode())
+    latin.write_bytes(b"# coding: latin-1\n" + 'X = "é"\n'.encode())  # X = 'Ã©' there
+    bom.write_bytes(b"\xef\xbb\xbf" + 'X = "é"\n'.encode())
+    digests = provenance.code_digests([plain, latin, bom])
+    assert digests[0] != digests[1]
+    assert digests[0] == digests[2]
+
+
 def test_the_digest_cache_gives_what_the_files_give(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -189,9 +206,9 @@ def test_the_digest_cache_gives_what_the_files_give(
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     provenance._known_digests.cache_clear()
     worked_out = provenance.code_digests(files)
-    assert (
-        tmp_path / "cache" / "pflower" / f"code-digests-{provenance.DIGESTS_FORMAT}.json"
-    ).exists()
+    assert [p.name for p in (tmp_path / "cache" / "pflower").iterdir()] == [
+        f"code-digests-{provenance._digests_version()}.json"
+    ]
     provenance._known_digests.cache_clear()
     assert provenance.code_digests(files) == worked_out  # now read from the cache file
     (tmp_path / "readonly").write_text("a file where a folder would be")
