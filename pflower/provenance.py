@@ -165,12 +165,12 @@ def _digests_version() -> str:
 
 
 def _digest_cache_file() -> Path | None:
-    """The digest cache (None where this user has no home folder)."""
+    """The digest cache (None where this user has no home folder, or pflower no sources)."""
     try:
         root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    except RuntimeError:  # no HOME and no password entry
+        return root / "pflower" / f"code-digests-{_digests_version()}.json"
+    except (RuntimeError, OSError):  # no HOME and no password entry; no .py files
         return None
-    return root / "pflower" / f"code-digests-{_digests_version()}.json"
 
 
 @functools.cache
