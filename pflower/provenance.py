@@ -290,13 +290,20 @@ def check_same_code(config: Mapping[str, Any]) -> None:
     )
 
 
+PARTS_READ = "code"
+"""What a record's part fingerprints read (``parts_read``): the files' code (`code_text`).
+Records made before it (pflower before 2026-12-07) have no ``parts_read``: theirs read the files'
+bytes, and equal the fingerprints of no later code."""
+
+
 @functools.cache
 def code_version(method: str | None = None) -> dict[str, Any]:
     """The code a run of ``method`` was made with, for ``summary.json``: ``fingerprint`` (this
     process's `CODE_FINGERPRINT`), ``commit`` (the git commit of the checkout pflower was
     imported from, None outside a git checkout), ``dirty`` (whether pflower's files differ from
-    that commit; None when unknown) and ``components`` (`component_fingerprints`, with
-    ``method``: `method_fingerprint` where the method is registered)."""
+    that commit; None when unknown), ``components`` (`component_fingerprints`, with
+    ``method``: `method_fingerprint` where the method is registered) and ``parts_read``
+    (`PARTS_READ`)."""
     commit = _git("rev-parse", "HEAD")
     status = _git("status", "--porcelain", "--", ".") if commit is not None else None
     components = dict(component_fingerprints())
@@ -307,6 +314,7 @@ def code_version(method: str | None = None) -> dict[str, Any]:
         "commit": commit,
         "dirty": None if status is None else bool(status),
         "components": components,
+        "parts_read": PARTS_READ,
     }
 
 

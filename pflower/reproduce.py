@@ -33,7 +33,7 @@ import yaml
 
 from pflower.commands import HelpFormatter
 from pflower.config import Numerics
-from pflower.provenance import CODE_FINGERPRINT, HELD, KERNEL_CAPS, NUMERICS_ENV
+from pflower.provenance import CODE_FINGERPRINT, HELD, KERNEL_CAPS, NUMERICS_ENV, PARTS_READ
 from pflower.registry import ConfigError
 
 REPRODUCE_HELP = """\
@@ -175,7 +175,7 @@ def recorded_numerics(record: Record, asked: str | None) -> tuple[str, dict[str,
     return mode, ({} if mode == HELD else caps), notes
 
 
-def _version_notes(record: Record) -> list[str]:
+def version_notes(record: Record) -> list[str]:
     """Where this code or torch differ from the record's."""
     notes = []
     fingerprint = record.code.get("fingerprint")
@@ -185,7 +185,7 @@ def _version_notes(record: Record) -> list[str]:
         commit = record.code.get("commit") or "unknown"
         notes.append(
             f"the record ran pflower code {fingerprint} (commit {str(commit)[:12]}), this is "
-            f"{CODE_FINGERPRINT}: a change since may change the numbers"
+            f"{CODE_FINGERPRINT}: {_parts_note(record)}"
         )
     import torch
 
@@ -194,6 +194,23 @@ def _version_notes(record: Record) -> list[str]:
     if recorded_torch is not None and recorded_torch != installed:
         notes.append(f"the record ran torch {recorded_torch}, this is torch {installed}")
     return notes
+
+
+def _parts_note(record: Record) -> str:
+    """Which parts that decide the numbers changed since the record's code (its method's
+    modules included; [`compare_code`][pflower.tuning.baselines.compare_code])."""
+    from pflower.tuning.baselines import compare_code
+
+    method = str((record.config.get("strategy") or {}).get("name") or "")
+    changed, checkable = compare_code(method, record.code)
+    if not checkable or record.code.get("parts_read") != PARTS_READ:  # of the files' bytes
+        return "a change since may change the numbers (the record cannot say which parts changed)"
+    if changed:
+        return f"changed since in {', '.join(sorted(changed))}, which may change the numbers"
+    return (
+        "none of the parts that decide the numbers changed since (only prose or files such as "
+        "the command line and reports)"
+    )
 
 
 def _values(block: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -431,7 +448,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         record = read_record(args.run)
         mode, caps, overrides, notes = _plan(record, args.numerics)
-        notes = [*_version_notes(record), *notes]
+        notes = [*version_notes(record), *notes]
         out = _fresh_folder(record, args.out)
     except ConfigError as error:
         print(f"cannot reproduce: {error}")

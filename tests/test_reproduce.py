@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+import pflower.strategies  # noqa: F401  (registers the methods: their modules count)
 from pflower.compose import compose_config
-from pflower.provenance import KERNEL_CAPS
+from pflower.provenance import KERNEL_CAPS, code_version
 from pflower.reproduce import (
     Record,
     compare_runs,
@@ -18,6 +19,7 @@ from pflower.reproduce import (
     main,
     read_record,
     recorded_numerics,
+    version_notes,
 )
 from pflower.results.summary import resolved_config
 from pflower.tuning.baselines import StoredRunsChanged, check_stored_runs, load_verified
@@ -107,6 +109,25 @@ def test_the_record_decides_the_numerics_and_says_when_it_cannot() -> None:
     mode, caps, notes = numerics_of({"cpu_capability": "AVX2", "cpu_capability_env": "avx2"})
     assert (mode, caps) == ("native", {"ATEN_CPU_CAPABILITY": "avx2"}) and notes
     assert numerics_of({"mode": "avx2", "caps": KERNEL_CAPS}, "native")[:2] == ("native", {})
+
+
+def test_a_record_of_other_code_says_which_parts_changed() -> None:
+    """Where the record's whole-code fingerprint differs, the warning names the parts that
+    decide the numbers and changed, says none did, or that the record cannot tell (its part
+    fingerprints read the files' bytes)."""
+    now = code_version("fedavg")
+    other = {**now, "fingerprint": "f" * 16, "commit": "c" * 40}
+
+    def warning(code: dict[str, object]) -> str:
+        notes = version_notes(Record(Path("."), {"strategy": {"name": "fedavg"}}, code=code))
+        assert notes[0].startswith(f"the record ran pflower code {'f' * 16} (commit cccccccccccc)")
+        return notes[0]
+
+    assert "none of the parts that decide the numbers changed since" in warning(other)
+    model = {**other, "components": {**now["components"], "model": "0" * 16}}
+    assert "changed since in model, which may change the numbers" in warning(model)
+    of_bytes = {k: v for k, v in other.items() if k != "parts_read"}
+    assert "the record cannot say which parts changed" in warning(of_bytes)
 
 
 @pytest.mark.slow
