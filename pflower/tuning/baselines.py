@@ -20,8 +20,10 @@ command that refreshes the runs:
   hold the suite's trials, tuning seed, final seeds, validation share, shared knobs and the
   setting's overrides.
 
-A part's fingerprint changes with any byte of its files, a docstring's included, while most
-changes leave every number as it was. ``pflower reproduce --stored <folder> --suite <suite>``
+A part's fingerprint changes with any change to its code (not with its comments, docstrings
+or blank lines: [`code_text`][pflower.provenance.code_text]), while most changes leave every
+number as it was; a record made before fingerprints read code (no ``parts_read``) differs in
+every part. ``pflower reproduce --stored <folder> --suite <suite>``
 settles it by experiment: for each stale method of a setting it reruns one completed final run
 per recorded code (`StoredMethod.stale_runs`) with the installed code, and where every final and
 last-10% value agrees to the last digit it records the pair of fingerprints in the folder's
