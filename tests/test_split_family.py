@@ -28,6 +28,7 @@ from pflower.strategies.ala import (
     ALA_LOCAL,
     ALA_META,
     ALA_WEIGHTS,
+    ALAClientMixin,
     ALASettings,
     adaptive_local_aggregation,
 )
@@ -655,3 +656,43 @@ def test_fedphp_evaluates_the_inherited_model_from_the_stored_one(tmp_path: Path
                 if r["stage"] == "L1" and r["round"] == round_ and r["client"] == pid
             ]
             assert l1["loss_local"] == pytest.approx(result.loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("evaluated", [None, [2]], ids=["every-round", "rounds-2-and-4"])
+def test_each_client_applies_ala_to_every_model_it_receives(
+    evaluated: list[int] | None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under partial participation a client applies ALA to each global model it receives, at fit
+    or at stage-L1 evaluation, from the round it first trained (before, it has no local model).
+    Evaluated every round, that is every model, as the authors' server, which sends each model
+    to every client; evaluated in some rounds, a client neither selected nor evaluated skips
+    that model."""
+    applied: set[tuple[int, int]] = set()
+    trained: set[tuple[int, int]] = set()
+    ala_initialized, start_model = ALAClientMixin.ala_initialized, ALAClientMixin.start_model
+
+    def recording_ala(self, received, version, config):  # type: ignore[no-untyped-def]
+        before = int(self.state.get_scalars(ALA_META).get("version", -1))
+        result = ala_initialized(self, received, version, config)
+        if before < version == int(self.state.get_scalars(ALA_META).get("version", -1)):
+            applied.add((self.partition_id, version))
+        return result
+
+    def recording_start(self, global_weights, config):  # type: ignore[no-untyped-def]
+        trained.add((self.partition_id, int(config["server-round"])))
+        return start_model(self, global_weights, config)
+
+    monkeypatch.setattr(ALAClientMixin, "ala_initialized", recording_ala)
+    monkeypatch.setattr(ALAClientMixin, "start_model", recording_start)
+    rounds = 4
+    schedule = [] if evaluated is None else [f"eval.rounds={evaluated}"]
+    overrides = tiny("train.lr=0.05", "strategy=fedala", "fraction=0.5", rounds=rounds)
+    run_inprocess([*overrides, *schedule], tmp_path)
+    looked = set(range(1, rounds + 1)) if evaluated is None else {*evaluated, rounds}
+    skipped = []
+    for pid in range(4):
+        first = min(r for p, r in trained if p == pid)
+        received = {t for t in range(first, rounds + 1) if t in looked or (pid, t + 1) in trained}
+        assert {v for p, v in applied if p == pid} == received
+        skipped += [(pid, t) for t in range(first, rounds + 1) if t not in received]
+    assert (skipped == []) == (evaluated is None)

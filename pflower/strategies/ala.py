@@ -54,7 +54,7 @@ If that client was not evaluated, fit runs ALA itself: where every client trains
 nothing depends on evaluation. The authors' server sends each global model to every client,
 selected or not, and each applies ALA to it (``send_models`` in ``serverALA.py``); a Flower
 client applies it to the models it receives, at fit or at stage-L1 evaluation. Evaluated every
-round (at stage-L1 ``fraction=1``, the default), every client applies ALA to every version, as
+round (``eval.fraction=1``, the default), every client applies ALA to every version, as
 in the authors' code; under partial participation, a round in which a client is neither
 selected nor evaluated (``eval.every > 1``, ``eval.rounds``) is a version it skips.
 """

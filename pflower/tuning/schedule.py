@@ -156,7 +156,7 @@ class SearchPlan:
         objective reads the last 10% of rounds; no early stopping reads only those. The median
         pruner compares a trial's best value over every round it reported, so its trials
         evaluate every round. Where every client trains in every round (the suites'
-        ``federation.fraction=1``), evaluating fewer rounds changes no value of those evaluated
+        ``fraction=1``), evaluating fewer rounds changes no value of those evaluated
         (``tests/test_search_plan.py``): a trial of a method whose evaluation fine-tunes (the
         -FT baselines) costs a fraction of one evaluated every round. Under partial
         participation a client of FedALA, FedProx+ALA or FedRep+ALA evaluated in a round it did
