@@ -231,8 +231,9 @@ def config_from_run_config(run_config: Mapping[str, Any]) -> DictConfig:
     """The experiment configuration that a Flower run config describes (cached per process:
     Flower builds a client for every message, and composing takes tens of milliseconds).
 
-    The partition scheme is not checked here (``check_scheme=False``): the apps' processes read
-    their federation from the cache where they can, and building it checks the scheme."""
+    The partition's keys and values are checked without importing the schemes (as
+    [`validate`][pflower.compose.validate] always does); the apps' processes read their
+    federation from the cache where they can, and building it checks the scheme."""
     return _compose_cached(tuple(overrides_from_run_config(run_config)))
 
 
@@ -290,7 +291,7 @@ def group_options(group: str) -> list[str]:
     partition scheme, model, algorithm, ...) and the presets in ``conf/<group>/``, sorted.
 
     ``conf/strategy/`` holds only presets (e.g. ``fliu25``); the 33 algorithms themselves are
-    stored from their options dataclasses. ``pflower --help`` lists them all as well.
+    stored from their options dataclasses. ``pflower --help-config`` lists them all as well.
     """
     stored = ConfigStore.instance().repo.get(group, {})
     names = {name.removesuffix(".yaml") for name in stored if not isinstance(stored[name], dict)}

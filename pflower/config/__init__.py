@@ -120,7 +120,8 @@ class ExperimentConfig:
         connect_log_every: seconds between the log lines that name the nodes still missing.
         train, eval, failures, selection, attack, robust, checkpoint, client_state: see their
             classes.
-        output_dir: the run directory (null: Hydra's run dir, or ``runs/<time>`` for ``flwr run``).
+        output_dir: the run directory (null: ``runs/<date>/<time>``, or ``hydra.run.dir`` where
+            given; a sweep's job folder in a sweep).
         overwrite: replace the run that ``output_dir`` holds (its files are deleted when the run
             starts); without it a run refuses a folder that holds another run
             (``pflower.results.ownership``).

@@ -376,10 +376,11 @@ class CheckpointConfig:
     Attributes:
         every: the server writes a checkpoint into the run directory (``checkpoint.pkl``) after
             every ``every``-th round and after the last one; each client keeps snapshots of its
-            state in ``client_state.dir``; 0 turns both off.
+            state in ``client_state.dir``; 0 turns both off (the clients' snapshots stay with
+            ``client_state.store=disk``).
         resume: continue the run in ``output_dir`` from its checkpoint instead of starting anew
             (``pflower resume <run_dir>`` sets it; the configuration must match the checkpoint's
-            except ``rounds``, which may grow).
+            except ``rounds``, which may grow, and the execution keys, ``EXECUTION_KEYS``).
     """
 
     every: int = 10

@@ -16,7 +16,6 @@
 - [`.state`][pflower.core.state]: typed access to a client's memory across rounds
   (``context.state``);
 - [`.training`][pflower.core.training]: the local training and evaluation loops;
-- `.packing`: a message's arrays as one array, for a deployment to move;
 - [`.experiment`][pflower.core.experiment]: the federation, models and settings both sides derive
   from the config.
 """

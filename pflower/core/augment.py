@@ -4,7 +4,9 @@ FedMPR (Göksu & Pugeault, Sec. V-C) trains with "random rotation, random flippi
 normalization"; ``train.augment`` offers the first two to every algorithm alike. Each training
 batch of stored images is augmented per sample before its preparation (normalization, a client's
 input noise), so a rotation's empty corners are filled with 0 (black, the background of MNIST and
-Fashion-MNIST) rather than with the normalized mean. Evaluation never augments.
+Fashion-MNIST) rather than with the normalized mean; with fixed input noise
+(``partition.fixed_noise``) the stored images are already normalized, and the corners get the
+dataset's mean. Evaluation never augments.
 
 The random draws (one angle and one flip decision per sample) come from a ``torch.Generator``
 seeded from the state of the loop's batch-order generator when the loop starts

@@ -2,7 +2,7 @@
 
 Server side, ``checkpoint.pkl`` in the run directory holds, after round ``t``: the strategy's
 state (the global model, the per-client model store, control variates, affinity matrices, and
-whatever else the algorithm learned: every attribute that its configuration does not fix, see
+whatever else the algorithm learned: the attributes it declares ``checkpointed``, see
 `PersonalizedStrategy.checkpoint_state`), the server process's global random generators,
 the number of ``metrics.jsonl`` rows written by the end of round ``t`` with the length and the
 SHA-256 digest of the file's bytes up to there (the recorder's position), the elapsed wall time,

@@ -1,7 +1,8 @@
 """PersonalClient: the NumPyClient every algorithm's client derives from.
 
 The base class runs the evaluation protocol every algorithm shares (stages L1 and L2 of the FLIU
-paper, Hussaini et al., Sec. III, each on the client's own test split and on the global test set);
+paper, Hussaini et al., Sec. III, each on the client's own test split and on its share of the
+global test set, ``eval.client_global_test``);
 an algorithm overrides only the hooks that hold its mathematics:
 
 - [`start_model`][pflower.core.client.PersonalClient.start_model]: the weights local training starts
@@ -26,7 +27,8 @@ an algorithm overrides only the hooks that hold its mathematics:
 ``fit`` trains and evaluates stage L2 (the trained model; in an evaluation round, when the fit
 config's ``measure-l2`` is not false); ``evaluate`` evaluates stage L1 (the
 personalized model built from the server's latest message). Both report accuracy and loss on the
-client's own test split and on the global test set.
+client's own test split and, unless ``eval.client_global_test=off``, on its share of the global
+test set.
 """
 
 from __future__ import annotations
@@ -156,12 +158,14 @@ class PersonalClient(NumPyClient, Generic[OptionsT]):
         return self.data.train, self.data.prepare
 
     def stage_metrics(self) -> dict[str, Scalar]:
-        """Accuracy and loss of ``self.model`` on the local and on the global test set."""
+        """Accuracy and loss of ``self.model`` on the local test set and on its share of the
+        global one."""
         return self.scores(self.model)
 
     def scores(self, model: nn.Module) -> dict[str, Scalar]:
         """Accuracy and loss of ``model`` on the local test set and, unless
-        ``eval.client_global_test=off``, on the global test set."""
+        ``eval.client_global_test=off``, on the client's share of the global test set (a
+        stratified slice, or a subsample shared by all clients)."""
         batch_size = self.experiment.settings.eval.batch_size
         local = evaluate(model, self.data.test, self.data.prepare, batch_size)
         metrics: dict[str, Scalar] = {"acc_local": local.accuracy, "loss_local": local.loss}

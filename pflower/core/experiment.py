@@ -256,7 +256,8 @@ def _stratified_slices(
     is dealt round-robin over the slices, continuing where the previous class stopped, so slice
     sizes and every class's count in a slice differ by at most one. A slice longer than
     ``limit`` keeps the samples that come first within their class, which keeps the class
-    proportions. With more slices than samples, slice i holds the single sample i mod len."""
+    proportions. With more slices than samples, slice i holds one sample, the
+    (i mod len)-th of a seeded permutation."""
     rng = np.random.default_rng(seed)
     if count > len(labels):
         order = rng.permutation(len(labels))

@@ -208,8 +208,8 @@ class NodeRoster:
         """In a simulation that published its node-to-partition map (pflower's own), take every
         node's partition from it and its training-set size from
         [`train_sizes`][pflower.core.roster.NodeRoster.train_sizes], asking no
-        node: one question per node costs a message through the Ray workers each, minutes at
-        10,000 clients. Returns whether it did."""
+        node: one question per node costs a message through the simulation's workers each,
+        minutes at 10,000 clients. Returns whether it did."""
         partitions = simulated_partitions(client_manager)
         if partitions is None or self.train_sizes is None:
             return False

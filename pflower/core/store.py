@@ -14,9 +14,10 @@ class ClientModelStore:
     Server-personalized algorithms (a different model sent to every client, computed from the
     other clients' models) read it; the strategy base writes every accepted upload into it before
     `PersonalizedStrategy.aggregate` runs. It is the whole of the server's per-client model
-    memory, so a checkpoint of the server saves and restores exactly this object
-    ([`state`][pflower.core.store.ClientModelStore.state] /
-    [`from_state`][pflower.core.store.ClientModelStore.from_state]).
+    memory: a checkpoint of the server pickles this object, the strategy's ``client_models``
+    (one of its ``checkpointed`` attributes);
+    [`state`][pflower.core.store.ClientModelStore.state] /
+    [`from_state`][pflower.core.store.ClientModelStore.from_state] give it as a plain dict.
     """
 
     def __init__(self) -> None:

@@ -216,7 +216,8 @@ class PersonalizedStrategy(DeclaredState, StrategyHooks, FedAvg, Generic[Options
 
     @property
     def client_sizes(self) -> dict[int, int]:
-        """Training-set size of every connected client, by partition id (asked once per node)."""
+        """Training-set size of every connected client, by partition id (asked once per node, or
+        read from the map a simulation publishes: `NodeRoster.train_sizes`)."""
         return dict(self.roster.num_train)
 
     def partition(self, proxy: ClientProxy) -> int:

@@ -3,8 +3,9 @@
 Batches are drawn by indexing in-memory tensors (no per-sample ``Dataset.__getitem__``, no
 DataLoader workers; ``index_select``, which copies a batch of 100 MNIST images in a tenth of the
 time ``images[index]`` takes), so a client's round costs about what a bare PyTorch loop over the
-same batches costs. Algorithms change the loop only through a loss term (``regularizer``) or a
-hook after each optimizer step (``after_step``).
+same batches costs. Algorithms that train with this loop change it only through a loss term
+(``regularizer``) or a hook after each optimizer step (``after_step``); the others (pFedMe,
+Per-FedAvg, FedRep's head and body epochs, ...) override ``local_train`` with a loop of their own.
 
 Models run on the device of their parameters (``train.device``,
 [`resolve_device`][pflower.core.training.resolve_device]): the loops
@@ -68,7 +69,7 @@ class TrainSettings:
         It updates all parameters with torch's multi-tensor (``foreach``) kernels, as torch
         does by default on a GPU: on the CPU, where torch defaults to one tensor at a time, they
         compute the same numbers (the same operations on each tensor:
-        ``tests/test_training.py``) in fewer Python calls, a fifth less time per optimizer step
+        ``tests/test_round_speed.py``) in fewer Python calls, a fifth less time per optimizer step
         of a small model."""
         if self.optimizer == "adam":
             return torch.optim.Adam(

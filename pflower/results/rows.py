@@ -45,9 +45,10 @@ def read_rows(run_dir: Path) -> list[Row]:
 
 ROUND_DONE_FILE = ".round_done"
 """The number of the last round whose rows are all in ``metrics.jsonl``, rewritten at the end of
-every round ([`RunRecorder.round_done`][pflower.results.rundir.RunRecorder.round_done]): what a
-watcher of a live run (``pflower tune``'s pruner) reads to act on a round as soon as it is
-complete, rather than when the next round's rows appear."""
+every evaluated round
+([`RunRecorder.round_done`][pflower.results.rundir.RunRecorder.round_done]): what a watcher of
+a live run (``pflower tune``'s pruner) reads to act on a round as soon as it is complete, rather
+than when the next round's rows appear."""
 
 
 def last_round_done(run_dir: Path) -> int:

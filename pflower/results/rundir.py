@@ -131,7 +131,7 @@ class Recorder:
     """What the server strategy observes, as events; the base class records nothing."""
 
     def client_stage(self, server_round: int, stage: str, rows: Sequence[Row]) -> None:
-        """Per-client rows of stage ``L1`` or ``L2`` (built with
+        """Per-client rows of stage ``L1``, ``L2`` or ``U`` (built with
         [`client_row`][pflower.results.rows.client_row])."""
 
     def global_stage(self, server_round: int, metrics: Mapping[str, float]) -> None:
@@ -169,7 +169,8 @@ class Recorder:
 
 
 class RunRecorder(Recorder):
-    """Writes a run directory as the run goes, and prints one line per round if asked to."""
+    """Writes a run directory as the run goes, and prints one line per evaluated round if asked
+    to."""
 
     def __init__(
         self,

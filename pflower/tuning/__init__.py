@@ -4,8 +4,8 @@
 - [`.suite`][pflower.tuning.suite] reads a benchmark suite (``conf/suite/*.yaml``): settings,
   methods, budget;
 - [`.search`][pflower.tuning.search] runs the Optuna studies (trials are pflower runs on validation
-  shares), writes
-  the chosen values and runs them with new seeds on test;
+  shares); [`.finals`][pflower.tuning.finals] writes the chosen values and runs them with new
+  seeds on test;
 - [`.cli`][pflower.tuning.cli] is ``pflower tune``; ``pflower report --leaderboard`` renders the
   results
   ([`pflower.reporting.leaderboard`][pflower.reporting.leaderboard]).

@@ -17,8 +17,8 @@ command that refreshes the runs:
   otherwise cannot be checked part by part, which the refusal says (``--trust-unchecked`` accepts
   such runs, never ones whose parts differ);
 - the protocol: the folder's ``suite.yaml`` (written by the command that made the runs) must
-  hold the suite's trials, tuning seed, final seeds, validation share, shared knobs and the
-  setting's overrides.
+  hold the suite's trials, tuning seed, final seeds, validation share, shared knobs, number of
+  studies, search plan and the setting's overrides (`PROTOCOL_KEYS`).
 
 A part's fingerprint changes with any change to its code (not with its comments, docstrings
 or blank lines: [`code_text`][pflower.provenance.code_text]), while most changes leave every

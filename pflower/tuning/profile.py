@@ -11,8 +11,8 @@ does.
 ``pflower tune METHOD --setting S --profile KEY`` runs the method's chosen values
 (``chosen/<method>.yaml``) with KEY set to each value of a grid
 ([`profile_grid`][pflower.tuning.profile.profile_grid]), each as a
-trial of the study ran (the tuning seed, every stage scored on the clients' validation shares, so
-no test sample is read), to its last round (no pruning); the objective is the study's
+trial of the study ran (the tuning seed, only stage L1, scored on the clients' validation shares,
+so no test sample is read), to its last round (no pruning); the objective is the study's
 (`OBJECTIVE`). The point at the chosen value repeats the chosen
 trial's run, so it reproduces the trial's objective (runs are deterministic; the record keeps the
 difference). ``--profile ends`` profiles every knob the method chose at an end of its range

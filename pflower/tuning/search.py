@@ -5,9 +5,12 @@ budget (``suite.trials`` trials, or the compute of ``search.budget_runs`` full r
 the suite's sampler: the next point of a Halton sequence scrambled with the study's tuning seed,
 or TPE seeded with it and the trial's number
 ([`trial_sampler`][pflower.tuning.search.trial_sampler]; `.schedule` has the plans). Each trial
-is ``python -m pflower checkpoint.every=0 <setting overrides> strategy=<method> <sampled
-values> seed=<tune seed> split.val_fraction=<v> split.evaluate_on=val``
-([`run_command`][pflower.tuning.search.run_command]): composed from the
+is ``python -m pflower checkpoint.every=0 <setting overrides> <the method's per_method
+overrides> strategy=<method> seed=<study seed> split.val_fraction=<v> split.evaluate_on=val
+eval.stages=[L1] eval.client_global_test=off plots=false [eval.rounds=[...]] <sampled values>
+output_dir=<trial folder> ...`` ([`trial_overrides`][pflower.tuning.search.trial_overrides],
+[`run_command`][pflower.tuning.search.run_command]; the sampled values come last, so they win):
+composed from the
 same ``conf/`` tree as any other run, it evaluates on the clients' validation shares, so no
 test sample is read ([`pflower.datasets.federation`][pflower.datasets.federation], step 6). Each
 finished round's mean stage-L1 Acc(L) (the deployable model on validation) goes to the
