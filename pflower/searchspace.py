@@ -234,7 +234,8 @@ def tunable(
     """A dataclass field with ``default`` whose search range is declared in its metadata.
 
     Give ``low``/``high`` (with ``log=True`` for a log scale; an ``int`` default, or an ``int``
-    step with an ``int`` ``low``, makes an integer range) or ``choices``. Typed as ``default`` so the field keeps its annotation.
+    step with an ``int`` ``low``, makes an integer range) or ``choices``. Typed as ``default`` so
+    the field keeps its annotation.
     """
     if choices:
         param = Param("choice", choices=tuple(choices), source=source)
