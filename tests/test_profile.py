@@ -8,6 +8,8 @@
 - ``--profile ends`` profiles only the keys chosen at an end of their range, and the leaderboard
   puts each profile under the end it explains; once the study is searched again a profile
   made at the old chosen values is named, not shown, and none of its runs is reused;
+- in a suite of several studies each study's choice is profiled with its own tuning seed, into
+  its own folder, and shown under its own end;
 - bad requests are refused with a message.
 """
 
@@ -160,7 +162,7 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     assert "past the ends 0.01: failed, 100.0: 81.00 %" in line
     assert "chosen 10.0: 80.10 %, the chosen trial's run again: +0.0010" in line
     assert f"fedala: {line}" in capsys.readouterr().out
-    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, profiles=profiles)
+    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, profiles={None: profiles})
     notes = range_end_notes([entry])
     position = notes.index("- FedALA: strategy.eta = 10, high end of one of 0.1, 1.0, 10.0")
     assert notes[position + 1] == f"    - {line}"
@@ -177,7 +179,7 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     path.write_text(yaml.safe_dump(chosen))
     current, stale = current_profiles(layout.setting_dir(setting.name), "fedala", chosen)
     assert current == {} and stale == ["strategy.eta", "strategy.layer_idx"]
-    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, stale_profiles=stale)
+    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen, stale_profiles={None: stale})
     notes = range_end_notes([entry])
     assert notes[position + 1].startswith("    - its profile of strategy.eta was made at the ")
     ran: list[Path] = []
@@ -191,6 +193,63 @@ def test_profile_ends_runs_only_the_keys_at_an_end_and_the_leaderboard_shows_the
     assert again["chosen_objective"] == 0.82 and again["reproduced"] == pytest.approx(-0.019)
     current, stale = current_profiles(layout.setting_dir(setting.name), "fedala", chosen)
     assert list(current) == ["strategy.eta"] and stale == ["strategy.layer_idx"]
+
+
+def test_each_study_of_a_suite_is_profiled_at_its_own_choice_and_seed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In a suite of several studies each study chose its own values with its own tuning seed:
+    ``--profile`` profiles each study's choice (a study without one is named and skipped),
+    with that study's seed, into the study's folder, and the leaderboard puts each profile
+    under its study's end."""
+    path = tmp_path / "studies.yaml"
+    path.write_text(SUITE + "studies: 3\n")
+    suite = load_suite(str(path))
+    setting, layout = suite.settings[0], Layout(tmp_path / "out")
+    eta = Param("choice", choices=(0.1, 1.0, 10.0))
+    chosen = {}
+    for study, value in ((0, 10.0), (2, 0.1)):  # study 1 has chosen nothing yet
+        chosen[study] = {
+            "method": "fedala",
+            "value": 0.80,
+            "best_trial": 3,
+            "space": {"strategy.eta": eta.describe()},
+            "params": {"strategy.eta": value},
+        }
+        file = layout.chosen_file(setting.name, "fedala", study)
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(yaml.safe_dump(chosen[study]))
+    seeds: dict[Path, str] = {}
+    fake = _fake_runner(lambda eta: 0.80 + 0.01 * eta / 100.0)
+
+    def runner(command: Sequence[str], run_dir: Path, *args: Any, **kw: Any) -> dict[str, Any]:
+        seeds[run_dir] = next(c for c in command if c.startswith("seed="))
+        return fake(command, run_dir, *args, **kw)
+
+    cli.run_profiles(suite, ["fedala"], [setting], layout.root, ["ends"], None, 1, None, runner)
+    assert "[digits] fedala (study 1) has no chosen values yet: not profiled" in (
+        capsys.readouterr().out
+    )
+    setting_dir = layout.setting_dir(setting.name)
+    assert read_profiles(setting_dir, "fedala") == {}
+    for study in (0, 2):
+        (record,) = read_profiles(setting_dir, "fedala", study).values()
+        assert record["study"] == study and record["seed"] == suite.study_seed(study)
+        assert record["chosen"] == chosen[study]["params"]["strategy.eta"]
+        runs = layout.profile_runs_dir(setting.name, "fedala", "strategy.eta", study)
+        assert {seeds[r] for r in seeds if r.parent == runs} == {f"seed={suite.study_seed(study)}"}
+    entry = Entry("fedala", final=[0.9, 0.91], chosen=chosen[0], study_chosen=chosen)
+    for study in (0, 2):
+        entry.profiles[study], entry.stale_profiles[study] = current_profiles(
+            setting_dir, "fedala", chosen[study], study
+        )
+    notes = range_end_notes([entry])
+    position = notes.index(
+        "- FedALA: study 0: strategy.eta = 10, high end of one of 0.1, 1.0, 10.0; "
+        "study 2: strategy.eta = 0.1, low end of one of 0.1, 1.0, 10.0"
+    )
+    assert notes[position + 1].startswith("    - study 0: profile of strategy.eta")
+    assert notes[position + 2].startswith("    - study 2: profile of strategy.eta")
 
 
 def test_a_point_the_option_refuses_is_recorded_and_the_profile_goes_on(tmp_path: Path) -> None:

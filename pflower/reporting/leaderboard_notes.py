@@ -13,7 +13,7 @@ from typing import Any
 
 from pflower.reporting import studies
 from pflower.reporting.leaderboard_ranks import ranked_above_higher_means
-from pflower.reporting.leaderboard_runs import Entry, final_runs, run_name
+from pflower.reporting.leaderboard_runs import Entry, final_runs, run_name, studies_chosen
 from pflower.reporting.leaderboard_table import mean_std
 from pflower.results.failures import LEFT_OUT_SCORE, REJECTION_NOTE, error_line, failed_by_itself
 from pflower.searchspace import RANGE_END
@@ -81,15 +81,18 @@ def range_end_notes(entries: Sequence[Entry]) -> list[str]:
     ]
     for entry, found in ends:
         lines.append(f"- {entry.label}: {'; '.join(found)}")
-        for key, *_ in chosen_at_ends(entry.chosen):
-            if key in entry.profiles:
-                lines.append(f"    - {describe_profile(entry.profiles[key])}")
-            elif key in entry.stale_profiles:
-                lines.append(
-                    f"    - its profile of {key} was made at the values chosen before the study "
-                    f"was searched again, and is not shown (`pflower tune --profile {key}` "
-                    "profiles the values chosen now)"
-                )
+        for study, chosen in studies_chosen(entry):
+            named = "" if study is None else f"study {study}: "
+            profiles = entry.profiles.get(study, {})
+            for key, *_ in chosen_at_ends(chosen):
+                if key in profiles:
+                    lines.append(f"    - {named}{describe_profile(profiles[key])}")
+                elif key in entry.stale_profiles.get(study, []):
+                    lines.append(
+                        f"    - {named}its profile of {key} was made at the values chosen before "
+                        f"the study was searched again, and is not shown (`pflower tune --profile "
+                        f"{key}` profiles the values chosen now)"
+                    )
     return [*lines, ""]
 
 

@@ -66,11 +66,12 @@ class Entry:
     rank_fdr: int = 0
     """The rank with the false discovery rate controlled
     ([`fdr_better_counts`][pflower.reporting.leaderboard_ranks.fdr_better_counts])."""
-    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Profiles recorded at the chosen values, by key
+    profiles: dict[int | None, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    """Profiles recorded at the chosen values, by study (None: a suite of one) and key
     ([`pflower.tuning.profile`][pflower.tuning.profile])."""
-    stale_profiles: list[str] = field(default_factory=list)
-    """Keys whose profile was made at values chosen before the study was searched again."""
+    stale_profiles: dict[int | None, list[str]] = field(default_factory=dict)
+    """By study, the keys whose profile was made at values chosen before the study was searched
+    again."""
     collapse: tuple[str, str] = ("", "")
     """``("= FedAvg", why)`` or ``("≈ Local", why)`` where the method is another method
     (`collapse`); empty strings where it is itself."""
@@ -172,6 +173,13 @@ def _study_runs(method_dir: Path) -> Iterator[tuple[int | None, int, Path, dict[
             yield study, seed, run_dir, summary
 
 
+def studies_chosen(entry: Entry) -> list[tuple[int | None, Mapping[str, Any]]]:
+    """Each study's chosen values, by study number; ``[(None, chosen)]`` for a suite of one."""
+    if not entry.study_chosen:
+        return [(None, entry.chosen)]
+    return [(study, chosen) for study, chosen in sorted(entry.study_chosen.items())]
+
+
 def collapse(method: str, config: Mapping[str, Any], chosen: Mapping[str, Any]) -> tuple[str, str]:
     """Whether the final runs' resolved ``config`` makes ``method`` another method: ``("= <base>",
     why)`` at a declared neutral point of its options or on a model that leaves it nothing of
@@ -218,7 +226,9 @@ def read_setting(setting_dir: Path) -> list[Entry]:
         entry.chosen = entry.chosen or entry.study_chosen.get(
             min(entry.study_chosen, default=0), {}
         )
-        entry.profiles, entry.stale_profiles = current_profiles(setting_dir, method, entry.chosen)
+        for study, chosen in studies_chosen(entry):
+            current, stale = current_profiles(setting_dir, method, chosen, study)
+            entry.profiles[study], entry.stale_profiles[study] = current, stale
         for study, seed, run_dir, summary in _study_runs(final_root / method):
             if failed_by_itself(summary):  # an interrupted run has not run yet
                 if study is None:

@@ -287,24 +287,37 @@ def run_profiles(
     runner: Runner | None = None,
 ) -> None:
     """Profile ``keys`` (``ends``: the keys chosen at an end of their range) at the chosen
-    values of every method (None: each setting's) that has them (`.profile`)."""
+    values of every method (None: each setting's) that has them, each study's in a suite of
+    several (`.profile`)."""
     from pflower.tuning.finals import read_chosen
     from pflower.tuning.profile import chosen_at_ends, describe_profile, run_profile
 
     layout = Layout(out)
     for setting in settings:
         for method in suite.methods_of(setting) if methods is None else methods:
-            chosen_path = layout.chosen_file(setting.name, method)
-            if not chosen_path.exists():
-                print(f"[{setting.name}] {method} has no chosen values yet: not profiled")
-                continue
-            at_ends = [key for key, *_ in chosen_at_ends(read_chosen(chosen_path))]
-            for key in at_ends if list(keys) == ["ends"] else keys:
-                print(f"[{setting.name}] profile of {key} at {method}'s chosen values")
-                record = run_profile(
-                    suite, setting, method, key, layout, values, workers, timeout_s, print, runner
-                )
-                print(f"[{setting.name}] {method}: {describe_profile(record)}")
+            for study in suite.study_ids():
+                named = method if study is None else f"{method} (study {study})"
+                chosen_path = layout.chosen_file(setting.name, method, study)
+                if not chosen_path.exists():
+                    print(f"[{setting.name}] {named} has no chosen values yet: not profiled")
+                    continue
+                at_ends = [key for key, *_ in chosen_at_ends(read_chosen(chosen_path))]
+                for key in at_ends if list(keys) == ["ends"] else keys:
+                    print(f"[{setting.name}] profile of {key} at {named}'s chosen values")
+                    record = run_profile(
+                        suite,
+                        setting,
+                        method,
+                        key,
+                        layout,
+                        values,
+                        workers,
+                        timeout_s,
+                        print,
+                        runner,
+                        study,
+                    )
+                    print(f"[{setting.name}] {named}: {describe_profile(record)}")
 
 
 def _profile_values(keys: Sequence[str] | None, values: str | None) -> list[object] | None:

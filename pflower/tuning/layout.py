@@ -24,7 +24,7 @@ class Layout:
         return f"sqlite:///{(self.setting_dir(setting) / 'study.db').resolve()}"
 
     def trial_dir(self, setting: str, method: str, number: int, study: int | None = None) -> Path:
-        return _in_study(self.setting_dir(setting) / "trials" / method, study) / f"{number:03d}"
+        return in_study(self.setting_dir(setting) / "trials" / method, study) / f"{number:03d}"
 
     def chosen_file(self, setting: str, method: str, study: int | None = None) -> Path:
         """``chosen/<method>.yaml`` (a suite of one study), ``chosen/<method>/study_<k>.yaml``."""
@@ -34,19 +34,27 @@ class Layout:
         )
 
     def final_dir(self, setting: str, method: str, seed: int, study: int | None = None) -> Path:
-        return _in_study(self.setting_dir(setting) / "final" / method, study) / f"seed_{seed}"
+        return in_study(self.setting_dir(setting) / "final" / method, study) / f"seed_{seed}"
 
-    def profile_file(self, setting: str, method: str, key: str) -> Path:
-        """The profile of ``key`` at ``method``'s chosen values
+    def profiles_dir(self, setting: str, method: str, study: int | None = None) -> Path:
+        """The profiles at the values ``method``'s study chose
         ([`.profile`][pflower.tuning.profile])."""
-        return self.setting_dir(setting) / "profiles" / method / f"{key}.yaml"
+        return in_study(self.setting_dir(setting) / "profiles" / method, study)
 
-    def profile_runs_dir(self, setting: str, method: str, key: str) -> Path:
+    def profile_file(self, setting: str, method: str, key: str, study: int | None = None) -> Path:
+        """The profile of ``key`` at the values ``method``'s study chose."""
+        return self.profiles_dir(setting, method, study) / f"{key}.yaml"
+
+    def profile_runs_dir(
+        self, setting: str, method: str, key: str, study: int | None = None
+    ) -> Path:
         """The runs of ``key``'s profile, one folder per value."""
-        return self.setting_dir(setting) / "profiles" / method / key
+        return self.profiles_dir(setting, method, study) / key
 
-    def profile_run_dir(self, setting: str, method: str, key: str, value: Any) -> Path:
-        return self.profile_runs_dir(setting, method, key) / format_value(value)
+    def profile_run_dir(
+        self, setting: str, method: str, key: str, value: Any, study: int | None = None
+    ) -> Path:
+        return self.profile_runs_dir(setting, method, key, study) / format_value(value)
 
     def refusal_file(self, setting: str, method: str) -> Path:
         """Why the setting's configuration refuses ``method`` (written instead of tuning it)."""
@@ -60,6 +68,6 @@ class Layout:
         return self.setting_dir(setting) / ".drivers.lock"
 
 
-def _in_study(folder: Path, study: int | None) -> Path:
+def in_study(folder: Path, study: int | None) -> Path:
     """``folder`` itself for a suite of one study, else its ``study_<k>`` subfolder."""
     return folder if study is None else folder / f"study_{study}"

@@ -9,11 +9,12 @@ value at an end of its range, where the best value may lie beyond; a profile say
 does.
 
 ``pflower tune METHOD --setting S --profile KEY`` runs the method's chosen values
-(``chosen/<method>.yaml``) with KEY set to each value of a grid
+(``chosen/<method>.yaml``; in a suite of several studies each study's,
+``chosen/<method>/study_<k>.yaml``) with KEY set to each value of a grid
 ([`profile_grid`][pflower.tuning.profile.profile_grid]), each as a
-trial of the study ran (the tuning seed, only stage L1, scored on the clients' validation shares,
-so no test sample is read), to its last round (no pruning); the objective is the study's
-(`OBJECTIVE`). The point at the chosen value repeats the chosen
+trial of the study ran (the study's tuning seed, only stage L1, scored on the clients'
+validation shares, so no test sample is read), to its last round (no pruning); the objective
+is the study's (`OBJECTIVE`). The point at the chosen value repeats the chosen
 trial's run, so it reproduces the trial's objective (runs are deterministic; the record keeps the
 difference). ``--profile ends`` profiles every knob the method chose at an end of its range
 ([`chosen_at_ends`][pflower.tuning.profile.chosen_at_ends]).
@@ -26,7 +27,8 @@ seed's noise (across the final seeds of the cpu suite a method's std is 0.1-2.5 
 Results: ``<out>/<setting>/profiles/<method>/<key>.yaml`` (each point's value, objective or
 error, whether it lies inside the searched range, the code and CPU kernels of its run; the best
 point and where it lies), the runs in
-``<out>/<setting>/profiles/<method>/<key>/<value>/``. Completed and failed points are kept when
+``<out>/<setting>/profiles/<method>/<key>/<value>/``; a study's in
+``profiles/<method>/study_<k>/``. Completed and failed points are kept when
 the command runs again, as final runs are; the leaderboard shows a profile beside the end it
 explains ([`describe_profile`][pflower.tuning.profile.describe_profile]).
 """
@@ -46,7 +48,7 @@ from pflower.registry import ConfigError
 from pflower.results.failures import error_line, failed_by_itself, was_interrupted
 from pflower.searchspace import RANGE_END, Param, format_value
 from pflower.tuning.finals import read_chosen
-from pflower.tuning.layout import Layout
+from pflower.tuning.layout import Layout, in_study
 from pflower.tuning.runner import (
     Runner,
     RunRefused,
@@ -145,8 +147,10 @@ def run_profile(
     timeout_s: float | None = None,
     log: Callable[[str], None] = print,
     runner: Runner | None = None,
+    study: int | None = None,
 ) -> dict[str, Any]:
-    """Profile ``key`` at ``method``'s chosen values on ``setting`` (``values``: the grid; None:
+    """Profile ``key`` at the values ``method``'s study ``study`` chose on ``setting`` (None: a
+    suite of one study), with that study's tuning seed (``values``: the grid; None:
     [`profile_grid`][pflower.tuning.profile.profile_grid] of the range searched); write and return
     the record.
 
@@ -155,33 +159,39 @@ def run_profile(
             ``values`` are given.
     """
     execute = runner or run_pflower
-    chosen_path = layout.chosen_file(setting.name, method)
+    chosen_path = layout.chosen_file(setting.name, method, study)
+    named = method if study is None else f"{method} (study {study})"
     if not chosen_path.exists():
-        raise ConfigError(f"{method} has no chosen values on {setting.name}: tune it first")
+        raise ConfigError(f"{named} has no chosen values on {setting.name}: tune it first")
     chosen = read_chosen(chosen_path)
     params = dict(chosen.get("params") or {})
     space = chosen.get("space") or {}
     if not params:
-        raise ConfigError(f"{method} on {setting.name}: no trial completed, nothing to profile")
+        raise ConfigError(f"{named} on {setting.name}: no trial completed, nothing to profile")
     param = Param.from_description(str(space[key])) if key in space else None
     evaluated = suite.search.evaluated_rounds(setting.rounds(method))  # as its trials were
     if values is None:
         if param is None:
             raise ConfigError(
-                f"{method} on {setting.name} did not search {key} (it searched "
+                f"{named} on {setting.name} did not search {key} (it searched "
                 f"{', '.join(space)}): give the values to run with --profile-values"
             )
         values = profile_grid(param, params[key])
 
-    _runs_made_at(layout.profile_runs_dir(setting.name, method, key), chosen)
+    _runs_made_at(layout.profile_runs_dir(setting.name, method, key, study), chosen)
 
     def point(value: Any) -> dict[str, Any]:
-        run_dir = layout.profile_run_dir(setting.name, method, key, value)
+        run_dir = layout.profile_run_dir(setting.name, method, key, value, study)
         summary = read_summary(run_dir) or {}
         if summary.get("status") != "completed" and not failed_by_itself(summary):
             shutil.rmtree(run_dir, ignore_errors=True)  # never ran, or interrupted: run it
             overrides = trial_overrides(
-                suite, setting, method, {**params, key: value}, evaluated=evaluated
+                suite,
+                setting,
+                method,
+                {**params, key: value},
+                seed=suite.study_seed(study),
+                evaluated=evaluated,
             )
             try:
                 summary = execute(run_command(overrides, run_dir), run_dir, timeout_s=timeout_s)
@@ -199,16 +209,16 @@ def run_profile(
         found["code"] = (summary.get("code") or {}).get("fingerprint")
         found["kernels"] = (summary.get("numerics") or {}).get("cpu_capability")
         shown = f"{found['objective']:.4f}" if "objective" in found else found["error"]
-        log(f"{setting.name} {method} profile {key}={format_value(value)}: {shown}")
+        log(f"{setting.name} {named} profile {key}={format_value(value)}: {shown}")
         return found
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, runs_stop_together():
         points = list(pool.map(point, values))
-    record = _record(suite, setting, method, key, chosen, space.get(key), points)
-    path = layout.profile_file(setting.name, method, key)
+    record = _record(suite, setting, method, key, chosen, space.get(key), points, study)
+    path = layout.profile_file(setting.name, method, key, study)
     path.parent.mkdir(parents=True, exist_ok=True)
     header = (
-        f"# pflower tune --profile {key}: {method} on {setting.name} (suite {suite.name}), the "
+        f"# pflower tune --profile {key}: {named} on {setting.name} (suite {suite.name}), the "
         "chosen values with this one key varied, scored on validation.\n"
     )
     path.write_text(header + yaml.safe_dump(record, sort_keys=False, allow_unicode=True))
@@ -223,6 +233,7 @@ def _record(
     chosen: Mapping[str, Any],
     description: str | None,
     points: Sequence[Mapping[str, Any]],
+    study: int | None = None,
 ) -> dict[str, Any]:
     params = chosen.get("params") or {}
     at_chosen = [p for p in points if p["value"] == params.get(key) and "objective" in p]
@@ -234,7 +245,8 @@ def _record(
         "suite": suite.name,
         "key": key,
         "objective": OBJECTIVE,
-        "seed": suite.tune_seed,
+        **({} if study is None else {"study": study}),
+        "seed": suite.study_seed(study),
         "space": description or "not searched",
         "chosen": params.get(key),
         **chosen_identity(chosen),
@@ -259,9 +271,11 @@ def _record(
     return record
 
 
-def read_profiles(setting_dir: Path, method: str) -> dict[str, dict[str, Any]]:
-    """The profiles recorded for ``method`` in a setting folder, by key."""
-    folder = setting_dir / "profiles" / method
+def read_profiles(
+    setting_dir: Path, method: str, study: int | None = None
+) -> dict[str, dict[str, Any]]:
+    """The profiles recorded for ``method`` (its study ``study``) in a setting folder, by key."""
+    folder = in_study(setting_dir / "profiles" / method, study)
     if not folder.is_dir():
         return {}
     return {p.stem: yaml.safe_load(p.read_text()) or {} for p in sorted(folder.glob("*.yaml"))}
@@ -281,11 +295,12 @@ def made_at(record: Mapping[str, Any], chosen: Mapping[str, Any]) -> bool:
 
 
 def current_profiles(
-    setting_dir: Path, method: str, chosen: Mapping[str, Any]
+    setting_dir: Path, method: str, chosen: Mapping[str, Any], study: int | None = None
 ) -> tuple[dict[str, dict[str, Any]], list[str]]:
-    """The profiles made at ``method``'s chosen values, by key, and the keys of those made at
-    values chosen before (its study was searched again since): those describe other runs."""
-    profiles = read_profiles(setting_dir, method)
+    """The profiles made at the values ``method``'s study chose (``chosen``), by key, and the
+    keys of those made at values chosen before (the study was searched again since): those
+    describe other runs."""
+    profiles = read_profiles(setting_dir, method, study)
     current = {key: record for key, record in profiles.items() if made_at(record, chosen)}
     return current, sorted(profiles.keys() - current.keys())
 
