@@ -33,7 +33,7 @@ import yaml
 
 from pflower.commands import HelpFormatter
 from pflower.config import Numerics
-from pflower.provenance import CODE_FINGERPRINT, HELD, KERNEL_CAPS, NUMERICS_ENV, PARTS_READ
+from pflower.provenance import CODE_FINGERPRINT, HELD, KERNEL_CAPS, NUMERICS_ENV
 from pflower.registry import ConfigError
 
 REPRODUCE_HELP = """\
@@ -199,11 +199,11 @@ def version_notes(record: Record) -> list[str]:
 def _parts_note(record: Record) -> str:
     """Which parts that decide the numbers changed since the record's code (its method's
     modules included; [`compare_code`][pflower.tuning.baselines.compare_code])."""
-    from pflower.tuning.baselines import compare_code
+    from pflower.tuning.baselines import BYTES_READ, compare_code
 
     method = str((record.config.get("strategy") or {}).get("name") or "")
     changed, checkable = compare_code(method, record.code)
-    if not checkable or record.code.get("parts_read") != PARTS_READ:  # of the files' bytes
+    if not checkable or BYTES_READ in changed:
         return "a change since may change the numbers (the record cannot say which parts changed)"
     if changed:
         return f"changed since in {', '.join(sorted(changed))}, which may change the numbers"

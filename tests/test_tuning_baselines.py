@@ -16,6 +16,7 @@ import yaml
 
 from pflower.provenance import CODE_FINGERPRINT, code_version
 from pflower.tuning.baselines import (
+    BYTES_READ,
     VERIFIED,
     StoredRunsChanged,
     check_protocol,
@@ -206,3 +207,22 @@ def test_a_verified_code_is_accepted_for_its_method_and_setting_only(tmp_path: P
     (out / VERIFIED).write_text(yaml.safe_dump([{**entries[0], "installed": installed}]))
     with pytest.raises(StoredRunsChanged, match=r"changed code: fedavg \(partition\)"):
         check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])
+
+
+def test_runs_recorded_with_fingerprints_of_bytes_are_refused_until_verified(
+    tmp_path: Path,
+) -> None:
+    """A record made before part fingerprints read code (no ``parts_read``) cannot tell an
+    unchanged part from a changed one, even where its values happen to equal today's: it is
+    refused as changed everywhere, and accepted once a rerun verified it."""
+    suite = _suite(tmp_path)
+    out = tmp_path / "out"
+    old = {k: v for k, v in code_version("fedavg").items() if k != "parts_read"}
+    assert compare_code("fedavg", old) == ({BYTES_READ}, True)
+    _store(out, suite, {"fedavg": old})
+    with pytest.raises(StoredRunsChanged) as refusal:
+        check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])
+    assert f"changed code: fedavg ({BYTES_READ})" in str(refusal.value)
+    (stale,) = stored_methods(out / "digits", ["fedprox"])
+    record_verified(out, "digits", "fedavg", stale.stale_runs[0], "126 values")
+    check_stored_runs(out, suite, "suite.yaml", suite.settings, ["fedprox"])

@@ -43,7 +43,12 @@ from typing import Any
 
 import yaml
 
-from pflower.provenance import CODE_FINGERPRINT, component_fingerprints, method_fingerprint
+from pflower.provenance import (
+    CODE_FINGERPRINT,
+    PARTS_READ,
+    component_fingerprints,
+    method_fingerprint,
+)
 from pflower.registry import ConfigError
 from pflower.tuning.runner import read_summary
 from pflower.tuning.schedule import SearchPlan
@@ -128,14 +133,21 @@ def _verified(
     )
 
 
+BYTES_READ = "every part: its fingerprints read the files' bytes"
+"""What differs, for a record whose part fingerprints read its files' bytes (no ``parts_read``:
+[`PARTS_READ`][pflower.provenance.PARTS_READ]): none of its parts can be told unchanged."""
+
+
 def compare_code(method: str, code: Mapping[str, Any]) -> tuple[set[str], bool]:
     """The parts of ``method``'s code that differ between a run's ``summary.json`` ``code``
-    record and the installed code, and whether the record can be checked part by part at all
-    (a record without ``components`` is checked as a whole: unchanged where its fingerprint is
-    the installed code's)."""
+    record and the installed code (`BYTES_READ` for a record of the files' bytes), and whether
+    the record can be checked part by part at all (a record without ``components`` is checked
+    as a whole: unchanged where its fingerprint is the installed code's)."""
     recorded = code.get("components")
     if not isinstance(recorded, Mapping):
         return set(), code.get("fingerprint") == CODE_FINGERPRINT
+    if code.get("parts_read") != PARTS_READ:
+        return {BYTES_READ}, True
     now: dict[str, str | None] = {**component_fingerprints(), "method": method_fingerprint(method)}
     return {
         part for part in now.keys() | recorded.keys() if recorded.get(part) != now.get(part)
