@@ -1,5 +1,6 @@
 """``pflower reproduce <run folder or summary.json>``: run a recorded run again from its record
-alone, and say whether every metric matches to the last digit (DESIGN contract 7).
+alone, and say whether every metric matches to the last digit (docs: guide,
+reproducing).
 
 The record is the run's ``summary.json`` (its resolved configuration, seed included, the code that
 ran, [`pflower.provenance.code_version`][pflower.provenance.code_version], and the CPU kernels it

@@ -1,4 +1,5 @@
-"""Search spaces declared beside the options they tune (fair comparisons, DESIGN contract 9).
+"""Search spaces declared beside the options they tune (fair comparisons: docs,
+concepts).
 
 A tunable option is an ordinary dataclass field whose default comes from
 [`tunable`][pflower.searchspace.tunable], which

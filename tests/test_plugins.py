@@ -1,4 +1,4 @@
-"""The public API and plugins (DESIGN.md contract 10), and the tutorial that ranks a plugin method.
+"""The public API and plugins (docs: guide, plugins), and the tutorial that ranks a plugin method.
 
 - ``pflower.api`` keeps its names, and pflower's own algorithms register through it;
 - plugins come from ``PFLOWER_PLUGINS`` and from the entry point group ``pflower.plugins`` (a

@@ -1,5 +1,5 @@
 """A run folder belongs to one run, and a failed write ends the run as failed (issue 61, items 1
-and 2; DESIGN.md contract 6).
+and 2; the reliability guide, "One run per folder").
 
 - A run refuses a folder that holds another run's files, and one that a live process is writing
   (an ``flock`` the OS releases when that process dies, SIGKILL included); ``overwrite=true``

@@ -1,7 +1,7 @@
 """Writing a run's files on a disk that may fail: a file is replaced atomically, space is set
 aside for the ``summary.json`` of a run whose write failed on a full disk, a folder is probed
 for writability before a run starts, and the errors that count as a failed write are named
-with the reason a run records for them (DESIGN.md, contract 6).
+with the reason a run records for them (docs: guide, reliability, "One run per folder").
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A run folder belongs to one run (DESIGN.md, contract 6).
+"""A run folder belongs to one run (docs: guide, reliability, "One run per folder").
 
 A run claims its folder (``claim_run_dir``) before it writes anything there, and keeps the
 claim until it ends:

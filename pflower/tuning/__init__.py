@@ -1,4 +1,5 @@
-"""Fair comparisons (DESIGN contract 9): every method tuned on validation with the same budget.
+"""Fair comparisons: every method tuned on validation with the same budget (docs: concepts,
+fair comparisons; guide, tuning).
 
 - [`pflower.searchspace`][pflower.searchspace] declares each option's range beside it (``tunable``);
 - [`.suite`][pflower.tuning.suite] reads a benchmark suite (``conf/suite/*.yaml``): settings,
