@@ -11,7 +11,9 @@ For every suite folder under ``results/tuning`` (its ``<setting>/study.db`` and 
   two configurations as repeats of their own interrupted retries);
 - every final run holds the values its study chose (`holds_chosen`), and every one that did
   not complete failed by itself (diverged, raised): one a signal stopped has not run yet and
-  would have run again.
+  would have run again;
+- and the cpu suite's folder is one a new method can be ranked against with this code (its runs
+  recorded by code whose parts equal this code's, or verified under it).
 
 The folder's studies are read from the committed files only; the test runs no trial.
 """
@@ -30,6 +32,7 @@ import pytest
 import yaml
 
 from pflower.results.failures import failed_by_itself
+from pflower.tuning.baselines import check_stored_runs
 from pflower.tuning.finals import holds_chosen
 from pflower.tuning.ledger import QMC_ATTR, counted_trials
 from pflower.tuning.schedule import configuration, quasi_random_point
@@ -164,3 +167,14 @@ def test_the_tuning_guide_quotes_the_stored_searches() -> None:
             assert "tried {}, {} and {} configurations in FedAvg's".format(*fedavg) in guide
         else:
             assert speed < 0.5, speed  # no clear rise with the seconds per round
+
+
+def test_a_new_method_can_be_ranked_against_the_cpu_suite_s_stored_runs() -> None:
+    """What the rank-your-method tutorial promises at every commit: `pflower tune <a new method>
+    --suite cpu --out results/tuning/cpu` accepts the committed runs. Each stored method's
+    recorded code parts equal this code's, or `verified.yaml` records one of its runs rerun by
+    this code with every value equal; and `suite.yaml` holds the suite's protocol. A change to a
+    part that decides the numbers, or a method whose runs are newly stored, fails here until
+    `pflower reproduce --stored results/tuning/cpu --suite cpu` has verified it."""
+    suite = load_suite("cpu")
+    check_stored_runs(RESULTS / "cpu", suite, "cpu", suite.settings, ["a_new_method"])
