@@ -5,7 +5,8 @@
         --setting fmnist_dir01
 
 prints a markdown table, one row per method whose final runs are complete in both folders (the
-same studies and seeds, each run completed or failed by itself): the configurations each study
+same studies and seeds, each run completed or failed by itself; suites of several studies, whose
+runs lie in ``study_<k>`` folders): the configurations each study
 tried in A and in B, the studies whose searches chose the same values in both, each folder's
 mean final L1 Acc(L) over every study's final runs (a failed run scored 0, as the leaderboard
 scores it) and the method's rank by that mean among the methods compared, and whether the final
@@ -141,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--setting", required=True)
     args = parser.parse_args(argv)
     rows = compare(args.first, args.second, args.setting)
-    print(table(rows, ("A", "B")) if rows else "no method has complete final runs in both")
+    print(
+        table(rows, ("A", "B"))
+        if rows
+        else "no method has every study's final runs complete in both folders"
+    )
 
 
 if __name__ == "__main__":
