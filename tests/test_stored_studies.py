@@ -1,7 +1,8 @@
 """The stored tuning results searched what their protocol says, however often their commands
 were stopped and resumed.
 
-For every suite folder under ``results/tuning`` (its ``<setting>/study.db`` and final runs):
+For every suite folder under ``results/tuning`` and ``results/rerun`` (its ``<setting>/study.db``
+and final runs):
 
 - a study that chose its values (its chosen file is written) drew, under a quasi-random plan,
   exactly the points of its tuning seed's sequence, in order (index ``i`` is point ``i``);
@@ -39,7 +40,8 @@ from pflower.tuning.schedule import configuration, quasi_random_point
 from pflower.tuning.suite import load_suite
 
 RESULTS = Path(__file__).resolve().parent.parent / "results" / "tuning"
-SUITES = sorted(p.parent for p in RESULTS.glob("*/suite.yaml"))
+RERUNS = RESULTS.parent / "rerun"  # suites being re-run, committed as they go
+SUITES = sorted(p.parent for folder in (RESULTS, RERUNS) for p in folder.glob("*/suite.yaml"))
 
 
 def _chosen_file(setting_dir: Path, method: str, study: str | None) -> Path:
