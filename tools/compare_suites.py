@@ -29,6 +29,7 @@ from scipy import stats
 
 import pflower.strategies  # noqa: F401  (registers the algorithms, whose labels the board uses)
 from pflower.reporting.leaderboard_runs import Entry, read_setting
+from pflower.tuning.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,8 @@ def _tried(entry: Entry, study: int) -> int:
     return int(entry.study_chosen[study]["search"]["configurations"])
 
 
-def _summary(setting_dir: Path, method: str, study: int, seed: int) -> dict[str, Any]:
-    path = setting_dir / "final" / method / f"study_{study}" / f"seed_{seed}" / "summary.json"
+def _summary(folder: Path, setting: str, method: str, study: int, seed: int) -> dict[str, Any]:
+    path = Layout(folder).final_dir(setting, method, seed, study) / "summary.json"
     summary: dict[str, Any] = json.loads(path.read_text())
     return summary
 
@@ -86,8 +87,8 @@ def compare(first: Path, second: Path, setting: str) -> list[Row]:
             f"study {s} seed {seed}"
             for s, seed in sorted(runs)
             if s in same
-            and _numbers(_summary(first / setting, method, s, seed))
-            != _numbers(_summary(second / setting, method, s, seed))
+            and _numbers(_summary(first, setting, method, s, seed))
+            != _numbers(_summary(second, setting, method, s, seed))
         ]
         identical = sum(s in same for s, _ in runs) - len(differing)
         tried = ([_tried(ea, s) for s in studies], [_tried(eb, s) for s in studies])
