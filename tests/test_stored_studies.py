@@ -168,9 +168,9 @@ def test_the_tuning_guide_quotes_the_stored_searches() -> None:
             ) in guide
             fedavg = [s["configurations"] for s in _searches(root / setting)["fedavg"]]
             assert "tried {}, {} and {} configurations in FedAvg's".format(*fedavg) in guide
+            quoted = f"tried {min(tried)} to {max(tried)} configurations, a slower method more"
             for name in ("fliu", "fedmpr", "fedala", "diversifed"):  # their tuned sections
                 page = RESULTS.parent.parent / "docs" / "results" / f"{name}.md"
-                quoted = f"tried {min(tried)} to {max(tried)} configurations, a slower method more"
                 assert quoted in " ".join(page.read_text().split()), name
         else:
             assert speed < 0.5, speed  # no clear rise with the seconds per round
