@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tools.compare_suites import compare, table
+from tools.compare_suites import QUOTE, compare, quoted, table
 
 ROOT = Path(__file__).resolve().parent.parent
 CPU = ROOT / "results" / "tuning" / "cpu"
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+QUOTES = [(page, match) for page in PAGES for match in QUOTE.finditer(page.read_text())]
 RERUNS = sorted(
     (folder, setting.name)
     for folder in (ROOT / "results" / "rerun").glob("*")
@@ -85,3 +88,22 @@ def test_the_tuning_guide_quotes_fedavg_s_rerun() -> None:
     )
     assert f"and {a2}, chose the same learning rates, and made the same 15 final runs" in guide
     assert row.same_choice == [0, 1, 2] and row.identical == 15
+
+
+def test_the_tuning_guide_quotes_a_comparison() -> None:
+    """The guide quotes at least the re-run's table (the test below would pass on none)."""
+    assert any(page.name == "tuning.md" for page, _ in QUOTES)
+
+
+@pytest.mark.parametrize(
+    "page, match",
+    QUOTES,
+    ids=[f"{p.relative_to(ROOT)}:{m[2]}:{m[3]}:{m[4]}" for p, m in QUOTES],
+)
+def test_a_quoted_table_is_the_one_its_folders_give(page: Path, match: re.Match[str]) -> None:
+    """A table between ``<!-- compare_suites: A B setting -->`` and its end marker is the one
+    ``compare_suites`` makes of the results now (``--update PAGE`` writes it)."""
+    assert match[5] == quoted(match[2], match[3], match[4]) + "\n", (
+        f"{page.relative_to(ROOT)}: run python tools/compare_suites.py --update "
+        f"{page.relative_to(ROOT)}"
+    )

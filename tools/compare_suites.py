@@ -13,12 +13,19 @@ scores it) and the method's rank by that mean among the methods compared, and wh
 runs of the studies that chose the same values are the same to the last digit in both (the same
 configuration, seed and kernels under code that makes the same numbers: they must be). Under
 the table: Spearman's rank correlation of the methods' means in A and in B.
+
+A page quotes such a table between ``<!-- compare_suites: <A> <B> <setting> -->`` (folders
+relative to the repository's root) and ``<!-- /compare_suites -->``;
+``python tools/compare_suites.py --update docs/guide/tuning.md`` writes each quoted table afresh
+from the results, and ``tests/test_compare_suites.py`` fails where a page's table is not the one
+its folders give.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,12 +143,49 @@ def table(rows: Sequence[Row], names: tuple[str, str]) -> str:
     return "\n".join(lines)
 
 
+ROOT = Path(__file__).resolve().parent.parent
+QUOTE = re.compile(
+    r"(<!-- compare_suites: (\S+) (\S+) (\S+) -->\n)(.*?)(<!-- /compare_suites -->)", re.DOTALL
+)
+"""A quoted table: its opening marker (folders A and B, the setting), the table, the end."""
+
+
+def quoted(first: str, second: str, setting: str) -> str:
+    """The table a page quotes for folders ``first`` and ``second`` (relative to the
+    repository's root), its columns named by the folders' names."""
+    rows = compare(ROOT / first, ROOT / second, setting)
+    return table(rows, (Path(first).name, Path(second).name))
+
+
+def update(page: Path) -> int:
+    """Write each table that ``page`` quotes afresh; the number of tables."""
+    text = page.read_text()
+    found = QUOTE.findall(text)
+    page.write_text(
+        QUOTE.sub(lambda m: m[1] + quoted(m[2], m[3], m[4]) + "\n" + m[6], text),
+    )
+    return len(found)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("first", type=Path, help="a suite folder (A)")
-    parser.add_argument("second", type=Path, help="a suite folder of the same suite (B)")
-    parser.add_argument("--setting", required=True)
+    parser.add_argument("first", type=Path, nargs="?", help="a suite folder (A)")
+    parser.add_argument("second", type=Path, nargs="?", help="a suite folder of the same suite (B)")
+    parser.add_argument("--setting")
+    parser.add_argument(
+        "--update",
+        type=Path,
+        nargs="+",
+        metavar="PAGE",
+        help="write the tables these markdown pages quote afresh, instead of printing one",
+    )
     args = parser.parse_args(argv)
+    if args.update:
+        for page in args.update:
+            print(f"{page}: {update(page)} table(s) written")
+        return
+    if args.first is None or args.second is None or args.setting is None:
+        parser.error("give two suite folders and --setting, or --update PAGE")
     rows = compare(args.first, args.second, args.setting)
     print(
         table(rows, ("A", "B"))
