@@ -15,7 +15,7 @@ from pflower.compose import compose_config, validate
 from pflower.core.algorithm import ALGORITHMS
 from pflower.core.options import Collapse, collapse_of
 from pflower.models import build_model
-from pflower.reporting.leaderboard_runs import collapse
+from pflower.reporting.leaderboard_runs import Entry, collapse, read_setting, same_runs
 from pflower.reporting.leaderboard_table import table
 from pflower.results.summary import resolved_config
 from pflower.searchspace import Param, declared_space, format_value
@@ -118,3 +118,43 @@ def test_the_leaderboard_names_the_rows_of_collapsed_configurations() -> None:
     assert named("diversifed", "strategy.lam=0.01", space=lam) == ("", "")
     assert named("fedavg") == ("", "")
     assert table([])[0][-1] == "collapse"
+
+
+def _entry(method: str, keys: list[str], runs: list[float]) -> Entry:
+    """A method of a suite of one study 0 that searched ``keys``, with final runs seeds 1, ..."""
+    return Entry(
+        method,
+        studies={0: dict(enumerate(runs, start=1))},
+        study_chosen={0: {"space": dict.fromkeys(keys, "log-uniform [1e-05, 1]")}},
+    )
+
+
+def test_a_study_whose_runs_are_mostly_a_simpler_method_s_is_named() -> None:
+    """Most of a study's final runs with a simpler method's accuracy to the last digit name it
+    "≈" that method; two runs in five do not, nor does a method that searched the same keys (a
+    FedBN whose runs are FedAvg's is named by its model, not by its numbers)."""
+    local = _entry("local", ["train.lr"], [0.91, 0.82, 0.73, 0.64, 0.55])
+    ditto = _entry("ditto", ["train.lr", "strategy.lambda_"], [0.91, 0.82, 0.73, 0.65, 0.56])
+    assert same_runs(ditto, 0, [local, ditto]) == (
+        "≈ Local",
+        "3 of 5 final runs give Local's final accuracy to the last digit",
+    )
+    assert same_runs(local, 0, [local, ditto]) == ("", "")  # Local searched fewer keys
+    fewer = _entry("ditto", ["train.lr", "strategy.lambda_"], [0.91, 0.82, 0.7, 0.6, 0.5])
+    assert same_runs(fewer, 0, [local, fewer]) == ("", "")
+    fedavg = _entry("fedavg", ["train.lr"], [0.91, 0.82, 0.73, 0.64, 0.55])
+    fedbn = _entry("fedbn", ["train.lr"], [0.91, 0.82, 0.73, 0.64, 0.55])
+    assert same_runs(fedbn, 0, [fedavg, fedbn]) == ("", "")
+    assert same_runs(ditto, 1, [local, ditto]) == ("", "")  # a study with no runs
+
+
+def test_the_stored_leaderboard_names_ditto_s_study_that_is_local_training() -> None:
+    """On the cpu suite's mnist_path, Ditto's study 0 (λ = 0.017, 10% into its log range, so
+    not next to λ = 0 by the range rule) has 4 of 5 final runs with Local's accuracy."""
+    setting = Path(__file__).resolve().parent.parent / "results" / "tuning" / "cpu" / "mnist_path"
+    [ditto] = [e for e in read_setting(setting) if e.method == "ditto"]
+    assert ditto.collapse == (
+        "study 0 ≈ Local",
+        "4 of 5 final runs give Local's final accuracy to the last digit",
+    )
+    assert ditto.study_chosen[0]["params"]["strategy.lambda_"] == pytest.approx(0.0171, rel=1e-2)

@@ -29,8 +29,10 @@ For every setting of the folder (``<root>/<setting>/``), one row per method with
 - **collapse**: ``= FedAvg`` where the final runs' configuration is another method (a declared
   neutral point, [`pflower.core.options.collapse_of`][pflower.core.options.collapse_of], or a model
   that leaves the method nothing of its own: FedBN without BatchNorm), ``≈ Local`` where it is next
-  to one (`collapse`): such a row ranks its base method at other settings, not a method. Tuned in
-  several studies, each study's choice is checked: ``study 2 = FedAvg`` where only some collapse.
+  to one (`collapse`) or where most of its final runs give a simpler method's final accuracy to
+  the last digit (`same_runs`): such a row ranks its base method at other settings, not a
+  method. Tuned in several studies, each study is checked: ``study 2 = FedAvg`` where only some
+  collapse.
 
 Under each setting's table: the methods ranked above a method with a higher mean (their
 differences to the others vary from seed to seed, so the test separates few methods from

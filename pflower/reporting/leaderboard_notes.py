@@ -105,8 +105,9 @@ def collapse_notes(entries: Sequence[Entry]) -> list[str]:
         "Collapsed: at these settings the method computes what another method computes "
         "(`=`: its declared neutral point, or a model that leaves it nothing of its own; the "
         "rows are the same to the last digit, `tests/test_collapses.py`) or all but does "
-        "(`≈`: within 5% of the searched range's neutral end), so its row ranks that method, with "
-        "its own tuned values, not the method itself"
+        "(`≈`: within 5% of the searched range's neutral end, or most of its final runs give the "
+        "final accuracy of a simpler method, one that searched fewer of the same keys, to the last "
+        "digit), so its row ranks that method, with its own tuned values, not the method itself"
         + (
             " (`study k`: tuned in several studies, only study k's choice collapsed, and its "
             "share of the row's runs is the other method's):"
