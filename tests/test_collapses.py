@@ -131,8 +131,9 @@ def _entry(method: str, keys: list[str], runs: list[float]) -> Entry:
 
 def test_a_study_whose_runs_are_mostly_a_simpler_method_s_is_named() -> None:
     """Most of a study's final runs with a simpler method's accuracy to the last digit name it
-    "≈" that method; two runs in five do not, nor does a method that searched the same keys (a
-    FedBN whose runs are FedAvg's is named by its model, not by its numbers)."""
+    "≈" that method; two runs in five do not, nor runs where every client scored 100%, nor
+    does a method that searched the same keys (a FedBN whose runs are FedAvg's is named by its
+    model, not by its numbers)."""
     local = _entry("local", ["train.lr"], [0.91, 0.82, 0.73, 0.64, 0.55])
     ditto = _entry("ditto", ["train.lr", "strategy.lambda_"], [0.91, 0.82, 0.73, 0.65, 0.56])
     assert same_runs(ditto, 0, [local, ditto]) == (
@@ -146,6 +147,9 @@ def test_a_study_whose_runs_are_mostly_a_simpler_method_s_is_named() -> None:
     fedbn = _entry("fedbn", ["train.lr"], [0.91, 0.82, 0.73, 0.64, 0.55])
     assert same_runs(fedbn, 0, [fedavg, fedbn]) == ("", "")
     assert same_runs(ditto, 1, [local, ditto]) == ("", "")  # a study with no runs
+    perfect = _entry("local", ["train.lr"], [1.0, 1.0, 1.0, 0.64, 0.55])
+    learnt = _entry("ditto", ["train.lr", "strategy.lambda_"], [1.0, 1.0, 1.0, 0.6, 0.5])
+    assert same_runs(learnt, 0, [perfect, learnt]) == ("", "")  # 100% is anyone's
 
 
 def test_the_stored_leaderboard_names_ditto_s_study_that_is_local_training() -> None:

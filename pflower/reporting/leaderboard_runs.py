@@ -286,8 +286,9 @@ def same_runs(entry: Entry, study: int | None, entries: Sequence[Entry]) -> tupl
     last digit (`collapse` names only a choice within 5% of a neutral end). Two unrelated
     methods share a run's accuracy by chance now and then (a client's test share holds tens of
     samples), one run in five, rarely two; most of a study's runs alike is the method's own
-    term all but doing nothing. The simpler method with the most such runs is named (on a tie,
-    the first by name)."""
+    term all but doing nothing. A run where every client scores 100% is not counted: any two
+    methods that learn a setting share it. The simpler method with the most such runs is named
+    (on a tie, the first by name)."""
     runs = _runs_of(entry, study)
     keys = _searched(entry, study)
     found = []
@@ -295,7 +296,7 @@ def same_runs(entry: Entry, study: int | None, entries: Sequence[Entry]) -> tupl
         if other is entry or not _searched(other, study) < keys:
             continue
         theirs = _runs_of(other, study)
-        same = sum(theirs.get(seed) == value for seed, value in runs.items())
+        same = sum(theirs.get(seed) == value < 1 for seed, value in runs.items())
         if 2 * same > len(runs):
             found.append((-same, other.label, other))
     if not found:
