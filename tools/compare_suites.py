@@ -159,12 +159,11 @@ def quoted(first: str, second: str, setting: str) -> str:
 
 def update(page: Path) -> int:
     """Write each table that ``page`` quotes afresh; the number of tables."""
-    text = page.read_text()
-    found = QUOTE.findall(text)
-    page.write_text(
-        QUOTE.sub(lambda m: m[1] + quoted(m[2], m[3], m[4]) + "\n" + m[6], text),
+    text, count = QUOTE.subn(
+        lambda m: m[1] + quoted(m[2], m[3], m[4]) + "\n" + m[6], page.read_text()
     )
-    return len(found)
+    page.write_text(text)
+    return count
 
 
 def main(argv: Sequence[str] | None = None) -> None:
