@@ -45,10 +45,20 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop(CACHE_ENV, None)
 
 
+SITE_ENV = "PFLOWER_DOCS_SITE"
+"""A site this checkout's ``mkdocs build --strict`` already wrote (``.ci/run`` builds it once and
+passes it to both test tiers, not three builds of about 40 s each on the 2-core VM)."""
+
+
 @pytest.fixture(scope="session")
 def docs_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The documentation site, built once per test process with ``mkdocs build --strict`` (about
-    15 s on the 2-core VM) for the tests that read it (as HTML, or in a browser)."""
+    40 s on the 2-core VM) for the tests that read it (as HTML, or in a browser), or the one
+    ``PFLOWER_DOCS_SITE`` names."""
+    if built := os.environ.get(SITE_ENV):
+        site = Path(built)
+        assert (site / "index.html").is_file(), f"{SITE_ENV}={built} holds no built site"
+        return site
     site = tmp_path_factory.mktemp("docs") / "site"
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
