@@ -122,6 +122,23 @@ def test_statistics_match_hand_computed_values(sweep: Path) -> None:
         assert (cell.mean, cell.std, cell.n) == (pytest.approx(mean), pytest.approx(std), n), key
 
 
+def test_a_multi_line_error_stays_in_its_row(tmp_path: Path) -> None:
+    """A failed run's error holds one line per client (and may hold a ``|``): its cell keeps
+    them on the row, as ``<br>`` and ``\\|``, where raw they broke the table."""
+    run = write_run(tmp_path / "runs" / "5", 5, FEDAVG, [(0.1, 0.1, 9.0)], status="failed")
+    error = "Round 15: all 2 clients failed.\n  client 0: NaN | Inf\n  client 1: NaN | Inf"
+    (run / "summary.json").write_text(json.dumps({"status": "failed", "error": error}))
+    out = tmp_path / "out"
+    assert main([str(run.parent), "--out", str(out)]) == 0
+    lines = (out / "report.md").read_text().splitlines()
+    (row,) = [line for line in lines if "| failed |" in line]
+    assert row.endswith(
+        "| failed | Round 15: all 2 clients failed.<br>  client 0: NaN \\| Inf<br>"
+        "  client 1: NaN \\| Inf |"
+    )
+    assert "Seed: 5." in lines  # one seed: not "Seeds: 5."
+
+
 def test_report_tables_csv_and_listing_of_what_varies(sweep: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert main([str(sweep), "--out", str(out), "--eps", "0.65"]) == 0

@@ -102,12 +102,12 @@ from pflower.reporting.leaderboard_notes import (
 from pflower.reporting.leaderboard_ranks import ALPHA, rank_with_ties
 from pflower.reporting.leaderboard_runs import Entry, in_progress, read_setting, shared_knobs
 from pflower.reporting.leaderboard_table import (
-    markdown_table,
     mean_std,
     method_row,
     table,
     trials_drawn,
 )
+from pflower.reporting.tables import markdown_table
 
 
 def load_setting(setting_dir: Path) -> list[Entry]:
@@ -283,7 +283,7 @@ def render(root: Path) -> tuple[str, list[list[str]]]:
             )
             lines += [f"![{setting_dir.name}: final accuracy by method]({figure.name})", ""]
         if len(rows) > 1:
-            lines += [*markdown_table(rows), ""]
+            lines += [*markdown_table(rows[0], rows[1:]), ""]
         labels = {e.method: e.label for e in entries}
         lines += (
             studies_board.notes(results, ranked, labels) if ranked else inversion_notes(entries)

@@ -146,12 +146,3 @@ def method_row(entry: Entry) -> studies_board.MethodRow:
         failed=entry.failed_runs,
         short=_short(entry),
     )
-
-
-def markdown_table(rows: Sequence[Sequence[str]]) -> list[str]:
-    """``rows`` (the first the header) as the lines of a Markdown table, ``|`` escaped."""
-    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
-    lines += [
-        "| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows[1:]
-    ]
-    return lines

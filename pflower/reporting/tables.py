@@ -101,9 +101,16 @@ def format_cell(cell: Cell | None, kind: str) -> str:
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """The lines of a Markdown table. A cell's ``|`` is escaped and its line breaks become
+    ``<br>``, so that a cell such as a failed run's error, one line per client, stays in its
+    row."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(_one_line(cell) for cell in row) + " |" for row in rows]
     return lines
+
+
+def _one_line(cell: str) -> str:
+    return "<br>".join(cell.replace("|", "\\|").splitlines())
 
 
 def _section_tables(section: Section, eps: float) -> list[str]:
@@ -142,7 +149,7 @@ def _configuration(experiments: Sequence[Experiment]) -> list[str]:
         ]
     else:
         lines.append("All runs share one configuration apart from the seed.")
-    lines += ["", f"Seeds: {', '.join(seeds)}.", ""]
+    lines += ["", f"{'Seed' if len(seeds) == 1 else 'Seeds'}: {', '.join(seeds)}.", ""]
     shared = [[f"`{k}`", show(v)] for k, v in sorted(configs[0].items()) if k not in varying]
     lines += [
         "<details><summary>Settings shared by all experiments</summary>",
