@@ -122,6 +122,49 @@ def test_statistics_match_hand_computed_values(sweep: Path) -> None:
         assert (cell.mean, cell.std, cell.n) == (pytest.approx(mean), pytest.approx(std), n), key
 
 
+def test_runs_kept_without_their_rows_report_their_summarys_numbers(
+    sweep: Path, tmp_path: Path
+) -> None:
+    """The final runs stored under ``results/tuning`` keep ``summary.json`` and no
+    ``metrics.jsonl``: the report reads their values from the summary's ``final`` and
+    ``last10`` aggregates, the same numbers the rows give, says so, and draws no empty figure."""
+    import shutil
+
+    from pflower.results.rows import read_rows
+    from pflower.results.summary import headline
+
+    for summary_path in sweep.rglob("summary.json"):
+        summary = json.loads(summary_path.read_text())
+        if summary["status"] == "completed":  # the summary a run writes records its aggregates
+            rows = read_rows(summary_path.parent)
+            summary.update(headline(rows, 2, [0.65]))
+            summary_path.write_text(json.dumps(summary))
+    bare = tmp_path / "bare"
+    shutil.copytree(sweep, bare)
+    for rows_file in bare.rglob("metrics.jsonl"):
+        rows_file.unlink()
+
+    def cells(root: Path) -> list[dict[str, Any]]:
+        return [experiment_cells(e, 0.65) for e in group_runs(load_runs([root]))]
+
+    with_rows, without = cells(sweep), cells(bare)
+    assert [sorted(c) for c in with_rows] == [sorted(c) for c in without]
+    assert any("L1 Acc(L) last10" in c and "L2 rho" in c for c in without)
+    for kept, read in zip(with_rows, without, strict=True):
+        for key, cell in kept.items():
+            assert (read[key].mean, read[key].std, read[key].n) == (
+                pytest.approx(cell.mean),
+                pytest.approx(cell.std, abs=1e-12),
+                cell.n,
+            ), key
+    out = tmp_path / "out"
+    assert main([str(bare), "--out", str(out), "--eps", "0.65"]) == 0
+    text = (out / "report.md").read_text()
+    assert "3 of the 3 completed runs keep no `metrics.jsonl`" in text
+    assert "| FedAvg | 75.00 ± 5.00 (2) | 75.00 ± 5.00 (2) |" in text
+    assert not (out / "plots").exists() and "![" not in text
+
+
 def test_a_multi_line_error_stays_in_its_row(tmp_path: Path) -> None:
     """A failed run's error holds one line per client (and may hold a ``|``): its cell keeps
     them on the row, as ``<br>`` and ``\\|``, where raw they broke the table."""

@@ -145,7 +145,7 @@ def write_report(
             section, index if len(report_sections) > 1 else 0, stage, out_dir, title
         )
         for index, section in enumerate(report_sections, start=1)
-        if section.has_results
+        if section.has_results and section.has_rows
     }
     across = _robustness_study(report_sections, stage, out_dir, title)
     text = markdown(title, experiments, report_sections, paths, figures, eps, across)
@@ -195,5 +195,6 @@ def main(argv: Sequence[str]) -> int:
     except FileNotFoundError as error:
         print(f"pflower report: {error}")
         return 1
-    print(f"report written to {report_path} (+ report.csv, report_values.csv, plots/)")
+    plots = ", plots/" if (report_path.parent / "plots").is_dir() else ""
+    print(f"report written to {report_path} (+ report.csv, report_values.csv{plots})")
     return 0

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from pflower.reporting.groups import Experiment
-from pflower.results.rows import CLIENT_STAGES, G
+from pflower.results.rows import CLIENT_STAGES, G, Row
 from pflower.results.runs import RunResult
-from pflower.results.statistics import summarize_stage
+from pflower.results.summary import round_summary
 
 LAST10 = " last10"
 """Suffix of a metric key averaged over the last 10% of rounds."""
@@ -97,31 +97,40 @@ def metrics(eps: float) -> list[Metric]:
     return columns
 
 
-def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, float]:
-    """The value of every metric the run has in ``server_round`` (missing stages stay missing)."""
+def summary_results(summary: Row, eps: float) -> dict[str, float]:
+    """The value of every metric in a round summary (``{stage: summarize_stage(...), "G": its
+    row}``, [`round_summary`][pflower.results.summary.round_summary], or ``summary.json``'s
+    ``final`` and ``last10``); missing stages stay missing, as does ``rho`` where ``eps`` is not
+    one of the summary's thresholds."""
     results: dict[str, float] = {}
     for stage in CLIENT_STAGES:
-        rows = run.stage_rows(stage, server_round)
-        if not rows:
+        stage_summary = summary.get(stage) or {}
+        if "acc_local" not in stage_summary:
             continue
-        summary = summarize_stage(rows, [eps])
-        acc_local = summary["acc_local"]["mean"]
+        acc_local = stage_summary["acc_local"]["mean"]
         results[f"{stage} Acc(L)"] = acc_local
-        results[f"{stage} rho"] = summary[f"rho_{eps:g}"]
-        results[f"{stage} loss var"] = summary["fairness_loss_var"]
-        results[f"{stage} bottom-10%"] = summary["acc_local"]["bottom10_mean"]
-        if "acc_global" in summary:
-            acc_global = summary["acc_global"]["mean"]
+        if f"rho_{eps:g}" in stage_summary:
+            results[f"{stage} rho"] = stage_summary[f"rho_{eps:g}"]
+        results[f"{stage} loss var"] = stage_summary["fairness_loss_var"]
+        results[f"{stage} bottom-10%"] = stage_summary["acc_local"]["bottom10_mean"]
+        if "acc_global" in stage_summary:
+            acc_global = stage_summary["acc_global"]["mean"]
             results[f"{stage} Acc(G)"] = acc_global
             results[f"{stage} Acc"] = acc_local + acc_global
         for model in MODEL_TYPES:
-            if f"acc_{model.lower()}" in summary:
-                results[f"{stage} {model} Acc(L)"] = summary[f"acc_{model.lower()}"]["mean"]
-                results[f"{stage} {model} loss var"] = summary[f"fairness_loss_var_{model.lower()}"]
-    global_rows = run.stage_rows(G, server_round)
-    if global_rows:
-        results["G Acc(G)"] = float(global_rows[0]["acc"])
+            if f"acc_{model.lower()}" in stage_summary:
+                results[f"{stage} {model} Acc(L)"] = stage_summary[f"acc_{model.lower()}"]["mean"]
+                results[f"{stage} {model} loss var"] = stage_summary[
+                    f"fairness_loss_var_{model.lower()}"
+                ]
+    if "acc" in (summary.get(G) or {}):
+        results["G Acc(G)"] = float(summary[G]["acc"])
     return results
+
+
+def round_results(run: RunResult, server_round: int, eps: float) -> dict[str, float]:
+    """The value of every metric the run has in ``server_round`` (missing stages stay missing)."""
+    return summary_results(round_summary(run.rows, server_round, [eps]), eps)
 
 
 def run_costs(run: RunResult) -> dict[str, float]:
@@ -139,7 +148,14 @@ def run_costs(run: RunResult) -> dict[str, float]:
 def run_results(run: RunResult, eps: float) -> dict[str, float]:
     """Every metric at the final round, and (key suffix ``last10``) averaged over the evaluated
     rounds in the last 10% of rounds; then the run's costs
-    ([`run_costs`][pflower.reporting.stats.run_costs])."""
+    ([`run_costs`][pflower.reporting.stats.run_costs]). A run kept without its rows gives the
+    aggregates its ``summary.json`` recorded from them
+    ([`RunResult.recorded`][pflower.results.runs.RunResult.recorded]): the same values."""
+    if not run.rows:
+        final = summary_results(run.recorded.get("final", {}), eps)
+        last10 = summary_results(run.recorded.get("last10", {}), eps)
+        in_window = {key + LAST10: last10[key] for key in final if key in last10}
+        return {**final, **in_window, **run_costs(run)}
     assert run.final_round is not None
     final = round_results(run, run.final_round, eps)
     window = [round_results(run, r, eps) for r in run.window()]

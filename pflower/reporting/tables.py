@@ -69,6 +69,12 @@ class Section:
         return any(self.cells.values())
 
     @property
+    def has_rows(self) -> bool:
+        """Whether any of the section's completed runs kept its rows (``metrics.jsonl``), which
+        the figures draw: per round, per client."""
+        return any(run.rows for e in self.experiments for run in e.runs)
+
+    @property
     def partitions(self) -> list[str]:
         ordered = sorted(self.experiments, key=lambda e: e.partition_order)
         return list(dict.fromkeys(e.partition for e in ordered))
@@ -219,6 +225,7 @@ def markdown(
         code_line(runs),
         "",
         *validation_warning(runs),
+        *rows_warning(runs),
         LEGEND,
         "",
         *_configuration(experiments),
@@ -231,7 +238,8 @@ def markdown(
             lines += ["", "No completed runs."]
             continue
         lines += _section_tables(section, eps)
-        lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in figures[section.label]]
+        shown = figures.get(section.label, [])
+        lines += [""] + [f"![{path.stem}]({path.as_posix()})" for path in shown]
     lines += _problems(experiments)
     lines += _rejections(experiments)
     return "\n".join(lines) + "\n"
@@ -265,6 +273,22 @@ def code_line(runs: Sequence[RunResult]) -> str:
         + "; ".join(parts)
         + "."
     )
+
+
+def rows_warning(runs: Sequence[RunResult]) -> list[str]:
+    """A note, with an empty line after it, when completed runs were kept without their rows
+    (``metrics.jsonl``), as the final runs under ``results/tuning/`` are: their values are
+    their ``summary.json``'s, and no figure shows them; nothing otherwise."""
+    done = [run for run in runs if run.status == "completed"]
+    bare = sum(not run.rows for run in done)
+    if not bare:
+        return []
+    return [
+        f"{bare} of the {len(done)} completed runs keep no `metrics.jsonl`: their final and "
+        "last-10% values are the aggregates their `summary.json` recorded (the same numbers), "
+        "and no figure shows them (the figures draw rounds and clients).",
+        "",
+    ]
 
 
 def validation_warning(runs: Sequence[RunResult]) -> list[str]:

@@ -37,6 +37,11 @@ class RunResult:
     rejected: Rejected | None = None
     """The client replies a completed run went on without
     ([`rejected_replies`][pflower.results.failures.rejected_replies]), if any."""
+    recorded: dict[str, Any] = field(default_factory=dict)
+    """``summary.json``'s ``final`` and ``last10`` (each stage's aggregates at the final round
+    and over the last 10% of rounds, [`headline`][pflower.results.summary.headline]): the
+    values of a run kept without its ``metrics.jsonl``, as the final runs stored in the
+    repository are."""
 
     @property
     def seed(self) -> Any:
@@ -100,6 +105,7 @@ def load_run(run_dir: Path) -> RunResult:
         cost=recorded_cost(run_dir, summary, every),
         code=code,
         rejected=rejected_replies(summary),
+        recorded={key: summary.get(key) or {} for key in ("final", "last10")},
     )
 
 
