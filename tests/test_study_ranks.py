@@ -465,6 +465,10 @@ def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
     out = capsys.readouterr().out
     assert "digits: FedAvg - Local = +10.00 points" in out
     assert "other: FedAvg and Local cannot be compared: the two methods share fewer" in out
+    # a setting where one of the two has no final runs is named, not left out
+    fake_final_run(root / "third" / "final" / "local" / "study_0" / "seed_1", 0.5)
+    assert report_main([str(root), "--compare", "fedavg,local"]) == 0
+    assert "third: not compared, no final runs of fedavg there" in capsys.readouterr().out
     assert report_main([str(tmp_path / "missing"), "--compare", "fedavg,local"]) == 2
     assert "is not a folder of `pflower tune` results" in capsys.readouterr().out
     assert report_main([str(root), "--compare", "fedavg,nope"]) == 2

@@ -120,11 +120,11 @@ def load_setting(setting_dir: Path) -> list[Entry]:
 
 
 def compare(root: Path, first: str, second: str) -> list[str]:
-    """``first`` against ``second`` on every setting of the suite at ``root`` where both have
-    final runs, one line each: the difference of their means over the seeds both ran, its 95%
+    """``first`` against ``second`` on every setting of the suite at ``root``, one line each:
+    where both have final runs, the difference of their means over the seeds both ran, its 95%
     interval and p-value, counting the paired seeds and each method's studies
     ([`difference`][pflower.reporting.studies.difference]; a suite of one study: the paired
-    t-test over the seeds).
+    t-test over the seeds); elsewhere, which of the two has none there.
 
     Raises:
         ValueError: a method with final runs on none of the settings, or ``root`` is not a
@@ -145,7 +145,8 @@ def compare(root: Path, first: str, second: str) -> list[str]:
             )
     lines = []
     for setting, entries in found.items():
-        if first not in entries or second not in entries:
+        if missing := [method for method in (first, second) if method not in entries]:
+            lines.append(f"{setting}: not compared, no final runs of {' or '.join(missing)} there")
             continue
         a, b = entries[first], entries[second]
         try:
