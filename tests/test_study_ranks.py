@@ -477,6 +477,30 @@ def test_compare_prints_each_settings_difference_and_refuses_unknown_methods(
     assert "--compare takes two methods" in capsys.readouterr().out
 
 
+def test_a_leaderboard_of_what_is_not_a_suite_folder_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A setting's folder, a missing folder or one without final runs: exit 2, one line that
+    says what to give instead, nothing written (a setting's folder used to get a leaderboard of
+    no setting; a missing one, a traceback)."""
+    root = tmp_path / "suite"
+    fake_final_run(root / "digits" / "final" / "fedavg" / "study_0" / "seed_1", 0.8)
+    (tmp_path / "empty").mkdir()
+    cases = {
+        root / "digits": f"is one setting of a suite: give the suite's folder, {root}",
+        tmp_path / "missing": "is not a folder of `pflower tune` results",
+        tmp_path / "empty": "holds no setting with final runs",
+    }
+    for path, said in cases.items():
+        for argv in (["--leaderboard", str(path)], [str(path), "--compare", "fedavg,local"]):
+            assert report_main(argv) == 2
+            out = capsys.readouterr().out
+            assert said in out and out.count("\n") == 1, out
+        assert not list(tmp_path.rglob("leaderboard.*"))
+    assert report_main(["--leaderboard", str(root)]) == 0
+    assert (root / "leaderboard.md").is_file()
+
+
 def test_the_tuning_guides_compare_example_is_what_the_command_prints() -> None:
     root = Path(__file__).resolve().parents[1]
     line = compare(root / "results" / "tuning" / "cpu-v1", "diversifed", "local")[0]

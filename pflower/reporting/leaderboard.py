@@ -119,6 +119,21 @@ def load_setting(setting_dir: Path) -> list[Entry]:
     return sorted(entries, key=lambda e: (e.rank, -statistics.fmean(e.final or [studies.FAILED])))
 
 
+def suite_folder_problem(root: Path) -> str | None:
+    """Why ``root`` is not a suite folder of `pflower tune` results (``<setting>/final/...``),
+    for the command line to say in one line; None where it is one."""
+    if not root.is_dir():
+        return f"{root} is not a folder of `pflower tune` results"
+    if (root / "final").is_dir():
+        return f"{root} is one setting of a suite: give the suite's folder, {root.parent}"
+    if not any((setting / "final").is_dir() for setting in root.iterdir()):
+        return (
+            f"{root} holds no setting with final runs (<setting>/final/<method>/...): not a "
+            "folder of `pflower tune` results, or none of its final runs has started"
+        )
+    return None
+
+
 def compare(root: Path, first: str, second: str) -> list[str]:
     """``first`` against ``second`` on every setting of the suite at ``root``, one line each:
     where both have final runs, the difference of their means over the seeds both ran, its 95%
@@ -128,10 +143,11 @@ def compare(root: Path, first: str, second: str) -> list[str]:
 
     Raises:
         ValueError: a method with final runs on none of the settings, or ``root`` is not a
-            folder.
+            suite folder
+            ([`suite_folder_problem`][pflower.reporting.leaderboard.suite_folder_problem]).
     """
-    if not root.is_dir():
-        raise ValueError(f"{root} is not a folder of `pflower tune` results")
+    if problem := suite_folder_problem(root):
+        raise ValueError(problem)
     settings = sorted(p for p in root.iterdir() if p.is_dir() and (p / "final").is_dir())
     found: dict[str, dict[str, Entry]] = {}
     for setting_dir in settings:

@@ -182,9 +182,12 @@ def main(argv: Sequence[str]) -> int:
     if args.compare:
         return _compare(args.paths, args.compare)
     if args.leaderboard:
-        from pflower.reporting.leaderboard import write_leaderboard
+        from pflower.reporting.leaderboard import suite_folder_problem, write_leaderboard
 
         for path in args.paths:
+            if problem := suite_folder_problem(path):
+                print(f"pflower report: {problem}")
+                return 2
             written = write_leaderboard(path)
             print(written.read_text())
             print(f"leaderboard written to {written} (+ leaderboard.csv)")
