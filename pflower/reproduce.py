@@ -44,8 +44,10 @@ folder, and say whether every metric matches to the last digit: every row of met
 (the rows that time the rounds aside), or every final and last-10% value of summary.json where
 the record kept no metrics.jsonl. Warns where the code or torch differ from the record's, and
 where the record predates the record of numerics (then --numerics says which to use).
-Exit code 0: every value matches; 1: a value differs (the first differing rows are printed) or
-the rerun failed; 2: the record cannot be read or does not compose with this code.
+Exit code 0: every value matches (a failed run matches where its rerun fails with the same
+error); 1: a value differs (the first differing rows are printed) or the rerun ended without a
+summary; 2: the record cannot be read or does not compose with this code, or the rerun was
+refused before it started (no data root, a missing dataset).
 
 With --stored FOLDER --suite SUITE instead of a run: the final runs stored in a `pflower tune`
 results folder whose recorded code differs in a part from this code's are checked by
@@ -258,7 +260,8 @@ class Comparison:
 
 def compare_runs(recorded: Path, rerun: Path) -> Comparison:
     """Compare a recorded run folder with its rerun: row by row where the record has
-    ``metrics.jsonl``, else the summaries' final and last-10% values."""
+    ``metrics.jsonl``, else the summaries' status, error, final and last-10% values (a failed
+    run whose rerun fails with the same error at the same round reproduces)."""
     if (recorded / "metrics.jsonl").is_file():
         mine, theirs = _metric_rows(recorded), _metric_rows(rerun)
         differences = [
@@ -270,9 +273,11 @@ def compare_runs(recorded: Path, rerun: Path) -> Comparison:
             differences.append(f"the record has {len(mine)} metric rows, the rerun {len(theirs)}")
         count = sum(len(row) for row in mine)
         return Comparison(f"{count} values in {len(mine)} metrics.jsonl rows", differences)
-    keys = ("status", "rounds", "final_round", "final", "last10", "last10_rounds")
     mine_summary = json.loads((recorded / "summary.json").read_text())
     their_summary = json.loads((rerun / "summary.json").read_text())
+    keys = ["status", "rounds", "final_round", "final", "last10", "last10_rounds"]
+    if mine_summary.get("error") or their_summary.get("error"):  # a failed run: how it failed
+        keys.insert(1, "error")
     mine_values = {key: mine_summary.get(key) for key in keys}
     their_values = {key: their_summary.get(key) for key in keys}
     count = len(dict(_values(mine_values)))
@@ -346,9 +351,11 @@ def _rerun(
     mode: str,
     caps: Mapping[str, str],
     quiet: bool = False,
-) -> Comparison | None:
+) -> tuple[Comparison | None, int]:
     """Run ``overrides`` (``record``'s configuration) into ``out`` with the kernels of ``mode``
-    and ``caps``, in a new process, and compare it with the record; None where it failed."""
+    and ``caps``, in a new process, and compare it with the record: the comparison (None where
+    the rerun wrote no ``summary.json``) and the rerun's exit code. A rerun that failed is
+    compared too: its summary says how, as the record of a failed run does."""
     from pflower.tuning.search import run_command
 
     output = subprocess.DEVNULL if quiet else None
@@ -359,9 +366,9 @@ def _rerun(
         stdout=output,
         stderr=output,
     )
-    if done.returncode != 0 or not (out / "summary.json").is_file():
-        return None
-    return compare_runs(record.run_dir, out)
+    if not (out / "summary.json").is_file():
+        return None, done.returncode
+    return compare_runs(record.run_dir, out), done.returncode
 
 
 def _plan(record: Record, asked: str | None) -> tuple[str, dict[str, str], list[str], list[str]]:
@@ -385,7 +392,7 @@ def reproduces(run: Path, out: Path) -> tuple[Comparison | None, list[str]]:
     """
     record = read_record(run)
     mode, caps, overrides, notes = _plan(record, None)
-    return _rerun(record, overrides, out, mode, caps, quiet=True), notes
+    return _rerun(record, overrides, out, mode, caps, quiet=True)[0], notes
 
 
 def verify_stored(folder: Path, suite_arg: str, setting_names: Sequence[str]) -> int:
@@ -457,9 +464,15 @@ def main(argv: Sequence[str]) -> int:
     for note in notes:
         print(f"warning: {note}")
     print(f"rerunning {record.run_dir} into {out} (numerics={mode})", flush=True)
-    comparison = _rerun(record, overrides, out, mode, caps)
+    comparison, code = _rerun(record, overrides, out, mode, caps)
+    if comparison is None and code == 2:
+        print(
+            "cannot reproduce: the rerun was refused before it started (its message is above: "
+            "a data root, a dataset, an option of this code); nothing was computed"
+        )
+        return 2
     if comparison is None:
-        print(f"MISMATCH: the rerun failed; see {out}")
+        print(f"MISMATCH: the rerun ended with exit code {code} and wrote no summary.json ({out})")
         return 1
     if not comparison.differences:
         print(f"MATCH: all {comparison.what} agree to the last digit ({out})")

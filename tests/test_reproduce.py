@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 import pflower.strategies  # noqa: F401  (registers the methods: their modules count)
 from pflower.compose import compose_config
@@ -77,6 +78,39 @@ def test_without_metrics_jsonl_the_summaries_are_compared(recorded: Path, tmp_pa
     comparison = compare_runs(copy, recorded.parent / "changed")
     assert "summary.json" in comparison.what
     assert [d.split(":")[0] for d in comparison.differences] == ["final.L2.acc_local.mean"]
+
+
+def test_a_failed_run_reproduces_where_its_rerun_fails_alike(
+    recorded: Path, tmp_path: Path
+) -> None:
+    """A failed run's record (``status: failed`` and its error, as the stored APPLE run that
+    diverged keeps) reproduces where the rerun fails with the same error: the summaries'
+    status and error are compared with their values."""
+    failed = json.loads((recorded / "summary.json").read_text())
+    failed.update(status="failed", error="Round 2: all 4 clients failed.\n  client 0: NaN")
+    for name, error in (("record", failed["error"]), ("same", failed["error"]), ("other", "E")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "summary.json").write_text(json.dumps({**failed, "error": error}))
+    assert compare_runs(tmp_path / "record", tmp_path / "same").differences == []
+    (difference,) = compare_runs(tmp_path / "record", tmp_path / "other").differences
+    assert difference.startswith("error: 'Round 2: all 4 clients failed.")
+
+
+def test_a_rerun_refused_before_it_starts_is_no_mismatch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A rerun the run refuses before it starts (here: MNIST under an empty data root) computed
+    nothing: exit 2 with its reason, not a MISMATCH."""
+    empty = tmp_path / "data"
+    empty.mkdir()
+    overrides = [*SMALL[1:], "dataset=mnist", f"dataset.root={empty}"]
+    config = resolved_config(compose_config(overrides, check_scheme=False))
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "rerun")]) == 2
+    out = capsys.readouterr().out
+    assert "cannot reproduce: the rerun was refused before it started" in out
+    assert "MISMATCH" not in out
 
 
 def test_the_overrides_compose_the_recorded_configuration(recorded: Path) -> None:
