@@ -27,6 +27,10 @@ Breakdown of where a deployment's round goes:
   already, the child imports pflower's ClientApp (a no-op) and exits, the stand-in exits;
 - ``forked_task_s``: how long the forked children of the fast deployment's ClientApp tasks ran
   (from the fork server's log lines in the SuperNode logs);
+- ``first_round_s``: seconds from submitting the run to the end of its first training phase, for
+  the first run of the fresh deployment and for the same run submitted again once it ended (every
+  process warm): the ServerApp's start (a new ``flwr-serverapp`` process, or with ``fast`` a fork of
+  the SuperLink's fork server) plus one round's training;
 - ``messages_per_round``: the messages SuperNodes received per round (``Receiving:`` lines of
   their logs), each a ClientApp process;
 - ``polling_s``: Flower's polling intervals in the message path and the ones the fast launch sets.
@@ -161,12 +165,22 @@ def task_times(logs: list[Path]) -> list[float]:
     ]
 
 
+def first_round_s(run_dir: Path, submitted: float) -> float:
+    """Seconds from submitting a run to the end of its first training phase: the ServerApp's
+    start (a new process, or a fork of the SuperLink's fork server) and one round's training."""
+    return (
+        min(row["fit_done_unix_s"] for row in read_rows(run_dir) if row["stage"] == "time")
+        - submitted
+    )
+
+
 def run_deployment(directory: Path, overrides: list[str], fast: bool) -> dict[str, Any]:
-    """(a): 3 SuperNodes on loopback, the run submitted and followed to its end."""
+    """(a): 3 SuperNodes on loopback, the run submitted and followed to its end; then the same
+    run again on the same deployment (its start once every process is warm)."""
     endpoints = Endpoints(fleet_port=free_port(), control_port=free_port(), node_port=free_port())
     num_nodes = 3
     deployment = Deployment(directory / "deployment", num_nodes, endpoints, fast_rounds=fast)
-    run_dir = directory / "deployed"
+    run_dir, again_dir = directory / "deployed", directory / "deployed-again"
     try:
         started = time.time()
         deployment.start_superlink()
@@ -177,10 +191,14 @@ def run_deployment(directory: Path, overrides: list[str], fast: bool) -> dict[st
         run_id = deployment.control.submit(RunRecord((*overrides,), run_dir))
         status = deployment.control.wait_for_run(run_id, RUN_TIMEOUT)
         finished = time.time()
+        again_id = deployment.control.submit(RunRecord((*overrides,), again_dir))
+        again_status = deployment.control.wait_for_run(again_id, RUN_TIMEOUT)
     finally:
         deployment.stop_all()
-    if status != "finished:completed":
-        raise RuntimeError(f"the deployed run ended {status}; logs in {deployment.logs}")
+    if status != "finished:completed" or again_status != "finished:completed":
+        raise RuntimeError(
+            f"the deployed runs ended {status}, {again_status}; logs in {deployment.logs}"
+        )
     logs = [Path(deployment.processes[f"supernode-{i}"].log) for i in range(num_nodes)]
     times = round_times(run_dir)
     tasks = task_times(logs)
@@ -195,6 +213,10 @@ def run_deployment(directory: Path, overrides: list[str], fast: bool) -> dict[st
         "steady_round_s": statistics.median(times),
         "nodes_online_s": ready - started,
         "run_s": finished - ready,
+        "first_round_s": {
+            "first_run": first_round_s(run_dir, ready),
+            "second_run": first_round_s(again_dir, finished),
+        },
         "messages_per_round": messages_per_round(logs),
         "results": results_of(run_dir),
     }
@@ -240,7 +262,7 @@ def fork_start(repeats: int = 3) -> float:
 
     with tempfile.TemporaryDirectory(prefix="pff-") as tmp:
         server = ForkServerProcess.start(
-            Path(tmp), target="pflower.runtime.forkserver:empty_task", app=CLIENTAPP_PRELOAD
+            Path(tmp), target="pflower.runtime.forkapp:empty_task", app=CLIENTAPP_PRELOAD
         )
         try:
             server.wait_ready(timeout=300)
@@ -328,8 +350,8 @@ def write_table(table: Path, result: dict[str, Any]) -> None:
     header = (
         "| date (UTC) | machine | command | launch | deployment round (s) | simulation round (s) "
         "| overhead per round (s) | same results | messages per round | ClientApp cold start (s) "
-        "| fork-server start (s) | load before/after |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| fork-server start (s) | round 1 after submit, 1st/2nd run (s) | load before/after |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
     )
     breakdown = result["breakdown"]
     load = f"{result['load_average_before'][0]:.1f}/{result['load_average_after'][0]:.1f}"
@@ -342,7 +364,8 @@ def write_table(table: Path, result: dict[str, Any]) -> None:
             f"{simulated['steady_round_s']:.2f} | **{run['overhead_per_round_s']:.2f}** | "
             f"{'yes' if run['same_results'] else 'NO'} | {deployed['messages_per_round']:g} | "
             f"{breakdown['clientapp_cold_start_s']:.2f} | {breakdown['fork_start_s']:.2f} | "
-            f"{load} |\n"
+            f"{deployed['first_round_s']['first_run']:.2f}/"
+            f"{deployed['first_round_s']['second_run']:.2f} | {load} |\n"
         )
     text = table.read_text() if table.exists() else ""
     if header.splitlines()[0] not in text:

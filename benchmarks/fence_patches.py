@@ -18,8 +18,11 @@ changes it, alternating, ``--pairs`` times; printed are the medians and their ra
   module's ``time`` and with the launcher's capped one (0.1 s);
 - ``fab-install``: Flower's ``install_from_fab`` of pflower's own FAB, already installed, against
   ``install_fabs_once``'s;
+- ``serverapp-fab-install``: the same through Flower's ServerApp runtime (``flwr-serverapp``
+  installs the run's FAB at the start of every run), against ``install_serverapp_fabs_once``'s;
 - ``app-import``: a fork server's child that forgets the server's import of pflower's ClientApp and
   imports it again, against one that keeps it (``keep_app_if_unchanged``);
+- ``serverapp-import``: the same for pflower's ServerApp (a ServerApp fork server's child);
 - ``console``: bytes of colour escapes that Flower's console handler writes into a log that is no
   terminal, per 100 lines (pflower switches the colours off there);
 - ``ray`` (``--ray``, about a minute): ``RayBackend.init_ray`` in a fresh process with Ray's head
@@ -188,28 +191,45 @@ def supernode_poll() -> tuple[float, float]:
     return flower, capped
 
 
-def fab_install() -> tuple[float, float]:
+def _fab_install(runtime: Any, patch: Callable[[], None]) -> tuple[float, float]:
+    """Flower's ``install_from_fab`` as ``runtime`` (a module of Flower's app runtimes) calls
+    it, of pflower's own FAB installed already, against the same call after ``patch``."""
     from flwr.cli.build import build_fab_from_disk
-    from flwr.supernode.runtime import run_clientapp
-
-    from pflower.runtime.forkapp import install_fabs_once
 
     fab = build_fab_from_disk(ROOT)
-    flower = run_clientapp.install_from_fab
+    flower = runtime.install_from_fab
     with tempfile.TemporaryDirectory(prefix="fab-") as home:
         os.environ["FLWR_HOME"] = home
         flower(fab, skip_prompt=True)  # installed once, as by a node's first task
-        install_fabs_once()
+        patch()
         try:
-            run_clientapp.install_from_fab(fab, skip_prompt=True)  # marked
+            runtime.install_from_fab(fab, skip_prompt=True)  # marked
             times = []
-            for install in (flower, run_clientapp.install_from_fab):
+            for install in (flower, runtime.install_from_fab):
                 began = time.perf_counter()
                 install(fab, skip_prompt=True)
                 times.append(time.perf_counter() - began)
         finally:
-            run_clientapp.install_from_fab = flower
+            runtime.install_from_fab = flower
     return times[0], times[1]
+
+
+def fab_install() -> tuple[float, float]:
+    from flwr.supernode.runtime import run_clientapp
+
+    from pflower.runtime.forkapp import install_fabs_once
+
+    return _fab_install(run_clientapp, install_fabs_once)
+
+
+def serverapp_fab_install() -> tuple[float, float]:
+    import importlib
+
+    from pflower.runtime.forkapp import install_serverapp_fabs_once
+
+    # the package re-exports its function run_serverapp under the module's name
+    runtime = importlib.import_module("flwr.superlink.runtime.run_serverapp")
+    return _fab_install(runtime, install_serverapp_fabs_once)
 
 
 def _in_child(work: Callable[[], None]) -> float:
@@ -229,18 +249,28 @@ def _in_child(work: Callable[[], None]) -> float:
     return seconds
 
 
-def app_import() -> tuple[float, float]:
+def _app_import(module: str) -> tuple[float, float]:
+    """A fork server's child that forgets the server's import of ``module`` (pflower's
+    ClientApp or ServerApp) and imports it again, against one that keeps it."""
     import importlib
 
     from pflower.runtime.forkapp import forget
 
-    importlib.import_module("pflower.client.app")  # what the launcher's fork server preloads
+    importlib.import_module(module)  # what the launcher's fork server preloads
 
     def again() -> None:
         forget()
-        importlib.import_module("pflower.client.app")
+        importlib.import_module(module)
 
-    return _in_child(again), _in_child(lambda: importlib.import_module("pflower.client.app"))
+    return _in_child(again), _in_child(lambda: importlib.import_module(module))
+
+
+def app_import() -> tuple[float, float]:
+    return _app_import("pflower.client.app")
+
+
+def serverapp_import() -> tuple[float, float]:
+    return _app_import("pflower.server.app")
 
 
 def console() -> tuple[float, float]:
@@ -311,7 +341,9 @@ SCENARIOS: dict[str, tuple[Callable[[], tuple[float, float]], str]] = {
     "reply-poll": (reply_poll, "s"),
     "supernode-poll": (supernode_poll, "s"),
     "fab-install": (fab_install, "s"),
+    "serverapp-fab-install": (serverapp_fab_install, "s"),
     "app-import": (app_import, "s"),
+    "serverapp-import": (serverapp_import, "s"),
     "console": (console, "escape bytes per 100 lines"),
     "ray": (ray, "s"),
 }

@@ -55,8 +55,10 @@ from flwr.superlink.grid import HttpGrid, InMemoryGrid
 from pflower.config.base import stage_app
 from pflower.core.nodes import NodeQuestions
 from pflower.deploy import launcher
+from pflower.deploy.processes import runs_program
 from pflower.deploy.topology import launcher_command
 from pflower.plugins import PLUGINS_ENV
+from pflower.runtime import fence
 from pflower.runtime import launcher as runtime_launcher
 from pflower.runtime.forkapp import (
     APP_DIGEST_FILE,
@@ -65,7 +67,7 @@ from pflower.runtime.forkapp import (
     install_fabs_once,
     installed_app_digest,
 )
-from pflower.runtime.forkclient import SOCKET_VARIABLE
+from pflower.runtime.forkclient import SOCKET_VARIABLE, pid_alive, stands_in_for
 from pflower.runtime.forkserver import ForkServerProcess, shim_script, wait_status
 from pflower.runtime.packing import is_packed, packed_arrays_mod
 from pflower.runtime.polling import (
@@ -78,6 +80,8 @@ from pflower.runtime.polling import (
     prompt_object_pulls,
     round_grid,
 )
+from pflower.runtime.standins import SERVERAPP, STAND_INS
+from tests.deploy_helpers import wait_until
 
 PROBE = """
 import json, os, signal, sys
@@ -110,6 +114,13 @@ def main():
     )
     print(json.dumps(report), flush=True)
     print("to stderr", file=sys.stderr, flush=True)
+    if "PROBE_SLEEP" in os.environ:  # a long task: its pid in that file, then sleep
+        with open(os.environ["PROBE_SLEEP"] + ".part", "w") as pid_file:
+            pid_file.write(str(os.getpid()))
+        os.replace(os.environ["PROBE_SLEEP"] + ".part", os.environ["PROBE_SLEEP"])
+        import time
+
+        time.sleep(600)
     outcome = os.environ.get("PROBE_EXIT", "0")
     if outcome.startswith("signal"):
         os.kill(os.getpid(), int(outcome[len("signal"):]))
@@ -247,6 +258,68 @@ def test_child_killed_by_a_signal_is_reported(server: ForkServerProcess, tmp_pat
     assert result.returncode == -signal.SIGTERM
 
 
+def _long_task(server: ForkServerProcess, tmp_path: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A stand-in whose child sleeps; the stand-in and the child's pid."""
+    pid_file = tmp_path / "child.pid"
+    stand_in = subprocess.Popen(
+        [str(server.shim), "--token", "secret"],
+        env=server.environment({**os.environ, "PROBE_SLEEP": str(pid_file)}),
+        cwd=tmp_path,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_until(pid_file.exists, 60, "the child's pid")
+    return stand_in, int(pid_file.read_text())
+
+
+def test_a_child_ends_with_its_stand_in(server: ForkServerProcess, tmp_path: Path) -> None:
+    """``kill -9`` of the stand-in (what looks like the ClientApp or ServerApp process) ends the
+    task, as it ends Flower's own process; SIGTERM reaches the child through the stand-in."""
+    stand_in, child = _long_task(server, tmp_path)
+    assert pid_alive(child) and child != stand_in.pid
+    stand_in.kill()
+    stand_in.wait(timeout=10)
+    wait_until(lambda: not pid_alive(child), 30, "the child to end with its stand-in")
+    stand_in, child = _long_task(server, tmp_path)
+    stand_in.terminate()
+    assert stand_in.wait(timeout=30) == -signal.SIGTERM
+    assert not pid_alive(child)
+
+
+def test_a_stand_in_is_found_as_the_program_it_stands_in_for(
+    server: ForkServerProcess, tmp_path: Path
+) -> None:
+    stand_in, child = _long_task(server, tmp_path)
+    try:
+        assert runs_program(stand_in.pid, "flwr-clientapp")
+        assert not runs_program(stand_in.pid, "flwr-serverapp")
+        assert not runs_program(child, "flwr-clientapp")  # the fork server's command line
+    finally:
+        stand_in.terminate()
+        stand_in.wait(timeout=30)
+    assert stands_in_for(["python", "-I", "-S", "/x/forkclient.py", "/d/bin/flwr-serverapp"]) == (
+        "flwr-serverapp"
+    )
+    assert stands_in_for(["python", "-m", "pflower", "flwr-serverapp", "x"]) is None
+
+
+def test_a_serverapp_fork_server_serves_flowers_serverapp(tmp_path: Path) -> None:
+    """A fork server started for ``flwr-serverapp`` has that stand-in, and its children call
+    Flower's ``flwr-serverapp`` entry point and load the app through the ServerApp runtime's
+    ``load_app``."""
+    server = ForkServerProcess.start(tmp_path / "server", command="flwr-serverapp")
+    try:
+        assert server.shim.name == "flwr-serverapp"
+        argv = [str(a) for a in server.popen.args]  # type: ignore[union-attr]
+        assert argv[argv.index("--target") + 1] == SERVERAPP.target
+        assert argv[argv.index("--command") + 1] == "flwr-serverapp"
+        assert argv[argv.index("--preload") + 1] == ",".join(SERVERAPP.preload)
+    finally:
+        server.stop()
+    assert STAND_INS["flwr-serverapp"].load_app is fence.SERVERAPP_LOAD_APP
+    assert SERVERAPP.target == f"{fence.FLWR_SERVERAPP.module}:{fence.FLWR_SERVERAPP.name}"
+
+
 def test_stand_in_runs_the_real_command_without_a_server(tmp_path: Path) -> None:
     real, stand_in = tmp_path / "real", tmp_path / "stand-in"
     for directory, text in [
@@ -298,6 +371,9 @@ def test_launcher_command_line() -> None:
         False,
         ["--insecure"],
     )
+    superlink = ["--insecure", "--isolation", "subprocess", "--database", ":flwr-in-memory:"]
+    command = launcher_command("superlink", superlink, python="python")
+    assert launcher.parse(command[3:]) == ("superlink", True, superlink)
     assert launcher.isolation_of(flower) == "process"
     assert launcher.isolation_of(["--isolation=subprocess"]) == "subprocess"
     assert launcher.isolation_of(["--insecure"]) == "subprocess"
@@ -316,6 +392,26 @@ def test_supernode_sleeps_are_capped(monkeypatch: pytest.MonkeyPatch) -> None:
     capped.sleep(3)  # Flower's idle poll
     assert time.monotonic() - began < 1.0
     assert capped.time is time.time and capped.monotonic is time.monotonic
+
+
+def test_an_idle_supernode_polls_less_often_until_a_message_comes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Idle sleeps are capped at the short cap for ``idle_after`` seconds, then at the idle cap;
+    a reply wait (a message being handled) starts the count again."""
+    slept: list[float] = []
+    clock = [100.0]
+    monkeypatch.setattr(runtime_launcher.time, "sleep", slept.append)
+    monkeypatch.setattr(runtime_launcher.time, "monotonic", lambda: clock[0])
+    capped = runtime_launcher.CappedSleepTime(0.1, idle_cap=1.0, idle_after=10.0)
+    for at in (100.0, 105.0, 109.9, 110.0, 200.0):
+        clock[0] = at
+        capped.sleep(3)
+    clock[0] = 201.0
+    capped.sleep(0.5)  # waiting for a ClientApp's reply: a message came
+    capped.sleep(3)
+    assert slept == [0.1, 0.1, 0.1, 1.0, 1.0, 0.1, 0.1]
+    assert runtime_launcher.CappedSleepTime(0.1).idle_cap == 0.1  # no idle cap: one cap
 
 
 class FakeInstaller:

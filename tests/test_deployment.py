@@ -34,9 +34,10 @@ from pflower.config import RunRecord
 from pflower.core.checkpoint import CheckpointError, load_checkpoint
 from pflower.deploy.cli import main, resume_record
 from pflower.deploy.control import CONNECTION
-from pflower.deploy.local import Deployment
-from pflower.deploy.processes import tagged_pids
+from pflower.deploy.local import SERVERAPP_PROGRAM, Deployment
+from pflower.deploy.processes import runs_program, tagged_pids
 from pflower.results.rows import read_rows
+from pflower.runtime.forkserver import TASK_LOG_PREFIX
 from tests.deploy_helpers import (
     REPO,
     RUN_TIMEOUT,
@@ -130,6 +131,14 @@ def test_deployment_matches_simulation(
     assert (run_dir / "summary.json").is_file()
     assert_same_results(rows, reference())
     assert_state_persisted(rows)
+    # The run's ServerApp was a child of the SuperLink's fork server (it reports each child it
+    # reaped in the SuperLink's log), not a new flwr-serverapp process.
+    superlink_log = Path(three_nodes.deployment.processes["superlink"].log)
+    wait_until(
+        lambda: TASK_LOG_PREFIX in superlink_log.read_text(errors="replace"),
+        60,
+        "the SuperLink's fork server to report the ServerApp it ran",
+    )
 
 
 def _received_train(log: Path, run_id: str, server_round: int) -> bool:
@@ -341,13 +350,10 @@ def test_tls_and_supernode_authentication_with_deploy_cli(tmp_path: Path) -> Non
 
 
 def _serverapp_pids(deployment: Deployment) -> list[int]:
-    """The deployment's ServerApp processes (the SuperLink starts one per run)."""
-    found = []
-    for pid in tagged_pids(deployment.tag):
-        with contextlib.suppress(OSError):
-            if b"flwr-serverapp" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-    return found
+    """The deployment's ServerApp processes (the SuperLink starts one per run): the
+    ``flwr-serverapp`` stand-ins of the SuperLink's fork server, whose end ends the ServerApp
+    (not the fork server itself, which would take the other runs' ServerApps with it)."""
+    return [pid for pid in tagged_pids(deployment.tag) if runs_program(pid, SERVERAPP_PROGRAM)]
 
 
 def test_killed_serverapp_resumes_to_the_same_results(

@@ -147,14 +147,22 @@ def test_the_launcher_gives_the_fork_server_pflowers_clientapp_to_preload(
 ) -> None:
     from pflower.deploy import launcher
     from pflower.runtime import launcher as runtime_launcher
-    from pflower.runtime.forkserver import PRELOAD, ForkServerProcess
+    from pflower.runtime.forkserver import ForkServerProcess
+    from pflower.runtime.standins import PRELOAD, SERVERAPP_PRELOAD
 
     given: list[object] = []
-    monkeypatch.setattr(runtime_launcher, "main", lambda argv, app: given.append((argv, app)))
+    monkeypatch.setattr(
+        runtime_launcher,
+        "main",
+        lambda argv, app, server_app: given.append((argv, app, server_app)),
+    )
     launcher.main(["supernode"])
-    assert given == [(["supernode"], launcher.CLIENTAPP_PRELOAD)]
+    assert given == [(["supernode"], launcher.CLIENTAPP_PRELOAD, launcher.SERVERAPP_PRELOAD)]
     assert "pflower.client.app" in launcher.CLIENTAPP_PRELOAD
-    assert not any(m.startswith("pflower.client") for m in PRELOAD)
+    assert "pflower.server.app" in launcher.SERVERAPP_PRELOAD
+    # the runtime, a lower layer, names no module of pflower's apps
+    assert not any(m.startswith(("pflower.client", "pflower.server")) for m in PRELOAD)
+    assert not any(m.startswith(("pflower.client", "pflower.server")) for m in SERVERAPP_PRELOAD)
 
     started: list[dict[str, object]] = []
     monkeypatch.setattr(ForkServerProcess, "start", lambda *a, **k: started.append(k) or _Env())

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
+from pflower.runtime.launcher import SUPERLINK_IN_MEMORY_DB
 from tests.deploy_helpers import free_port
 
 GONE_WITHIN_S = 30.0
@@ -177,3 +178,31 @@ def test_a_killed_launcher_supernode_leaves_neither_its_fork_server_nor_its_supe
     ]
     with _driver(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as driver:
         _assert_kill_leaves_no_survivor(driver, 2, "the SuperNode")
+
+
+@pytest.mark.slow
+@pytest.mark.deployment
+def test_a_killed_launcher_superlink_leaves_neither_its_fork_server_nor_its_superexec() -> None:
+    """``python -m pflower.deploy.launcher superlink`` has started its ServerApp fork server and
+    Flower's SuperExec (which starts the runs' ServerApps); ``kill -9`` ends all three."""
+    command = [
+        sys.executable,
+        "-m",
+        "pflower.deploy.launcher",
+        "superlink",
+        "--",
+        "--insecure",
+        "--isolation",
+        "subprocess",
+        "--database",
+        SUPERLINK_IN_MEMORY_DB,
+        "--fleet-api-address",
+        f"127.0.0.1:{free_port()}",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--disable-runtime-dependency-installation",
+    ]
+    with _driver(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as driver:
+        _assert_kill_leaves_no_survivor(driver, 2, "the SuperLink")

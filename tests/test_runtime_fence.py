@@ -58,7 +58,9 @@ PATCH_TESTS = {
     ),
     fence.PULL_AND_INFLATE: "test_pull_and_inflate_passes_its_backoff_defaults_to_pull_objects",
     fence.INSTALL_FROM_FAB: "test_flower_installs_the_same_fab_into_the_same_directory",
+    fence.SERVERAPP_INSTALL_FROM_FAB: "test_flower_installs_the_same_fab_into_the_same_directory",
     fence.LOAD_APP: "test_flower_loads_an_imported_app_module_as_it_is",
+    fence.SERVERAPP_LOAD_APP: "test_flower_loads_an_imported_app_module_as_it_is",
     fence.SUPERNODE_TIME: "test_the_supernode_waits_for_a_reply_through_its_modules_time",
     fence.CONSOLE_HANDLER_CLASS: "test_console.py::test_flower_colours_only_a_terminal",
 }
@@ -491,10 +493,16 @@ def test_pull_and_inflate_passes_its_backoff_defaults_to_pull_objects(
     assert (seen["initial_backoff"], seen["backoff_cap"]) == (0.01, 0.05)
 
 
+@pytest.mark.parametrize(
+    "internal",
+    [fence.INSTALL_FROM_FAB, fence.SERVERAPP_INSTALL_FROM_FAB],
+    ids=["clientapp", "serverapp"],
+)
 def test_flower_installs_the_same_fab_into_the_same_directory(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    internal: Internal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """What ``install_fabs_once`` returns without asking Flower is what Flower would return."""
+    """What ``install_fabs_once`` returns without asking Flower is what Flower would return, in
+    its ClientApp runtime and in its ServerApp runtime."""
     from flwr.cli.build import build_fab_from_disk
 
     app = tmp_path / "app"
@@ -525,22 +533,26 @@ def test_flower_installs_the_same_fab_into_the_same_directory(
     )
     monkeypatch.setenv("FLWR_HOME", str(tmp_path / "home"))
     fab = build_fab_from_disk(app)
-    install = fence.INSTALL_FROM_FAB.current()
+    install = internal.current()
     first = install(fab, skip_prompt=True)
     assert install(fab, skip_prompt=True) == first and (first / "probeapp").is_dir()
 
 
+@pytest.mark.parametrize(
+    "internal", [fence.LOAD_APP, fence.SERVERAPP_LOAD_APP], ids=["clientapp", "serverapp"]
+)
 def test_flower_loads_an_imported_app_module_as_it_is(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    internal: Internal, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Flower's ``load_app`` takes a module imported already, whatever the FAB's directory holds:
-    which is why a child forgets the server's import of a changed app."""
+    """Flower's ``load_app`` (as its ClientApp and its ServerApp runtimes call it) takes a module
+    imported already, whatever the FAB's directory holds: which is why a child forgets the
+    server's import of a changed app."""
     for version in ("one", "two"):
         (tmp_path / version / "probe_fence_app").mkdir(parents=True)
         (tmp_path / version / "probe_fence_app" / "__init__.py").write_text(f"app = {version!r}\n")
     monkeypatch.setattr(sys, "path", list(sys.path))
     monkeypatch.delitem(sys.modules, "probe_fence_app", raising=False)
-    load = fence.LOAD_APP.current()
+    load = internal.current()
     assert load("probe_fence_app:app", ValueError, tmp_path / "one") == "one"
     assert load("probe_fence_app:app", ValueError, tmp_path / "two") == "one"
     del sys.modules["probe_fence_app"]

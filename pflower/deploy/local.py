@@ -73,9 +73,10 @@ class Deployment:
     tag: str = field(default_factory=lambda: f"pflower-{uuid.uuid4().hex[:12]}")
     processes: dict[str, ManagedProcess] = field(default_factory=dict)
     fast_rounds: bool = True
-    """Start SuperNodes through [`pflower.deploy.launcher`][pflower.deploy.launcher] (ClientApp fork
-    server, short
-    polling intervals); False starts ``flower-supernode`` itself."""
+    """Start the SuperNodes and the SuperLink through
+    [`pflower.deploy.launcher`][pflower.deploy.launcher] (ClientApp and ServerApp fork servers,
+    short polling intervals); False starts ``flower-supernode`` and ``flower-superlink``
+    themselves."""
     state_database: str = IN_MEMORY_STATE
     """The SuperLink's ``--database``: its state in memory (Flower's default, lost when the
     SuperLink ends, as these processes are) or the path of a SQLite file in an existing folder
@@ -123,13 +124,13 @@ class Deployment:
 
     def start_superlink(self, timeout: float = START_TIMEOUT_S) -> None:
         """Start the SuperLink and wait until its Fleet and Control APIs accept connections."""
-        self._start(
-            "superlink",
-            [
-                executable("flower-superlink"),
-                *superlink_args(self.endpoints, self.security, self.state_database),
-            ],
+        args = superlink_args(self.endpoints, self.security, self.state_database)
+        command = (
+            launcher_command("superlink", args)
+            if self.fast_rounds
+            else [executable("flower-superlink"), *args]
         )
+        self._start("superlink", command)
         self.control.write_config()
         popen = self._popens["superlink"]
         wait_for_port(self.endpoints.host, self.endpoints.control_port, timeout, popen)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from pflower.runtime.forkclient import pid_alive
+from pflower.runtime.forkclient import pid_alive, stands_in_for
 
 TAG_VARIABLE = "PFLOWER_DEPLOY_TAG"
 """Environment variable naming the deployment and process a process belongs to."""
@@ -113,12 +113,15 @@ def tagged_pids(tag: str) -> list[int]:
 
 def runs_program(pid: int, program: str) -> bool:
     """Whether process ``pid`` runs ``program``: the name of its executable or, for a Python
-    entry point (``python /venv/bin/flwr-serverapp ...``), of its script (Linux's ``/proc``)."""
+    entry point (``python /venv/bin/flwr-serverapp ...``), of its script, or the command that a
+    fork server's stand-in stands in for
+    ([`stands_in_for`][pflower.runtime.forkclient.stands_in_for]; Linux's ``/proc``)."""
     try:
-        words = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")[:2]
+        raw = (_PROC / str(pid) / "cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return any(Path(word.decode(errors="replace")).name == program for word in words)
+    words = [word.decode(errors="replace") for word in raw]
+    return any(Path(word).name == program for word in words[:2]) or stands_in_for(words) == program
 
 
 def _targets(tag: str, leaders: Sequence[int], program: str | None = None) -> list[int]:

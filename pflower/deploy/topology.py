@@ -152,11 +152,11 @@ def supernode_args(
 def launcher_command(
     component: str, args: list[str], python: str | None = None, fork_server: bool = True
 ) -> list[str]:
-    """The command running ``flower-<component> args`` (``supernode`` or ``superexec``) through
-    pflower's launcher ([`pflower.deploy.launcher`][pflower.deploy.launcher]: short polling
-    intervals and, where
-    ClientApps run and ``fork_server``, a ClientApp fork server) on ``python`` (default: this
-    interpreter)."""
+    """The command running ``flower-<component> args`` (``supernode``, ``superexec`` or
+    ``superlink``) through pflower's launcher
+    ([`pflower.deploy.launcher`][pflower.deploy.launcher]: short polling intervals and, where
+    apps run and ``fork_server``, a fork server for the ClientApps, or a SuperLink's ServerApps)
+    on ``python`` (default: this interpreter)."""
     options = [] if fork_server else ["--no-fork-server"]
     launcher = [python or sys.executable, "-m", "pflower.deploy.launcher", *options, component]
     return [*launcher, "--", *args]

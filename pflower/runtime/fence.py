@@ -246,6 +246,44 @@ LOAD_APP = Internal(
     ),
     defaults=(("project_dir", None),),
 )
+SERVERAPP_INSTALL_FROM_FAB = Internal(
+    "flwr.superlink.runtime.run_serverapp",
+    "install_from_fab",
+    "(fab_file, install_dir=..., skip_prompt=...)",
+    "every run's ServerApp unpacks and checks the run's FAB again, as a ClientApp task does "
+    "(INSTALL_FROM_FAB, the same function); the ServerApp fork server returns a complete "
+    "earlier installation at once (pflower.runtime.forkapp)",
+    measured=(
+        "pflower's own FAB, installed already: 0.128 s of Flower's install_from_fab per run's "
+        "ServerApp, 0.0017 s (benchmarks/fence_patches.py, 3 pairs, 2026-12-07, 2 cores)"
+    ),
+    defaults=(("install_dir", None), ("skip_prompt", False)),
+)
+SERVERAPP_LOAD_APP = Internal(
+    "flwr.server.run_serverapp",
+    "load_app",
+    "(module_attribute_str, error_type, project_dir=...)",
+    "a ServerApp fork server's child keeps the server's import of pflower only for a FAB with "
+    "the same code, as a ClientApp task's does (LOAD_APP, the same function; "
+    "pflower.runtime.forkapp)",
+    measured=(
+        "a ServerApp child that imported pflower's ServerApp again (torch and Flower imported "
+        "already) took 1.01 s; one that keeps the server's, 0.0002 s"
+    ),
+    defaults=(("project_dir", None),),
+)
+FLWR_SERVERAPP = Internal(
+    "flwr.superlink.cli.flwr_serverapp",
+    "flwr_serverapp",
+    "()",
+    "the flwr-serverapp entry point that a ServerApp fork server's child runs",
+)
+FLOWER_SUPERLINK = Internal(
+    "flwr.superlink.cli.flower_superlink",
+    "flower_superlink",
+    "()",
+    "the flower-superlink entry point that pflower's launcher runs in its own process",
+)
 FLWR_CLIENTAPP = Internal(
     "flwr.supernode.cli.flwr_clientapp",
     "flwr_clientapp",
@@ -358,7 +396,11 @@ INTERNALS: tuple[Internal, ...] = (
     PULL_AND_INFLATE,
     INSTALL_FROM_FAB,
     LOAD_APP,
+    SERVERAPP_INSTALL_FROM_FAB,
+    SERVERAPP_LOAD_APP,
     FLWR_CLIENTAPP,
+    FLWR_SERVERAPP,
+    FLOWER_SUPERLINK,
     FLOWER_SUPERNODE,
     FLOWER_SUPEREXEC,
     SUPERNODE_TIME,

@@ -1,11 +1,11 @@
 """What a fork server's child runs ([`pflower.runtime.forkserver`][pflower.runtime.forkserver]): the
-run's FAB, installed
-once per node ([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once], Flower's
-``run_clientapp.install_from_fab``); the
-server's import of pflower, kept only for a FAB with the same code
-([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged],
-Flower's ``clientapp.utils.load_app``); and the configurations the children composed, prepared
-ahead by the server ([`warm_configs`][pflower.runtime.forkapp.warm_configs]).
+run's FAB, installed once per node, or per SuperLink for its ServerApps
+([`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once], Flower's
+``install_from_fab`` in its ClientApp and ServerApp runtimes); the server's import of pflower,
+kept only for a FAB with the same code
+([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged], Flower's ``load_app``
+as the two runtimes call it); and the configurations the children composed, prepared ahead by
+the server ([`warm_configs`][pflower.runtime.forkapp.warm_configs]).
 """
 
 from __future__ import annotations
@@ -13,14 +13,23 @@ from __future__ import annotations
 import contextlib
 import gc
 import hashlib
+import importlib
+import logging
 import os
 import socket
 import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from pflower.runtime.fence import INSTALL_FROM_FAB, LOAD_APP
+from pflower.runtime.fence import (
+    INSTALL_FROM_FAB,
+    LOAD_APP,
+    SERVERAPP_INSTALL_FROM_FAB,
+)
 from pflower.runtime.forkclient import SOCKET_VARIABLE, send_message
-from pflower.runtime.internal import FlowerChanged
+from pflower.runtime.internal import FlowerChanged, Internal
 
 APP_PACKAGE = "pflower"
 """The package whose import the server keeps for its children."""
@@ -54,7 +63,7 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(partial, path)
 
 
-def install_fabs_once() -> None:
+def install_fabs_once(install: Internal = INSTALL_FROM_FAB) -> None:
     """Make a ClientApp task skip installing a FAB that an earlier task of its node installed.
 
     ``flwr-clientapp`` installs the run's FAB at the start of every task: it unpacks the
@@ -64,10 +73,12 @@ def install_fabs_once() -> None:
     SHA-256 (the whole digest, not the 8 characters of the directory's name) marks a complete
     installation return that directory at once; anything else is installed by Flower's
     function as before, and the installation is marked afterwards. The server calls this
-    before it forks, so its children inherit the wrapper, for the server's life
-    (`INSTALL_FROM_FAB`).
+    before it forks, so its children inherit the wrapper, for the server's life (``install``:
+    `INSTALL_FROM_FAB`, the ClientApp runtime's;
+    [`install_serverapp_fabs_once`][pflower.runtime.forkapp.install_serverapp_fabs_once] wraps
+    the ServerApp runtime's).
     """
-    original = INSTALL_FROM_FAB.current()
+    original = install.current()
 
     def install_from_fab(
         fab_file: Path | bytes, install_dir: Path | None = None, skip_prompt: bool = False
@@ -83,7 +94,14 @@ def install_fabs_once() -> None:
         write_atomically(path / INSTALLED_FAB_MARK, digest)
         return path
 
-    INSTALL_FROM_FAB.replace_for_process(install_from_fab)
+    install.replace_for_process(install_from_fab)
+
+
+def install_serverapp_fabs_once() -> None:
+    """[`install_fabs_once`][pflower.runtime.forkapp.install_fabs_once] for a SuperLink's
+    ServerApps (`SERVERAPP_INSTALL_FROM_FAB`): ``flwr-serverapp`` installs the run's FAB the same
+    way at the start of every run."""
+    install_fabs_once(SERVERAPP_INSTALL_FROM_FAB)
 
 
 def forget(package: str = APP_PACKAGE) -> None:
@@ -192,31 +210,109 @@ def warm_configs(overrides: list[list[str]]) -> None:
     gc.freeze()
 
 
-def keep_app_if_unchanged(loaded: str | None, package: str = APP_PACKAGE) -> None:
+def keep_app_if_unchanged(
+    loaded: str | None, package: str = APP_PACKAGE, load_app: Internal = LOAD_APP
+) -> None:
     """In a child: keep the server's imported app only for a FAB with the same code.
 
-    Flower loads the ClientApp with ``load_app(reference, error, project_dir)``, which imports
-    the module from the FAB's directory unless it is imported already. This wraps that call
-    (`LOAD_APP`, for the child's life): if the FAB's ``package`` and
-    ``conf`` have the digest ``loaded`` of the server's import, the imported modules are used as
-    they are; otherwise (or if Flower's call is not the one known) they are forgotten first and
-    the FAB's own code is imported, as in a new process.
+    Flower loads the app with ``load_app(reference, error, project_dir)``, which imports the
+    module from the FAB's directory unless it is imported already. This wraps that call
+    (``load_app``: `LOAD_APP`, the ClientApp runtime's, or `SERVERAPP_LOAD_APP`, the ServerApp
+    runtime's; for the child's life): if the FAB's ``package`` and ``conf`` have the digest
+    ``loaded`` of the server's import, the imported modules are used as they are; otherwise (or
+    if Flower's call is not the one known) they are forgotten first and the FAB's own code is
+    imported, as in a new process.
     """
     try:
-        LOAD_APP.check()
+        load_app.check()
     except FlowerChanged:
         loaded = None
     if loaded is None:
         forget(package)
         _app_kept[0] = False
         return
-    original = LOAD_APP.current()
+    original = load_app.current()
 
-    def load_app(reference: str, error_type: type[Exception], project_dir: object = None) -> object:
+    def kept_or_forgotten(
+        reference: str, error_type: type[Exception], project_dir: object = None
+    ) -> object:
         root = Path(str(project_dir)) if project_dir is not None else None
         if root is None or installed_app_digest(root, package) != loaded:
             forget(package)
             _app_kept[0] = False
         return original(reference, error_type, project_dir)
 
-    LOAD_APP.replace_for_process(load_app)
+    load_app.replace_for_process(kept_or_forgotten)
+
+
+# ------------------------------------------------------------------------------ the task
+@dataclass
+class Task:
+    """What a child runs: the stand-in's command line, environment, directory and streams."""
+
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    fds: dict[int, int] = field(default_factory=dict)
+    """Standard stream number -> the received file descriptor to put there."""
+
+
+def resolve(target: str) -> Callable[[], object]:
+    """The function named ``module:function``."""
+    module, _, name = target.partition(":")
+    function: Callable[[], object] = getattr(importlib.import_module(module), name)
+    return function
+
+
+def run_task(
+    task: Task, target: str, loaded_app: str | None = None, load_app: Internal = LOAD_APP
+) -> None:
+    """In the child: take over the stand-in's streams, environment, directory and command line,
+    keep the server's import of the app for a FAB with its digest ``loaded_app``
+    ([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged], through the
+    program's ``load_app``), then call ``target``. The child ends with the exit status
+    ``target`` leaves (as ``flwr-clientapp`` would), without tearing the interpreter down."""
+    for number in (0, 1, 2):
+        received = task.fds.get(number)
+        if received is None:
+            received = os.open(os.devnull, os.O_RDWR)
+        if received != number:
+            os.dup2(received, number)
+            os.close(received)
+    os.chdir(task.cwd)
+    os.environ.clear()
+    os.environ.update(task.env)
+    sys.argv = list(task.argv)
+    gc.enable()
+    keep_app_if_unchanged(loaded_app, load_app=load_app)
+    try:
+        resolve(target)()
+        code = 0
+    except SystemExit as done:
+        code = exit_code(done)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    send_warm_hint(configs_to_warm())
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    logging.shutdown()
+    # Not a normal interpreter exit: tearing down the modules inherited from the server would
+    # write to (and so copy) every page of its heap, seconds of work for nothing.
+    os._exit(code)
+
+
+def exit_code(done: SystemExit) -> int:
+    """The exit status Python gives a ``SystemExit`` (its message printed, if it has one)."""
+    if done.code is None:
+        return 0
+    if isinstance(done.code, int):
+        return done.code
+    print(done.code, file=sys.stderr)
+    return 1
+
+
+def empty_task() -> None:
+    """A task that does nothing: what a task costs the fork server and its child (the benchmark
+    times it)."""

@@ -1,6 +1,8 @@
-"""The ``flwr-clientapp`` stand-in: hands the task to pflower's fork server, else runs Flower's.
+"""The ``flwr-clientapp`` stand-in (and ``flwr-serverapp``'s, and ``pflower``'s for
+``pflower tune``): hands the task to pflower's fork server, else runs Flower's program.
 
-A SuperExec runs every ClientApp task as a new ``flwr-clientapp`` process, found on ``PATH``.
+A SuperExec runs every ClientApp task as a new ``flwr-clientapp`` process, found on ``PATH``
+(every run's ServerApp as a new ``flwr-serverapp``).
 [`pflower.runtime.forkserver`][pflower.runtime.forkserver] puts a script of that name first on the
 SuperExec's ``PATH``
 which runs this file (``python -I -S``: the standard library only, nothing of pflower, torch or
@@ -13,7 +15,8 @@ Flower is imported here, so it starts in milliseconds). It
 2. receives the pid of the child the server forked to run the task (Flower's own
    ``flwr-clientapp`` entry point, in a process that has torch and Flower imported already),
    passes SIGTERM/SIGINT/SIGHUP on to it, and
-3. exits as the child did (its exit code, or the signal that ended it).
+3. exits as the child did (its exit code, or the signal that ended it). Killed itself (SIGKILL),
+   it takes the child with it: the server kills a child whose stand-in's connection closed.
 
 If the server cannot be reached, or closes the connection before it started a child, nothing
 was started and this process replaces itself (``exec``) by the real ``flwr-clientapp`` next on
@@ -158,6 +161,17 @@ def run_through_server(path: str, argv: list[str]) -> int | None:
     if "signal" in status:
         return -int(status["signal"])
     return int(status["exit"])
+
+
+def stands_in_for(argv: list[str]) -> str | None:
+    """The command that a process with the command line ``argv`` stands in for, if it runs this
+    file as a stand-in script does (``python -I -S <this file> <the stand-in's path> ARGS``:
+    [`shim_script`][pflower.runtime.forkserver.shim_script]); None for any other process.
+    Whoever looks for a ``flwr-serverapp`` process by its command line finds the stand-in, which
+    passes SIGTERM on to the ServerApp and whose end ends it."""
+    if len(argv) < 5 or os.path.basename(argv[3]) != os.path.basename(__file__):
+        return None
+    return os.path.basename(argv[4])
 
 
 def real_command(own: str) -> str:

@@ -1,4 +1,5 @@
-"""A fork server for ClientApp processes: each task starts in milliseconds, not seconds.
+"""A fork server for ClientApp (and ServerApp) processes: each task starts in milliseconds, not
+seconds.
 
 In Flower 1.39 a SuperNode hands every message to a new ``flwr-clientapp`` process, started by its
 SuperExec by name (``subprocess.Popen(["flwr-clientapp", ...])``), which runs that one task and
@@ -21,7 +22,7 @@ The fork server imports those libraries once, then forks a child per task:
 - the server ([`ForkServer`][pflower.runtime.forkserver.ForkServer]) forks; the child takes over the
   streams, environment, working
   directory and ``sys.argv`` of the stand-in and calls Flower's ``flwr-clientapp`` entry point
-  ([`DEFAULT_TARGET`][pflower.runtime.forkserver.DEFAULT_TARGET]), which connects to the SuperNode,
+  ([`CLIENTAPP`][pflower.runtime.standins.CLIENTAPP]), which connects to the SuperNode,
   pulls the task, runs the app and
   exits; the server reports the child's exit status back to the stand-in, which exits likewise.
 
@@ -64,7 +65,6 @@ import argparse
 import contextlib
 import gc
 import importlib
-import logging
 import os
 import selectors
 import shlex
@@ -75,42 +75,21 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 from pflower.runtime import forkclient
-from pflower.runtime.fence import FLWR_CLIENTAPP
 from pflower.runtime.forkapp import (
-    configs_to_warm,
-    keep_app_if_unchanged,
+    Task,
     loaded_app_digest,
-    send_warm_hint,
+    run_task,
     warm_configs,
 )
 from pflower.runtime.forkclient import SOCKET_VARIABLE, pid_alive, receive_message, send_message
 from pflower.runtime.processes import die_with_parent
-
-DEFAULT_TARGET = f"{FLWR_CLIENTAPP.module}:{FLWR_CLIENTAPP.name}"
-"""The function a child calls: Flower's ``flwr-clientapp`` console script."""
-
-PRELOAD = (
-    FLWR_CLIENTAPP.module,
-    "pflower.runtime.polling:prompt_object_pulls",
-    "pflower.runtime.forkapp:install_fabs_once",
-    "sklearn.datasets",
-    "torch._dynamo",
-)
-"""Imported (``module``) or called (``module:function``) by the server before it serves, after
-the application's own modules, which the process that starts the server names
-([`ForkServerProcess.start`][pflower.runtime.forkserver.ForkServerProcess.start]'s ``app``:
-pflower's launcher, [`pflower.deploy.launcher`][pflower.deploy.launcher], gives its ClientApp's;
-the runtime names no module of the layers above it).
-
-``torch._dynamo``: torch imports it the first time an optimizer is built (``Optimizer.__init__``
-is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
+from pflower.runtime.standins import CLIENTAPP, STAND_INS
 
 TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGHUP})
 """Signals from a terminal, which a command started with ``&`` by a script (SIGINT: no job
@@ -139,17 +118,6 @@ def server_directory(prefix: str) -> Path:
 TASK_LOG_PREFIX = "pflower fork server: task"
 """Start of the line the server prints (to the SuperNode's log) when a task's child ended:
 ``<prefix> <pid> ran <seconds> s <status>``."""
-
-
-@dataclass
-class Task:
-    """What a child runs: the stand-in's command line, environment, directory and streams."""
-
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    fds: dict[int, int] = field(default_factory=dict)
-    """Standard stream number -> the received file descriptor to put there."""
 
 
 def preload(modules: Sequence[str]) -> None:
@@ -189,22 +157,39 @@ class ForkServer:
         self.children: dict[int, socket.socket] = {}
         self.started: dict[int, float] = {}
         self.pid = os.getpid()
+        self.selector = selectors.DefaultSelector()
 
     def serve(self) -> Task | None:
         """Serve until the watched process ends (returns None, in the server) or a task was
-        forked (returns the task, in the child)."""
-        selector = selectors.DefaultSelector()
-        selector.register(self.listener, selectors.EVENT_READ)
+        forked (returns the task, in the child).
+
+        Besides the listener it watches the connection of each running child's stand-in: the
+        stand-in sends nothing more once its child started, so that connection turns readable
+        only when the stand-in is gone (``kill -9``, or ended with its SuperExec). Its child is
+        then killed too, as the program it stands in for would have been."""
+        self.selector.register(self.listener, selectors.EVENT_READ)
         try:
             while self.watch_pid is None or pid_alive(self.watch_pid):
-                for _ in selector.select(timeout=0.05 if self.children else 0.5):
+                for key, _ in self.selector.select(timeout=0.05 if self.children else 0.5):
+                    if key.fileobj is not self.listener:
+                        self._stand_in_gone(int(key.data))
+                        continue
                     task = self._accept()
                     if task is not None:
                         return task
                 self._reap()
         finally:
-            selector.close()
+            self.selector.close()
         return None
+
+    def _stand_in_gone(self, pid: int) -> None:
+        """The stand-in of child ``pid`` closed its connection before the child ended: kill the
+        child (reaped and reported by `_reap`)."""
+        conn = self.children.get(pid)
+        if conn is not None:
+            self.selector.unregister(conn)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
     def _accept(self) -> Task | None:
         try:
@@ -242,6 +227,7 @@ class ForkServer:
             os.close(fd)
         self.children[pid] = conn
         self.started[pid] = time.monotonic()
+        self.selector.register(conn, selectors.EVENT_READ, pid)
         with contextlib.suppress(OSError):
             send_message(conn, {"pid": pid})
         return None
@@ -250,6 +236,7 @@ class ForkServer:
         """In a fresh child: drop the server's sockets and signal handlers."""
         conn.close()
         self.listener.close()
+        self.selector.close()
         for other in self.children.values():
             other.close()
         self.children.clear()
@@ -273,6 +260,8 @@ class ForkServer:
                 ran = time.monotonic() - self.started.pop(pid)
                 print(f"{TASK_LOG_PREFIX} {pid} ran {ran:.3f} s {wait_status(status)}", flush=True)
             if conn is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self.selector.unregister(conn)
                 with contextlib.suppress(OSError):
                     send_message(conn, wait_status(status))
                 conn.close()
@@ -282,65 +271,6 @@ class ForkServer:
         self.listener.close()
         for conn in self.children.values():
             conn.close()
-
-
-def resolve(target: str) -> Callable[[], object]:
-    """The function named ``module:function``."""
-    module, _, name = target.partition(":")
-    function: Callable[[], object] = getattr(importlib.import_module(module), name)
-    return function
-
-
-def run_task(task: Task, target: str, loaded_app: str | None = None) -> None:
-    """In the child: take over the stand-in's streams, environment, directory and command line,
-    keep the server's import of the app for a FAB with its digest ``loaded_app``
-    ([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged]), then call
-    ``target``. The child ends with the exit status
-    ``target`` leaves (as ``flwr-clientapp`` would), without tearing the interpreter down."""
-    for number in (0, 1, 2):
-        received = task.fds.get(number)
-        if received is None:
-            received = os.open(os.devnull, os.O_RDWR)
-        if received != number:
-            os.dup2(received, number)
-            os.close(received)
-    os.chdir(task.cwd)
-    os.environ.clear()
-    os.environ.update(task.env)
-    sys.argv = list(task.argv)
-    gc.enable()
-    keep_app_if_unchanged(loaded_app)
-    try:
-        resolve(target)()
-        code = 0
-    except SystemExit as done:
-        code = exit_code(done)
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    send_warm_hint(configs_to_warm())
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    logging.shutdown()
-    # Not a normal interpreter exit: tearing down the modules inherited from the server would
-    # write to (and so copy) every page of its heap, seconds of work for nothing.
-    os._exit(code)
-
-
-def exit_code(done: SystemExit) -> int:
-    """The exit status Python gives a ``SystemExit`` (its message printed, if it has one)."""
-    if done.code is None:
-        return 0
-    if isinstance(done.code, int):
-        return done.code
-    print(done.code, file=sys.stderr)
-    return 1
-
-
-def empty_task() -> None:
-    """A task that does nothing: what a task costs the fork server and its child (the benchmark
-    times it)."""
 
 
 # ---------------------------------------------------------------------- starting a server
@@ -376,17 +306,23 @@ class ForkServerProcess:
     def start(
         cls,
         directory: Path,
-        target: str = DEFAULT_TARGET,
+        target: str | None = None,
         watch_pid: int | None = None,
         python: str = sys.executable,
-        preload_modules: Sequence[str] = PRELOAD,
+        preload_modules: Sequence[str] | None = None,
         command: str = forkclient.COMMAND,
         app: Sequence[str] = (),
     ) -> ForkServerProcess:
         """Write the stand-in ``bin/<command>`` (without a server it runs the next ``command``
         on ``PATH``), bind the socket and start the server (it imports in the background; tasks
         that arrive meanwhile wait in the socket's backlog). The server imports (or calls) the
-        ``app``'s modules (``module`` or ``module:function``), then ``preload_modules``."""
+        ``app``'s modules (``module`` or ``module:function``), then ``preload_modules``; its
+        children call ``target``. Both default to those of the program ``command`` stands in
+        for ([`STAND_INS`][pflower.runtime.standins.STAND_INS]: ``flwr-clientapp``,
+        ``flwr-serverapp``)."""
+        known = STAND_INS.get(command, CLIENTAPP)
+        target = known.target if target is None else target
+        preload_modules = known.preload if preload_modules is None else preload_modules
         bin_dir = directory / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         shim = bin_dir / command
@@ -397,6 +333,7 @@ class ForkServerProcess:
             listener.bind(str(directory / SOCKET_NAME))
             listener.listen(128)
             argv = [python, "-P", "-m", "pflower.runtime.forkserver", "--target", target]
+            argv += ["--command", command]
             argv += ["--fd", str(listener.fileno()), "--remove", str(directory)]
             argv += ["--preload", ",".join([*app, *preload_modules])]
             if watch_pid is not None:
@@ -459,12 +396,17 @@ def _already_stopping(_signum: int, _frame: FrameType | None) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="pflower's fork server for ClientApp tasks")
+    parser = argparse.ArgumentParser(description="pflower's fork server for Flower's app processes")
     parser.add_argument("--fd", type=int, required=True, help="the listening Unix socket")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="module:function a child calls")
+    parser.add_argument("--target", default=CLIENTAPP.target, help="module:function a child calls")
     parser.add_argument("--watch-pid", type=int, default=None, help="serve while this pid lives")
     parser.add_argument("--remove", type=Path, default=None, help="directory removed at the end")
-    parser.add_argument("--preload", default=",".join(PRELOAD), help="modules to import first")
+    parser.add_argument(
+        "--preload", default=",".join(CLIENTAPP.preload), help="modules to import first"
+    )
+    parser.add_argument(
+        "--command", default=CLIENTAPP.command, help="the program the stand-ins stand in for"
+    )
     args = parser.parse_args(argv)
     # Ctrl-C in a terminal reaches the whole foreground group, the server too: it ends quietly
     # (its children restore Python's own SIGINT handler), unless it ignores it (TERMINAL_SIGNALS).
@@ -492,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.remove is not None:
                 shutil.rmtree(args.remove, ignore_errors=True)
     if task is not None:  # in a child
-        run_task(task, args.target, loaded_app)
+        run_task(task, args.target, loaded_app, STAND_INS.get(args.command, CLIENTAPP).load_app)
 
 
 if __name__ == "__main__":
