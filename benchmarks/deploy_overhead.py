@@ -141,13 +141,14 @@ def first_difference(deployed: list[tuple], simulated: list[tuple]) -> list | No
 
 
 def messages_per_round(logs: list[Path]) -> float:
-    """Messages the SuperNodes received per round, from their logs."""
-    per_round: dict[str, int] = {}
+    """Messages the SuperNodes received per round of a run (the median over every run's
+    rounds), from their logs."""
+    per_round: dict[tuple[str, str], int] = {}
     for log in logs:
         current = None
         for line in log.read_text(errors="replace").splitlines():
-            if match := re.search(r"\[RUN \d+, ROUND (\d+)\]", line):
-                current = match.group(1)
+            if match := re.search(r"\[RUN (\d+), ROUND (\d+)\]", line):
+                current = (match.group(1), match.group(2))
             elif "Receiving:" in line and current is not None:
                 per_round[current] = per_round.get(current, 0) + 1
     return statistics.median(per_round.values()) if per_round else float("nan")
