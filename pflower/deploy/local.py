@@ -36,11 +36,12 @@ from pflower.deploy.topology import (
     supernode_args,
 )
 from pflower.runtime.launcher import SUPERLINK_IN_MEMORY_DB
+from pflower.runtime.standins import SERVERAPP
 
 IN_MEMORY_STATE = SUPERLINK_IN_MEMORY_DB
 """The SuperLink's ``--database`` value that keeps its state in memory."""
 
-SERVERAPP_PROGRAM = "flwr-serverapp"
+SERVERAPP_PROGRAM = SERVERAPP.command
 """The program of the process that runs a run's ServerApp (started by the SuperLink's
 SuperExec), stopped first by `Deployment.stop_all`."""
 

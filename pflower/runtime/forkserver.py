@@ -89,7 +89,7 @@ from pflower.runtime.forkapp import (
 )
 from pflower.runtime.forkclient import SOCKET_VARIABLE, pid_alive, receive_message, send_message
 from pflower.runtime.processes import die_with_parent
-from pflower.runtime.standins import CLIENTAPP, STAND_INS
+from pflower.runtime.standins import CLIENTAPP, stand_in
 
 TERMINAL_SIGNALS = frozenset({signal.SIGINT, signal.SIGHUP})
 """Signals from a terminal, which a command started with ``&`` by a script (SIGINT: no job
@@ -320,7 +320,7 @@ class ForkServerProcess:
         children call ``target``. Both default to those of the program ``command`` stands in
         for ([`STAND_INS`][pflower.runtime.standins.STAND_INS]: ``flwr-clientapp``,
         ``flwr-serverapp``)."""
-        known = STAND_INS.get(command, CLIENTAPP)
+        known = stand_in(command)
         target = known.target if target is None else target
         preload_modules = known.preload if preload_modules is None else preload_modules
         bin_dir = directory / "bin"
@@ -434,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.remove is not None:
                 shutil.rmtree(args.remove, ignore_errors=True)
     if task is not None:  # in a child
-        run_task(task, args.target, loaded_app, STAND_INS.get(args.command, CLIENTAPP).load_app)
+        run_task(task, args.target, loaded_app, stand_in(args.command).load_app)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,6 @@ from pflower.runtime import forkclient
 from pflower.runtime.fence import FLWR_CLIENTAPP, FLWR_SERVERAPP, LOAD_APP, SERVERAPP_LOAD_APP
 from pflower.runtime.internal import Internal
 
-DEFAULT_TARGET = f"{FLWR_CLIENTAPP.module}:{FLWR_CLIENTAPP.name}"
-"""The function a child calls: Flower's ``flwr-clientapp`` console script."""
-
 PRELOAD = (
     FLWR_CLIENTAPP.module,
     "pflower.runtime.polling:prompt_object_pulls",
@@ -42,10 +39,6 @@ the runtime names no module of the layers above it).
 
 ``torch._dynamo``: torch imports it the first time an optimizer is built (``Optimizer.__init__``
 is wrapped in ``torch._disable_dynamo``), 2-4 s that every ``train`` task would spend again."""
-
-SERVERAPP_TARGET = f"{FLWR_SERVERAPP.module}:{FLWR_SERVERAPP.name}"
-"""The function a ServerApp fork server's child calls: Flower's ``flwr-serverapp`` console
-script."""
 
 SERVERAPP_PRELOAD = (
     FLWR_SERVERAPP.module,
@@ -65,21 +58,31 @@ ServerApps), so that the server imports no more than a new ``flwr-serverapp`` pr
 @dataclass(frozen=True)
 class StandIn:
     """A Flower program that a fork server stands in for: the name its SuperExec starts it by,
-    the function a child calls, what the server imports first, and how the program loads the
-    app ([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged])."""
+    its entry point (what a child calls), what the server imports first, and how the program
+    loads the app ([`keep_app_if_unchanged`][pflower.runtime.forkapp.keep_app_if_unchanged])."""
 
     command: str
-    target: str
+    entry: Internal
     preload: tuple[str, ...]
     load_app: Internal
 
+    @property
+    def target(self) -> str:
+        """The entry point as ``module:function``, what a child calls."""
+        return f"{self.entry.module}:{self.entry.name}"
 
-CLIENTAPP = StandIn(forkclient.COMMAND, DEFAULT_TARGET, PRELOAD, LOAD_APP)
+
+CLIENTAPP = StandIn(forkclient.COMMAND, FLWR_CLIENTAPP, PRELOAD, LOAD_APP)
 """A SuperNode's (or its SuperExec's) ClientApp tasks."""
 
-SERVERAPP = StandIn("flwr-serverapp", SERVERAPP_TARGET, SERVERAPP_PRELOAD, SERVERAPP_LOAD_APP)
+SERVERAPP = StandIn("flwr-serverapp", FLWR_SERVERAPP, SERVERAPP_PRELOAD, SERVERAPP_LOAD_APP)
 """A SuperLink's ServerApps: one per run, started by the SuperLink's SuperExec."""
 
 STAND_INS = {stand_in.command: stand_in for stand_in in (CLIENTAPP, SERVERAPP)}
-"""The Flower programs a fork server stands in for, by command; another command (``pflower``,
-for `pflower tune`'s runs) is served like a ClientApp with the target it is given."""
+"""The Flower programs a fork server stands in for, by command."""
+
+
+def stand_in(command: str) -> StandIn:
+    """The program ``command`` stands in for; another command (``pflower``, for
+    `pflower tune`'s runs) is served like a ClientApp, with the target it is given."""
+    return STAND_INS.get(command, CLIENTAPP)
